@@ -1,0 +1,39 @@
+"""Shared fixtures: real models (pulled into the cache on first use) and tiny GGUF writers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+
+
+def real_model_path(name: str) -> Path:
+    """Path of a known real model, pulling it on first use (the CI cache keeps it warm)."""
+    from edge_infer import hub
+
+    if hasattr(hub, "pull") and not hub.cached_path(name).exists():
+        return Path(hub.pull(name, progress=False))
+    return hub.resolve_model(name)
+
+
+@pytest.fixture(scope="session", params=REAL_MODELS)
+def any_real_model(request: pytest.FixtureRequest) -> Path:
+    """Each of the three real models in turn."""
+    return real_model_path(request.param)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return real_model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return real_model_path("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen2_path() -> Path:
+    return real_model_path("qwen2.5-coder-0.5b")
