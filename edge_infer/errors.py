@@ -29,3 +29,11 @@ class OutOfMemoryBudget(EdgeInferError):
 
 class InvalidRequest(EdgeInferError, ValueError):
     """A request or option has a bad value; the message names the field."""
+
+
+class TokenizerError(EdgeInferError):
+    """The GGUF vocabulary cannot be used, or text/ids cannot be (de)tokenized; names the field or id."""
+
+
+class ChatTemplateError(EdgeInferError, ValueError):
+    """A chat template is missing, malformed, raised an error, or tried to leave its sandbox."""

@@ -245,7 +245,7 @@ class GGUFFile:
         cur.pos = 4
         version = cur.u32("version")
         if version not in SUPPORTED_VERSIONS:
-            if version & 0xFFFF == 0 and (version >> 16) in (2, 3):
+            if version & 0xFFFFFF == 0 and (version >> 24) in (2, 3):
                 raise cur.fail("big-endian GGUF files are not supported", 4)
             raise cur.fail(f"unsupported GGUF version {version} (supported: 2, 3)", 4)
         self.version = version

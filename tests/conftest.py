@@ -18,6 +18,19 @@ def real_model_path(name: str) -> Path:
     return hub.resolve_model(name)
 
 
+_GGUF_PY_READERS: dict[str, object] = {}
+
+
+def gguf_py_reader(path: Path) -> object:
+    """gguf-py's GGUFReader for `path`, opened once per session (it takes 3-15 s per model)."""
+    from gguf import GGUFReader
+
+    key = str(path)
+    if key not in _GGUF_PY_READERS:
+        _GGUF_PY_READERS[key] = GGUFReader(key)
+    return _GGUF_PY_READERS[key]
+
+
 @pytest.fixture(scope="session", params=REAL_MODELS)
 def any_real_model(request: pytest.FixtureRequest) -> Path:
     """Each of the three real models in turn."""

@@ -1,0 +1,120 @@
+"""EngineConfig (what the user asked for: frozen, validated) and RuntimePlan (what was decided at
+start from the model and the machine: KV blocks, threads)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+from edge_infer.errors import InvalidRequest
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_bytes(value: int | float | str, field_name: str = "kv_cache_memory") -> int:
+    """Bytes from an int or a size string such as "512MiB", "2GiB", "1.5GB"."""
+    if isinstance(value, bool):
+        raise InvalidRequest(f"{field_name} must be a number of bytes or a size like '2GiB', got {value!r}")
+    if isinstance(value, (int, float)):
+        n = int(value)
+    else:
+        m = _SIZE.match(str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise InvalidRequest(f"{field_name} must be a number of bytes or a size like '2GiB', got {value!r}")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise InvalidRequest(f"{field_name} must be positive, got {value!r}")
+    return n
+
+
+def default_threads() -> int:
+    """Physical cores (hyper-threads do not help memory-bound decoding)."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except Exception:  # pragma: no cover - psutil missing on an exotic platform
+        n = None
+    n = n or os.cpu_count() or 1
+    try:
+        n = min(n, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        pass
+    return max(1, n)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything that shapes an engine. kv_cache_memory: bytes or "2GiB" (default: a quarter of
+    the available memory, at most 4 GiB); max_model_len: default the model's context length,
+    capped by the KV pool; speculative: None or {"method": "ngram"|"draft", "k": int|"auto",
+    "model": path (draft), "n": match length (ngram)}."""
+
+    model: str
+    n_threads: int | None = None
+    device: str = "auto"
+    kv_cache_memory: int | str | None = None
+    kv_cache_dtype: str = "f16"
+    max_model_len: int | None = None
+    block_size: int = 16
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 256
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    seed: int = 0
+    speculative: dict | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise InvalidRequest(f"model must be a known model name or a .gguf path, got {self.model!r}")
+        if self.n_threads is not None and (not isinstance(self.n_threads, int) or self.n_threads < 1):
+            raise InvalidRequest(f"n_threads must be a positive integer, got {self.n_threads!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise InvalidRequest(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.kv_cache_memory is not None:
+            object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
+        if self.kv_cache_dtype not in ("f16", "f32"):
+            raise InvalidRequest(f"kv_cache_dtype must be 'f16' or 'f32', got {self.kv_cache_dtype!r}")
+        for name, low in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise InvalidRequest(f"{name} must be an integer >= {low}, got {v!r}")
+        if self.block_size & (self.block_size - 1) or self.block_size > 256:
+            raise InvalidRequest(f"block_size must be a power of two up to 256, got {self.block_size}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise InvalidRequest(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if not isinstance(self.seed, int):
+            raise InvalidRequest(f"seed must be an integer, got {self.seed!r}")
+        if self.speculative is not None and not isinstance(self.speculative, dict):
+            raise InvalidRequest(f"speculative must be a dict such as {{'method': 'ngram', 'k': 4}}, got {self.speculative!r}")
+
+    @classmethod
+    def from_options(cls, model: str, **options: Any) -> EngineConfig:
+        """Build from keyword options, rejecting unknown ones with a message that names them."""
+        known = {f.name for f in fields(cls)} - {"model"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidRequest(f"unknown option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        return cls(model=model, **options)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimePlan:
+    """Decided at start: the KV pool size, threads, and the limits they imply."""
+
+    model_path: str
+    num_kv_blocks: int
+    block_size: int
+    kv_cache_bytes: int
+    kv_cache_dtype: str
+    max_model_len: int
+    n_threads: int
+    device: str
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size

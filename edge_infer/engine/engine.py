@@ -1,0 +1,182 @@
+"""LLMEngine: requests in, RequestOutputs out, one step at a time (schedule -> run -> postprocess).
+
+Not thread-safe by design: exactly one thread (the LLM's or the server's engine thread) calls
+it, so numba kernels never run concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from edge_infer.config import EngineConfig, RuntimePlan
+from edge_infer.engine.loader import LoadedModel, load_model
+from edge_infer.engine.postprocess import Postprocessor
+from edge_infer.engine.request import Request
+from edge_infer.engine.sequence import Sequence, SequenceStatus
+from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
+from edge_infer.outputs import RequestMetrics, RequestOutput
+from edge_infer.sampling_params import SamplingParams
+
+log = logging.getLogger("edge_infer.engine")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        m: LoadedModel = load_model(config)
+        self.model_config, self.tokenizer, self.plan = m.model_config, m.tokenizer, m.plan
+        self.runner, self.block_manager, self.scheduler = m.runner, m.block_manager, m.scheduler
+        self.gguf = m.gguf
+        self.post = Postprocessor(self.tokenizer, self.block_manager, self.scheduler, self.plan.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self._rng = np.random.default_rng(config.seed)
+        self.stats = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0, "finished": 0, "aborted": 0}
+        self.started = time.monotonic()
+
+    # -- requests ------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int] | None, params: SamplingParams | None = None,
+                    *, prompt_token_ids: list[int] | None = None, priority: int = 0,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request; `prompt` is text (tokenized with BOS per the model) or token ids."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
+        text: str | None = None
+        if prompt_token_ids is None:
+            if isinstance(prompt, str):
+                text = prompt
+                prompt_token_ids = self.tokenizer.encode(prompt, add_special=True, parse_special=False)
+            elif isinstance(prompt, (list, tuple)):
+                prompt_token_ids = list(prompt)
+            else:
+                raise InvalidRequest(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        ids = self._check_prompt(prompt_token_ids, params)
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.plan.max_model_len - len(ids)
+        now = time.monotonic() if arrival_time is None else arrival_time
+        req = Request(request_id, text, ids, params, max_tokens, RequestMetrics(arrival_time=now))
+        for i in range(params.n):
+            seq = Sequence(request_id, ids, params, index=i, priority=priority, arrival_time=now)
+            seq.rng = self._seq_rng(params, i)
+            seq.detok = self.tokenizer.detokenizer(skip_special=params.skip_special_tokens)
+            req.seqs.append(seq)
+        leader = req.seqs[0]
+        leader.followers = req.seqs[1:]
+        self.requests[request_id] = req
+        self.scheduler.add(leader)
+        self.stats["prompt_tokens"] += len(ids)
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> list[int]:
+        if not ids:
+            raise InvalidRequest("the prompt is empty (no tokens)")
+        vocab = self.model_config.vocab_size
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
+                raise InvalidRequest(f"prompt token id {t!r} is outside the vocabulary (0..{vocab - 1})")
+        ids = [int(t) for t in ids]
+        limit = self.plan.max_model_len
+        wanted = len(ids) + (params.max_tokens or 1)
+        if wanted > limit:
+            what = f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens})" if params.max_tokens else f"the prompt ({len(ids)} tokens)"
+            raise InvalidRequest(f"{what} exceeds the maximum context length of {limit} tokens")
+        if self.block_manager.blocks_needed(wanted) > self.block_manager.num_blocks:
+            raise OutOfMemoryBudget(
+                f"the request needs {wanted} tokens of KV cache but the pool holds {self.plan.kv_capacity_tokens}; "
+                "raise kv_cache_memory"
+            )
+        return ids
+
+    def _seq_rng(self, params: SamplingParams, index: int) -> np.random.Generator:
+        if params.seed is not None:
+            return np.random.default_rng([params.seed & (2**64 - 1), index])
+        return np.random.default_rng(self._rng.integers(2**63))
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; False if it is unknown or already done."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        for seq in req.seqs:
+            if not seq.is_finished:
+                seq.status = SequenceStatus.FINISHED_ABORTED
+            self.scheduler.remove(seq)
+        self.stats["aborted"] += 1
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one engine iteration; outputs (cumulative) for every request it advanced."""
+        sched = self.scheduler.schedule()
+        if not sched:
+            return self._reap()
+        now = time.monotonic()
+        for s in sched.scheduled:
+            req = self.requests.get(s.seq.request_id)
+            if req is not None and req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = now
+        result = self.runner.execute(sched)
+        self.scheduler.finish_step(sched)
+        self.stats["steps"] += 1
+        touched = self.post.process(result, self.requests)
+        self.stats["generated_tokens"] += self.post.last_new_tokens
+        return self._outputs(touched)
+
+    def _reap(self) -> list[RequestOutput]:
+        return self._outputs({rid for rid, r in self.requests.items() if r.finished})
+
+    def _outputs(self, touched: set[str]) -> list[RequestOutput]:
+        outs = []
+        for rid in touched:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            outs.append(req.output())
+            if req.finished:
+                del self.requests[rid]
+                self.stats["finished"] += 1
+        return outs
+
+    # -- teacher-forced scoring ------------------------------------------------------------------
+    def score(self, token_ids: list[int]) -> np.ndarray:
+        """Logits float32 [len(token_ids), vocab], logits[i] predicting token i + 1."""
+        ids = self._check_prompt(list(token_ids), SamplingParams(max_tokens=None))
+        seq = Sequence("__score__", ids, SamplingParams(max_tokens=1))
+        bm, chunk = self.block_manager, self.config.max_num_batched_tokens
+        out = np.empty((len(ids), self.model_config.vocab_size), np.float32)
+        try:
+            while seq.num_computed_tokens < len(ids):
+                n = min(chunk, len(ids) - seq.num_computed_tokens)
+                if not bm.append_slots(seq, n):
+                    raise OutOfMemoryBudget("the KV pool is full with running requests; score again later")
+                start = seq.num_computed_tokens
+                res = self.runner.run([(seq, ids[start : start + n], list(range(n)))])
+                out[start : start + n] = res.logits
+                seq.num_computed_tokens += n
+        finally:
+            bm.free(seq)
+        return out
+
+    # -- metrics -----------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        bm = self.block_manager
+        live = sum(s.num_computed_tokens for s in self.scheduler.running)
+        slots = sum(len(s.block_table) for s in self.scheduler.running) * bm.block_size
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "preemptions": self.scheduler.num_preemptions,
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_used": bm.num_used_blocks,
+            "kv_blocks_cached": bm.num_cached_free_blocks,
+            "kv_utilization": live / slots if slots else 1.0,
+            "prefix_cache_hit_rate": bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
+            **{k: float(v) for k, v in self.stats.items()},
+        }
+
+    def describe(self) -> RuntimePlan:
+        return self.plan

@@ -1,0 +1,106 @@
+"""Start-up: open the model, size the KV pool from the memory budget, build the engine parts and
+warm the JIT so the first request does not pay for compilation."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numba
+
+from edge_infer import hub
+from edge_infer.config import EngineConfig, RuntimePlan, default_threads
+from edge_infer.engine.block_manager import BlockManager
+from edge_infer.engine.model_runner import ModelRunner, kv_block_bytes
+from edge_infer.engine.scheduler import Scheduler
+from edge_infer.engine.sequence import Sequence
+from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
+from edge_infer.formats.gguf import GGUFFile
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.weights import load_weights
+from edge_infer.sampling_params import SamplingParams
+from edge_infer.tokenizer import Tokenizer
+
+log = logging.getLogger("edge_infer.engine")
+
+DEFAULT_KV_SHARE = 0.25  # of the memory available after loading the weights
+DEFAULT_KV_CAP = 4 * 2**30
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    gguf: GGUFFile
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    plan: RuntimePlan
+    runner: ModelRunner
+    block_manager: BlockManager
+    scheduler: Scheduler
+
+
+def kv_budget(config: EngineConfig) -> int:
+    if config.kv_cache_memory is not None:
+        return int(config.kv_cache_memory)
+    import psutil
+
+    return int(min(DEFAULT_KV_CAP, psutil.virtual_memory().available * DEFAULT_KV_SHARE))
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    t0 = time.perf_counter()
+    if config.device == "cuda":
+        raise InvalidRequest("device='cuda' is not available in this build; use device='cpu' or 'auto'")
+    path = hub.resolve_model(config.model)
+    f = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(f)
+    weights = load_weights(f, cfg)
+    tokenizer = Tokenizer.from_gguf(f)
+    n_threads = config.n_threads or default_threads()
+    numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
+    n_threads = numba.get_num_threads()
+
+    per_block = kv_block_bytes(cfg, config.block_size, config.kv_cache_dtype)
+    budget = kv_budget(config)
+    num_blocks = budget // per_block
+    if num_blocks < 2:
+        raise OutOfMemoryBudget(
+            f"kv_cache_memory of {budget} bytes holds fewer than 2 KV blocks ({per_block} bytes each) for {cfg.arch}"
+        )
+    capacity = num_blocks * config.block_size
+    max_len = min(config.max_model_len or cfg.context_length, cfg.context_length)
+    if config.max_model_len and config.max_model_len > cfg.context_length:
+        raise InvalidRequest(f"max_model_len {config.max_model_len} exceeds the model's context length {cfg.context_length}")
+    if max_len > capacity:
+        if config.max_model_len:
+            raise OutOfMemoryBudget(
+                f"max_model_len {max_len} needs {max_len * per_block // config.block_size} bytes of KV cache; "
+                f"the budget of {budget} bytes holds {capacity} tokens"
+            )
+        log.info("max_model_len capped from %d to %d tokens by the KV budget", max_len, capacity)
+        max_len = capacity
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
+        raise InvalidRequest("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
+    plan = RuntimePlan(str(path), num_blocks, config.block_size, num_blocks * per_block, config.kv_cache_dtype,
+                       max_len, n_threads, "cpu")
+    runner = ModelRunner(cfg, weights, num_blocks, config.block_size, config.kv_cache_dtype, n_threads)
+    bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    sched = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill)
+    _warm_up(runner, bm)
+    log.info("loaded %s (%s) in %.2fs: %d KV blocks of %d tokens (%.0f MiB %s), %d threads", path.name, cfg.arch,
+             time.perf_counter() - t0, num_blocks, config.block_size, plan.kv_cache_bytes / 2**20,
+             config.kv_cache_dtype, n_threads)
+    return LoadedModel(f, cfg, tokenizer, plan, runner, bm, sched)
+
+
+def _warm_up(runner: ModelRunner, bm: BlockManager) -> None:
+    """One tiny forward (2 tokens, then 1) so every kernel is compiled or loaded from cache."""
+    seq = Sequence("__warmup__", [0, 0], SamplingParams(max_tokens=1))
+    try:
+        for toks in ([0, 0], [0]):
+            bm.append_slots(seq, len(toks))
+            runner.run([(seq, toks, [len(toks) - 1])])
+            seq.num_computed_tokens += len(toks)
+    finally:
+        bm.free(seq)
+        bm.reset_prefix_cache()

@@ -1,0 +1,105 @@
+"""Sequence: one stream of tokens being generated, and the scheduling state the engine keeps.
+
+The single scheduling idea (vLLM v1): `num_computed_tokens` catches up with `num_tokens`.
+A prompt, a chunk of it, one decode token or k speculative tokens are all "the next
+num_tokens - num_computed_tokens tokens" of a sequence.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edge_infer.outputs import RequestMetrics
+from edge_infer.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED)
+
+
+_seq_ids = itertools.count()
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """token_ids = prompt_token_ids + output_token_ids; block_table holds KV block ids for the
+    first num_computed_tokens tokens (and slots reserved for the ones being computed).
+
+    `index` is the sample number within its request (n > 1); followers of a request with n > 1
+    wait for the leader's prompt and are forked from it (sharing its KV blocks).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    index: int = 0
+    priority: int = 0
+    arrival_time: float = 0.0
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
+    num_preemptions: int = 0
+    stop_reason: str | int | None = None
+    output_logprobs: list[dict[int, float]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    rng: np.random.Generator | None = None
+    followers: list[Sequence] = field(default_factory=list)  # n > 1: samples forked after prefill
+    spec_token_ids: list[int] = field(default_factory=list)  # proposed, not yet verified
+    metrics: RequestMetrics | None = None
+    # output text state (owned by the engine's detokenizer)
+    text: str = ""
+    detok: object | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def token_at(self, i: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
+
+    def tokens_slice(self, start: int, stop: int) -> list[int]:
+        n = len(self.prompt_token_ids)
+        if stop <= n:
+            return self.prompt_token_ids[start:stop]
+        if start >= n:
+            return self.output_token_ids[start - n : stop - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - n]
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def reset_for_recompute(self) -> None:
+        """Preemption: drop the KV state; prompt + outputs so far will be recomputed."""
+        self.num_computed_tokens = 0
+        self.block_table = []
+        self.spec_token_ids = []
+        self.status = SequenceStatus.WAITING
+        self.num_preemptions += 1

@@ -1,0 +1,162 @@
+"""EngineWorker: the one thread that runs an LLMEngine. Callers on any thread submit requests
+and read their outputs from a per-request queue; requests submitted together are batched.
+
+numba's parallel kernels must never run from two threads at once: every engine call happens
+on this thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from edge_infer.config import EngineConfig
+from edge_infer.engine.engine import LLMEngine
+from edge_infer.errors import EdgeInferError
+from edge_infer.outputs import RequestOutput
+from edge_infer.sampling_params import SamplingParams
+
+log = logging.getLogger("edge_infer.engine")
+_ids = itertools.count()
+
+
+class RequestHandle:
+    """Outputs of one request as they come: `get()` returns the next RequestOutput (cumulative)
+    or raises the error the engine hit; the last output has finished=True."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.queue: queue.Queue[RequestOutput | BaseException] = queue.Queue()
+        self.finished = False
+
+    def get(self, timeout: float | None = None) -> RequestOutput:
+        item = self.queue.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+
+class EngineWorker:
+    def __init__(self, config: EngineConfig, on_step: Callable[[LLMEngine], None] | None = None) -> None:
+        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._handles: dict[str, RequestHandle] = {}
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._on_step = on_step
+        self.engine: LLMEngine | None = None
+        self._thread = threading.Thread(target=self._run, args=(config,), name="edge-infer-engine", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    # -- caller side ----------------------------------------------------------------------------
+    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+               priority: int = 0) -> RequestHandle:
+        rid = request_id or f"req-{next(_ids)}"
+        handle = RequestHandle(rid)
+        done = threading.Event()
+        box: list[BaseException] = []
+        self._commands.put(("add", (handle, prompt, params, priority, done, box)))
+        done.wait()
+        if box:
+            raise box[0]
+        return handle
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run fn(engine) on the engine thread between steps and return its result."""
+        done = threading.Event()
+        box: list[Any] = []
+        self._commands.put(("call", (fn, done, box)))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive():
+            self._commands.put(("stop", None))
+            self._thread.join(timeout=30)
+
+    # -- engine thread -------------------------------------------------------------------------
+    def _run(self, config: EngineConfig) -> None:
+        try:
+            self.engine = LLMEngine(config)
+        except BaseException as e:  # reported to the constructor's caller
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        engine = self.engine
+        while True:
+            busy = engine.has_unfinished_requests()
+            try:
+                cmd = self._commands.get(block=not busy)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                if cmd[0] == "stop":
+                    self._fail_all(EdgeInferError("the engine was shut down"))
+                    return
+                self._handle(engine, cmd)
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            if not engine.has_unfinished_requests():
+                continue
+            try:
+                outs = engine.step()
+            except Exception as e:  # a bug or an exhausted resource: fail what is in flight
+                log.exception("engine step failed")
+                for rid in list(engine.requests):
+                    engine.abort(rid)
+                self._fail_all(e)
+                continue
+            for out in outs:
+                h = self._handles.get(out.request_id)
+                if h is not None:
+                    h.queue.put(out)
+                    if out.finished:
+                        del self._handles[out.request_id]
+            if self._on_step is not None:
+                self._on_step(engine)
+
+    def _handle(self, engine: LLMEngine, cmd: tuple[str, Any]) -> None:
+        kind, arg = cmd
+        if kind == "add":
+            handle, prompt, params, priority, done, box = arg
+            try:
+                engine.add_request(handle.request_id, prompt, params, priority=priority)
+                self._handles[handle.request_id] = handle
+            except BaseException as e:
+                box.append(e)
+            done.set()
+        elif kind == "abort":
+            if engine.abort(arg):
+                h = self._handles.pop(arg, None)
+                if h is not None:
+                    h.queue.put(EdgeInferError(f"request {arg} was aborted"))
+        elif kind == "call":
+            fn, done, box = arg
+            try:
+                box.append((True, fn(engine)))
+            except BaseException as e:
+                box.append((False, e))
+            done.set()
+
+    def _fail_all(self, err: BaseException) -> None:
+        for h in self._handles.values():
+            h.queue.put(err)
+        self._handles.clear()

@@ -1,0 +1,143 @@
+"""LLM: the offline Python API (generate, stream, chat, prompt_logits) over one engine thread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from edge_infer.config import EngineConfig, RuntimePlan
+from edge_infer.engine.worker import EngineWorker, RequestHandle
+from edge_infer.errors import InvalidRequest
+from edge_infer.hub import DEFAULT_MODEL
+from edge_infer.outputs import RequestOutput
+from edge_infer.sampling_params import SamplingParams
+
+Message = dict[str, Any]
+
+
+class LLM:
+    """A loaded model. `LLM("smollm2-135m")` takes a known name (pulled on first use) or a .gguf
+    path; keyword options are EngineConfig's (n_threads, kv_cache_memory, max_model_len, ...)
+    and unknown ones are rejected. Calls from several threads are batched on the engine thread.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, **options: Any) -> None:
+        self.config = EngineConfig.from_options(str(model), **options)
+        self._worker = EngineWorker(self.config)
+        engine = self._worker.engine
+        assert engine is not None
+        self.tokenizer = engine.tokenizer
+        self.model_config = engine.model_config
+        self.plan: RuntimePlan = engine.plan
+        self._chat_template: Any = None
+
+    # -- generation --------------------------------------------------------------------------
+    def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in input order. A prompt is text or a list of token
+        ids; params is one SamplingParams for all prompts or one per prompt."""
+        plist = _as_prompt_list(prompts)
+        pars = _as_params_list(params, len(plist))
+        handles = []
+        try:
+            for p, sp in zip(plist, pars, strict=False):
+                handles.append(self._worker.submit(p, sp))
+            return [self._wait(h) for h in handles]
+        except BaseException:
+            for h in handles:
+                if not h.finished:
+                    self._worker.abort(h.request_id)
+            raise
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
+        """Text deltas of one completion as they are generated (sample 0 when n > 1)."""
+        handle = self._worker.submit(prompt, params or SamplingParams())
+        return self._deltas(handle)
+
+    def _deltas(self, handle: RequestHandle) -> Iterator[str]:
+        sent = 0
+        try:
+            while True:
+                out = handle.get()
+                text = out.outputs[0].text
+                if len(text) > sent:
+                    yield text[sent:]
+                    sent = len(text)
+                if out.finished:
+                    return
+        finally:
+            if not handle.finished:
+                self._worker.abort(handle.request_id)
+
+    def chat(self, messages: list[Message] | list[list[Message]], params: SamplingParams | None = None,
+             *, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Generate replies with the model's chat template; one output per conversation."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not convs:
+            raise InvalidRequest("chat() needs at least one conversation")
+        prompts = [self.chat_prompt(c, add_generation_prompt=add_generation_prompt) for c in convs]  # type: ignore[arg-type]
+        return self.generate(prompts, params)
+
+    def chat_prompt(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation rendered with the model's template (special tokens come
+        only from the template, never from message text)."""
+        if self._chat_template is None:
+            from edge_infer.chat import ChatTemplate
+
+            self._chat_template = ChatTemplate.from_gguf(self._worker.call(lambda e: e.gguf))
+        return self._chat_template.encode(messages, self.tokenizer, add_generation_prompt=add_generation_prompt)
+
+    def prompt_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits float32 [len(token_ids), vocab]: row i predicts token i + 1."""
+        ids = list(token_ids)
+        return self._worker.call(lambda e: e.score(ids))
+
+    def _wait(self, handle: RequestHandle) -> RequestOutput:
+        while True:
+            out = handle.get()
+            if out.finished:
+                return out
+
+    # -- engine access -----------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        return self._worker.call(lambda e: e.metrics())
+
+    @property
+    def worker(self) -> EngineWorker:
+        return self._worker
+
+    def close(self) -> None:
+        self._worker.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_prompt_list(prompts: Any) -> list[str | list[int]]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, (int, np.integer)) for t in prompts):
+        return [list(prompts)]
+    if isinstance(prompts, (list, tuple)) and prompts:
+        for p in prompts:
+            if not isinstance(p, (str, list, tuple)):
+                raise InvalidRequest(f"each prompt must be a string or a list of token ids, got {type(p).__name__}")
+        return [p if isinstance(p, str) else list(p) for p in prompts]
+    raise InvalidRequest("prompts must be a string, a list of token ids, or a non-empty list of those")
+
+
+def _as_params_list(params: Any, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if isinstance(params, (list, tuple)):
+        if len(params) != n or not all(isinstance(p, SamplingParams) for p in params):
+            raise InvalidRequest(f"params must be one SamplingParams or a list of {n} (one per prompt)")
+        return list(params)
+    raise InvalidRequest(f"params must be a SamplingParams or a list of them, got {type(params).__name__}")

@@ -1,0 +1,116 @@
+"""The decoder forward pass shared by llama, qwen2 and gemma3: a batch of tokens from any number
+of sequences in, logits for the requested rows out. Every matmul sees all the step's tokens at
+once (one pass over the weights); attention reads each sequence's keys through its block table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_infer.kernels_cpu import attention as attn_k
+from edge_infer.kernels_cpu import matmul as mm_k
+from edge_infer.kernels_cpu import ops
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.weights import ModelWeights, QMatrix
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """One forward's token-level arguments (N tokens, S sequences, M logit rows).
+
+    tokens, positions: int32 [N]; slot_mapping: int64 [N] KV slot of each token (block *
+    block_size + offset); token_seq: int32 [N] row of block_tables for each token;
+    block_tables: int32 [S, max_blocks]; logits_rows: int64 [M] token rows whose logits are
+    returned, in that order.
+    """
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    token_seq: np.ndarray
+    block_tables: np.ndarray
+    logits_rows: np.ndarray
+
+
+class Transformer:
+    """Runs the layers of one model with the CPU kernels; owns no KV memory (it is passed in)."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_threads: int) -> None:
+        self.cfg, self.w, self.n_threads = cfg, weights, n_threads
+        self.inv_freq = [self._inv_freq(layer) for layer in range(cfg.n_layers)]
+        self.eps = np.float32(cfg.norm_eps)
+
+    def _inv_freq(self, layer: int) -> np.ndarray:
+        cfg = self.cfg
+        base = cfg.layer_rope_base(layer)
+        scale = 1.0 if cfg.swa_layers[layer] else cfg.rope_scale
+        i = np.arange(cfg.n_rot // 2, dtype=np.float64)
+        return base ** (-2.0 * i / cfg.n_rot) * scale
+
+    def matmul(self, x: np.ndarray, w: QMatrix) -> np.ndarray:
+        out = np.empty((x.shape[0], w.rows), np.float32)
+        mm_k.matmul_kernel(x, w.data, w.qtype, out, self.n_threads)
+        return out
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        emb = self.w.token_embd
+        h = np.empty((tokens.shape[0], self.cfg.d_model), np.float32)
+        mm_k.embed_rows_kernel(tokens, emb.data, emb.qtype, h)
+        if self.cfg.embed_scale != 1.0:
+            ops.scale_kernel(h, np.float32(self.cfg.embed_scale))
+        return h
+
+    def forward(self, inp: StepInputs, kv: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """Logits float32 [M, vocab] for inp.logits_rows; writes this step's K/V into `kv`."""
+        cfg, eps = self.cfg, self.eps
+        n = inp.tokens.shape[0]
+        h = self.embed(inp.tokens)
+        xn = np.empty_like(h)
+        ops.rmsnorm_kernel(h, self.w.layers[0].attn_norm, eps, xn)
+        attn = np.empty((n, cfg.q_dim), np.float32)
+        act = np.empty((n, cfg.ffn_dim), np.float32)
+        scale = np.float32(cfg.softmax_scale)
+        for li, lw in enumerate(self.w.layers):
+            q = self.matmul(xn, lw.wq)
+            k = self.matmul(xn, lw.wk)
+            v = self.matmul(xn, lw.wv)
+            if lw.bq is not None:
+                ops.add_bias_kernel(q, lw.bq)
+                ops.add_bias_kernel(k, lw.bk)
+                ops.add_bias_kernel(v, lw.bv)
+            if lw.q_norm is not None:
+                ops.head_rmsnorm_kernel(q, cfg.n_heads, cfg.head_dim, lw.q_norm, eps)
+                ops.head_rmsnorm_kernel(k, cfg.n_kv_heads, cfg.head_dim, lw.k_norm, eps)
+            ops.rope_kernel(q, cfg.n_heads, cfg.head_dim, cfg.n_rot, inp.positions, self.inv_freq[li], cfg.rope_neox)
+            ops.rope_kernel(k, cfg.n_kv_heads, cfg.head_dim, cfg.n_rot, inp.positions, self.inv_freq[li], cfg.rope_neox)
+            k_cache, v_cache = kv[li]
+            attn_k.store_kv_kernel(k, v, inp.slot_mapping, k_cache, v_cache)
+            attn_k.paged_attention_kernel(q, k_cache, v_cache, inp.block_tables, inp.token_seq, inp.positions,
+                                          scale, cfg.layer_window(li), attn, self.n_threads)
+            o = self.matmul(attn, lw.wo)
+            if lw.post_attn_norm is not None:
+                o2 = np.empty_like(o)
+                ops.rmsnorm_kernel(o, lw.post_attn_norm, eps, o2)
+                o = o2
+            ops.add_rmsnorm_kernel(h, o, lw.ffn_norm, eps, xn)
+            gate = self.matmul(xn, lw.w_gate)
+            up = self.matmul(xn, lw.w_up)
+            if cfg.activation == "gelu":
+                ops.gelu_mul_kernel(gate, up, act)
+            else:
+                ops.silu_mul_kernel(gate, up, act)
+            down = self.matmul(act, lw.w_down)
+            if lw.post_ffn_norm is not None:
+                d2 = np.empty_like(down)
+                ops.rmsnorm_kernel(down, lw.post_ffn_norm, eps, d2)
+                down = d2
+            next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
+            ops.add_rmsnorm_kernel(h, down, next_norm, eps, xn)
+        rows = np.ascontiguousarray(xn[inp.logits_rows])
+        logits = self.matmul(rows, self.w.output)
+        if cfg.final_logit_softcap:
+            cap = np.float32(cfg.final_logit_softcap)
+            np.multiply(np.tanh(logits / cap), cap, out=logits)
+        return logits

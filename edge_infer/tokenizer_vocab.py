@@ -1,0 +1,221 @@
+"""A GGUF vocabulary as llama.cpp loads it: token attributes, special ids, stop (EOG) tokens.
+
+llama.cpp does more than read the token types: it fills special ids from defaults when
+keys are missing, recognises end-of-turn and fill-in-the-middle tokens by their text,
+marks those as control tokens, and collects the end-of-generation set from the same
+texts. We mirror that (llama-vocab.cpp, `load()`) so encode, decode and stop tokens agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from edge_infer.errors import TokenizerError, UnsupportedModelError
+from edge_infer.tokenizer_pretok import PreTokenizerSpec, pre_tokenizer_spec
+
+__all__ = ["Attr", "Vocab", "load_vocab"]
+
+
+class Attr:
+    """llama_token_attr bits."""
+
+    UNDEFINED, UNKNOWN, UNUSED, NORMAL, CONTROL = 0, 1, 2, 4, 8
+    USER_DEFINED, BYTE, NORMALIZED, LSTRIP, RSTRIP = 16, 32, 64, 128, 256
+
+
+# GGUF token_type -> attribute (anything else is UNDEFINED).
+_TYPE_ATTR = {
+    1: Attr.NORMAL,
+    2: Attr.UNKNOWN,
+    3: Attr.CONTROL,
+    4: Attr.USER_DEFINED,
+    5: Attr.UNUSED,
+    6: Attr.BYTE,
+}
+
+# Texts llama.cpp recognises, in the order we try them (llama.cpp walks a hash map, so
+# when a vocabulary has two candidates for one role its pick is arbitrary).
+_EOT_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+    "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+)  # fmt: skip
+_EOM_TEXTS = ("<|eom_id|>",)
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}  # fmt: skip
+_EOG_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+)  # fmt: skip
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
+
+_ID_KEYS = (
+    ("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"), ("eom", "eom_token_id"),
+    ("unk", "unknown_token_id"), ("sep", "seperator_token_id"), ("pad", "padding_token_id"),
+    ("mask", "mask_token_id"), ("fim_pre", "fim_pre_token_id"), ("fim_suf", "fim_suf_token_id"),
+    ("fim_mid", "fim_mid_token_id"), ("fim_pad", "fim_pad_token_id"), ("fim_rep", "fim_rep_token_id"),
+    ("fim_sep", "fim_sep_token_id"), ("fim_pre", "prefix_token_id"), ("fim_suf", "suffix_token_id"),
+    ("fim_mid", "middle_token_id"),
+)  # fmt: skip
+
+
+@dataclass(slots=True, eq=False)
+class Vocab:
+    """Everything the tokenizer needs from the GGUF metadata, resolved as llama.cpp does."""
+
+    kind: str  # "bpe" or "spm"
+    tokens: list[str]
+    token_to_id: dict[str, int]
+    attrs: list[int]
+    scores: list[float] | None
+    merges: list[str]
+    pre: PreTokenizerSpec | None
+    special: dict[str, int | None]  # bos, eos, eot, eom, unk, sep, pad, mask, fim_*
+    eog: frozenset[int]
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    clean_spaces: bool
+
+
+def _get(meta: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    v = meta.get(key)
+    if v is not None and not isinstance(v, kind):
+        raise TokenizerError(f"{where}: {key} has type {type(v).__name__}, expected {kind.__name__}")
+    return v
+
+
+def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
+    """Build the Vocab from GGUF metadata; `where` names the file in error messages."""
+    model = _get(meta, "tokenizer.ggml.model", str, where)
+    if model is None:
+        raise TokenizerError(f"{where}: no tokenizer.ggml.model in the metadata")
+    if model not in ("gpt2", "llama"):
+        raise UnsupportedModelError(f"{where}: tokenizer.ggml.model {model!r} is not supported (gpt2, llama)")
+    tokens = _get(meta, "tokenizer.ggml.tokens", list, where)
+    if not tokens:
+        raise TokenizerError(f"{where}: tokenizer.ggml.tokens is missing or empty")
+    n = len(tokens)
+    if "" in tokens:  # llama.cpp renames empty tokens so that each text stays unique
+        tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    token_to_id = {t: i for i, t in enumerate(tokens)}  # a repeated text maps to its last id
+
+    types = _get(meta, "tokenizer.ggml.token_type", list, where)
+    if types is None:
+        attrs = [Attr.NORMAL] * n
+    elif len(types) < n:
+        raise TokenizerError(f"{where}: tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+    else:
+        attrs = [_TYPE_ATTR.get(t, Attr.UNDEFINED) for t in types[:n]]
+    scores = _get(meta, "tokenizer.ggml.scores", list, where)
+    if scores is not None and len(scores) < n:
+        raise TokenizerError(f"{where}: tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
+
+    if model == "gpt2":
+        kind = "bpe"
+        merges = _get(meta, "tokenizer.ggml.merges", list, where)
+        if merges is None:
+            raise TokenizerError(f"{where}: a gpt2 (BPE) vocabulary needs tokenizer.ggml.merges")
+        pre_name = _get(meta, "tokenizer.ggml.pre", str, where)
+        pre = pre_tokenizer_spec(pre_name)
+        if pre is None:
+            raise UnsupportedModelError(f"{where}: tokenizer.ggml.pre {pre_name!r} is not supported")
+        special: dict[str, int | None] = {"bos": 11, "eos": 11, "unk": None}
+        add_bos, add_space_prefix, clean_spaces = bool(pre.add_bos), False, pre.clean_spaces
+        if pre.no_bos:
+            special["bos"] = None
+    else:
+        kind, merges, pre = "spm", [], None
+        if scores is None:
+            scores = [0.0] * n
+        special = {"bos": 1, "eos": 2, "unk": 0}
+        add_bos, add_space_prefix, clean_spaces = True, True, False
+    for name in ("eot", "eom", "sep", "pad", "mask", *_FIM_TEXTS):
+        special.setdefault(name, None)
+    for name, key in _ID_KEYS:
+        cur = special[name]
+        if cur is not None and cur >= n:
+            special[name] = None
+        v = meta.get("tokenizer.ggml." + key)
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n:
+            special[name] = v
+    if pre is not None and pre.no_bos:
+        special["bos"] = None
+
+    flags = {
+        k: meta.get("tokenizer.ggml." + k) for k in ("add_bos_token", "add_eos_token", "add_space_prefix")
+    }
+    add_bos = flags["add_bos_token"] if isinstance(flags["add_bos_token"], bool) else add_bos
+    add_eos = flags["add_eos_token"] if isinstance(flags["add_eos_token"], bool) else False
+    if isinstance(flags["add_space_prefix"], bool):
+        add_space_prefix = flags["add_space_prefix"]
+
+    eog = _detect_special_texts(tokens, token_to_id, attrs, special)
+    vocab = Vocab(kind, tokens, token_to_id, attrs, scores, merges, pre, special, eog,
+                  add_bos, add_eos, add_space_prefix, clean_spaces)  # fmt: skip
+    _name_based_attrs(vocab, str(meta.get("general.name") or ""))
+    return vocab
+
+
+def _detect_special_texts(
+    tokens: list[str], tid: dict[str, int], attrs: list[int], special: dict[str, int | None]
+) -> frozenset[int]:
+    def mark_control(i: int) -> None:
+        attrs[i] |= Attr.CONTROL
+
+    def first_present(texts: tuple[str, ...]) -> int | None:
+        return next((tid[t] for t in texts if t in tid), None)
+
+    for role, texts in (("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS), *_FIM_TEXTS.items()):
+        if special[role] is None:
+            found = first_present(texts)
+            if found is not None:
+                special[role] = found
+                mark_control(found)
+    for i, a in enumerate(attrs):  # control tokens named "unused" are unused
+        if a & Attr.CONTROL and "unused" in tokens[i]:
+            attrs[i] = a | Attr.UNUSED
+    eog = {special[r] for r in ("fim_pad", "fim_rep", "fim_sep") if special[r] is not None}
+    for t in _EOG_TEXTS:
+        if t in tid:
+            eog.add(tid[t])
+            mark_control(tid[t])
+    for t in _ALWAYS_RENDERED:
+        if t in tid:
+            attrs[tid[t]] = Attr.USER_DEFINED
+    eog.update(special[r] for r in ("eos", "eot", "eom") if special[r] is not None)
+    texts = {tokens[i]: i for i in eog}
+    end = texts.get("<|end|>")
+    if end is not None and (
+        ("<|return|>" in texts and "<|call|>" in texts) or ("<|calls|>" in texts and "<|flush|>" in texts)
+    ):
+        eog.discard(end)
+        attrs[end] = Attr.USER_DEFINED
+    s = texts.get("</s>")
+    if s is not None and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+        eog.discard(s)
+        attrs[s] = Attr.NORMAL
+    return frozenset(eog)
+
+
+def _name_based_attrs(vocab: Vocab, name: str) -> None:
+    # llama.cpp sets strip attributes for a few models by name; only phi-3 uses SPM/BPE.
+    name = name.lower()
+    if "phi-3" in name or "phi3" in name:
+        tid, attrs = vocab.token_to_id, vocab.attrs
+        for i, a in enumerate(attrs):
+            if a & (Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN):
+                attrs[i] = a | Attr.RSTRIP
+        if "</s>" in tid:
+            attrs[tid["</s>"]] |= Attr.RSTRIP
+        for t in ("<unk>", "<s>", "<|endoftext|>"):
+            if t in tid:
+                attrs[tid[t]] &= ~Attr.RSTRIP

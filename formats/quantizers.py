@@ -1,0 +1,397 @@
+"""Reference block quantizers, float32 blocks (n, block_size) -> bytes (n, type_size), bit-exact
+with ggml's `quantize_row_*_ref` (no importance matrix) and with gguf-py where it has one.
+Layouts are drawn in quants.py. Input must be finite; quants.quantize calls these under
+np.errstate(all="ignore"): all-zero blocks divide by zero in lanes whose results are dropped.
+
+K-quants search each sub-block for the best scale (and min) with float sums taken left to right.
+Here all sub-blocks run at once as columns of (elements per sub-block, rows) arrays, and each
+sum is an explicit loop over elements: NumPy's pairwise `sum` rounds differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from edge_infer.formats.quants import _k4_scale_min
+
+__all__ = ["QUANTIZERS"]
+
+F32 = np.float32
+_MAGIC = F32(12582912.0)  # 1.5 * 2**23: adding it leaves round-to-nearest-even of x in the low bits
+GROUP_MAX_EPS = F32(1e-15)
+
+
+# -- F32, F16, BF16 and the 32-element types (gguf-py's and ggml's code agree on these) -------
+def _round_away(v: np.ndarray) -> np.ndarray:
+    """C roundf (half away from zero), exactly: `v - trunc(v)` is exact in float32."""
+    t = np.trunc(v)
+    return t + np.where(np.abs(v - t) >= 0.5, np.sign(v), F32(0))
+
+
+def _inv(d: np.ndarray) -> np.ndarray:
+    return np.where(d != 0, F32(1) / d, F32(0))
+
+
+def _signed_absmax(x: np.ndarray) -> np.ndarray:
+    """Per row, the first value of largest magnitude (sign kept), as gguf-py picks it. (The C
+    loop starts from +0, so a block of only -0.0 gets d = -0 there and +0 here.)"""
+    return np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
+
+
+def _f16_bytes(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(n, 32) u8 codes -> (n, 16) u8: element j in the low nibble, j+16 in the high one."""
+    return (q[:, :16] & 0x0F) | (q[:, 16:] << 4)
+
+
+def _q_sym(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    # C: d = max / -nmax; q = MIN(2*nmax - 1, (int8)(x*id + nmax + 0.5))
+    d = _signed_absmax(x) / F32(-nmax)
+    q = np.trunc(x * _inv(d) + F32(nmax + 0.5)).astype(np.uint8)
+    return d, np.minimum(q, 2 * nmax - 1)
+
+
+def _q_affine(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # C: d = (max - min) / nmax; q = MIN(nmax, (int)((x - min)*id + 0.5))
+    mn = x.min(axis=1, keepdims=True)
+    d = (x.max(axis=1, keepdims=True) - mn) / F32(nmax)
+    q = np.trunc((x - mn) * _inv(d) + F32(0.5)).astype(np.uint8)
+    return d, mn, np.minimum(q, nmax)
+
+
+def _qh(q: np.ndarray) -> np.ndarray:
+    return np.packbits(q >> 4, axis=1, bitorder="little")
+
+
+def _q_q4_0(x: np.ndarray) -> np.ndarray:
+    d, q = _q_sym(x, 8)
+    return np.hstack([_f16_bytes(d), _pack_nibbles(q)])
+
+
+def _q_q4_1(x: np.ndarray) -> np.ndarray:
+    d, mn, q = _q_affine(x, 15)
+    return np.hstack([_f16_bytes(d), _f16_bytes(mn), _pack_nibbles(q)])
+
+
+def _q_q5_0(x: np.ndarray) -> np.ndarray:
+    d, q = _q_sym(x, 16)
+    return np.hstack([_f16_bytes(d), _qh(q), _pack_nibbles(q)])
+
+
+def _q_q5_1(x: np.ndarray) -> np.ndarray:
+    d, mn, q = _q_affine(x, 31)
+    return np.hstack([_f16_bytes(d), _f16_bytes(mn), _qh(q), _pack_nibbles(q)])
+
+
+def _q_q8_0(x: np.ndarray) -> np.ndarray:
+    d = np.abs(x).max(axis=1, keepdims=True) / F32(127)
+    q = _round_away(x * _inv(d)).astype(np.int8)
+    return np.hstack([_f16_bytes(d), q.view(np.uint8)])
+
+
+def _q_f32(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint8)
+
+
+def _q_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).view(np.uint8)
+
+
+def _q_bf16(x: np.ndarray) -> np.ndarray:
+    u = x.view(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    # round to nearest even; NaN keeps its top bits and is made quiet
+    r = ((u.astype(np.uint64) + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    r = np.where(nan, ((u >> 16) | 64).astype(np.uint16), r)
+    return r.view(np.uint8)
+
+
+# -- K-quants --------------------------------------------------------------------------------
+def _nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's nearest_int, bit for bit (round half to even for |v| < 2**22), as int32."""
+    return ((np.asarray(v, F32) + _MAGIC).view(np.int32) & 0x007FFFFF) - 0x00400000
+
+
+def _seq_sum(p: np.ndarray) -> np.ndarray:
+    """(n, rows) -> (rows,): `s = 0; for i: s += p[i]`, in float32, in that order."""
+    acc = np.zeros(p.shape[1:], F32)
+    for row in p:
+        acc += row
+    return acc
+
+
+def _first_absmax(s: np.ndarray, axis: int) -> np.ndarray:
+    """Along `axis`, the first value of largest magnitude, sign kept, as the C loop
+    `if (fabsf(v) > amax) { amax = fabsf(v); max = v; }` from amax = max = 0 finds it
+    (so NaN never wins, and an all-zero run gives +0)."""
+    a = np.abs(s)
+    a = np.where(np.isnan(a), F32(0), a)
+    idx = np.expand_dims(a.argmax(axis=axis), axis)
+    best = np.take_along_axis(s, idx, axis=axis)
+    return np.where(np.take_along_axis(a, idx, axis=axis) > 0, best, F32(0)).squeeze(axis)
+
+
+def _pos_max(s: np.ndarray) -> np.ndarray:
+    """Row max of (blocks, k), floored at 0 and skipping NaN, as `if (v > m) m = v` from m = 0."""
+    return np.where(s > 0, s, F32(0)).max(axis=1, keepdims=True)
+
+
+def _f16_round(v: np.ndarray) -> np.ndarray:
+    """f32 -> f16 bits (as stored) and back to f32 (as the C code reads it again)."""
+    h = np.asarray(v, F32).astype(np.float16)
+    return h, h.astype(F32)
+
+
+def _make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric search with weights x*x (ggml make_qx_quants, rmse_type 1).
+    x: (n, rows) -> (scale (rows,), L (n, rows) int32 in [0, 2*nmax))."""
+    mx = _first_absmax(x, 0)
+    w = x * x
+
+    def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lv = np.clip(_nearest_int(iscale * x), -nmax, nmax - 1)
+        lf = lv.astype(F32)
+        return lv + nmax, _seq_sum(w * x * lf), _seq_sum(w * lf * lf)
+
+    L, sumlx, suml2 = fit(F32(-nmax) / mx)
+    scale = np.where(suml2 != 0, sumlx / suml2, F32(0))
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        Lt, slx, sl2 = fit(-(F32(nmax) + F32(0.1) * F32(step)) / mx)
+        better = (sl2 > 0) & (slx * slx > best * sl2)
+        L = np.where(better, Lt, L)
+        scale = np.where(better, slx / sl2, scale)
+        best = np.where(better, scale * slx, best)
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    return np.where(zero, F32(0), scale), np.where(zero, 0, L)
+
+
+def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric fit refined one quant at a time (ggml make_q3_quants, do_rmse).
+    x: (n, rows) -> (scale (rows,), L (n, rows) int32 in [0, 2*nmax))."""
+    mx = _first_absmax(x, 0)
+    w = x * x
+    L = np.clip(_nearest_int((F32(-nmax) / mx) * x), -nmax, nmax - 1)
+    lf = L.astype(F32)
+    sumlx, suml2 = _seq_sum(w * x * lf), _seq_sum(w * lf * lf)
+    # A row that changed nothing in a pass would change nothing in the next one either, so
+    # running every row for all 5 passes equals the C loop's early exit.
+    for _ in range(5):
+        for i in range(len(x)):
+            wi, xi, li = w[i], x[i], L[i].astype(F32)
+            slx = sumlx - wi * xi * li
+            sl2 = suml2 - wi * li * li
+            new = np.clip(_nearest_int(xi * sl2 / slx), -nmax, nmax - 1)
+            nf = new.astype(F32)
+            slx2 = slx + wi * xi * nf
+            sl22 = sl2 + wi * nf * nf
+            take = (slx > 0) & (new != L[i]) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[i] = np.where(take, new, L[i])
+            sumlx = np.where(take, slx2, sumlx)
+            suml2 = np.where(take, sl22, suml2)
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    scale = np.where(suml2 > 0, sumlx / suml2, F32(0))
+    return np.where(zero, F32(0), scale), np.where(zero, 0, L + nmax)
+
+
+def _make_qkx2_quants(
+    x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int, use_mad: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weighted affine search (ggml make_qkx2_quants). x, w: (n, rows) ->
+    (scale (rows,), L (n, rows) int32 in [0, nmax], the_min (rows,), to be subtracted)."""
+    mn0 = np.minimum(x.min(axis=0), F32(0))
+    mx = x.max(axis=0)
+    sum_w = _seq_sum(w)
+    sum_x = _seq_sum(w * x)
+
+    def quant(iscale: np.ndarray, mn: np.ndarray) -> np.ndarray:
+        return np.clip(_nearest_int(iscale * (x - mn)), 0, nmax)
+
+    def error(scale: np.ndarray, mn: np.ndarray, lf: np.ndarray) -> np.ndarray:
+        diff = scale * lf + mn - x
+        return _seq_sum(w * (np.abs(diff) if use_mad else diff * diff))
+
+    iscale = F32(nmax) / (mx - mn0)
+    scale, mn = F32(1) / iscale, mn0
+    L = quant(iscale, mn)
+    best = error(scale, mn, L.astype(F32))
+    for step in range(nstep + 1):
+        # the C code steps from the best min found so far, not from the data's min
+        La = quant((F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / (mx - mn), mn)
+        lf = La.astype(F32)
+        wl = w * lf
+        sum_l, sum_l2, sum_xl = _seq_sum(wl), _seq_sum(wl * lf), _seq_sum(wl * x)
+        D = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+        pos = this_min > 0
+        this_min = np.where(pos, F32(0), this_min)
+        this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
+        cur = error(this_scale, this_min, lf)
+        better = (D > 0) & (cur < best)
+        L = np.where(better, La, L)
+        best = np.where(better, cur, best)
+        scale = np.where(better, this_scale, scale)
+        mn = np.where(better, this_min, mn)
+    flat = mx == mn0  # C returns before the search: all quants 0, scale 0
+    return np.where(flat, F32(0), scale), np.where(flat, 0, L), np.where(flat, -mn0, -mn)
+
+
+def _requant(
+    x: np.ndarray, L: np.ndarray, d: np.ndarray, dm: np.ndarray | None, lo: int, hi: int, offset: int = 0
+) -> np.ndarray:
+    """Quants again against the stored (rounded) scales: L = clamp(round((x + dm) / d)) + offset;
+    sub-blocks whose scale rounded to 0 keep their search result. x, L: (n, rows); d, dm: (rows,)."""
+    Ln = np.clip(_nearest_int((x if dm is None else x + dm) / d), lo, hi) + offset
+    return np.where(d == 0, L, Ln)
+
+
+def _cols(x: np.ndarray, sub: int) -> np.ndarray:
+    """(blocks, 256) -> (sub, blocks * 256/sub): one sub-block per column."""
+    return np.ascontiguousarray(x.reshape(-1, sub).T)
+
+
+def _rows(L: np.ndarray, nb: int) -> np.ndarray:
+    """Inverse of _cols for quants -> (blocks, 256) uint8."""
+    return L.T.reshape(nb, -1).astype(np.uint8)
+
+
+def _q_q8_k(x: np.ndarray) -> np.ndarray:
+    nb = len(x)
+    mx = _first_absmax(x, 1)
+    zero = mx == 0
+    iscale = F32(-127) / np.where(zero, F32(1), mx)
+    q = np.minimum(_nearest_int(iscale[:, None] * x), 127).astype(np.int8)
+    q[zero] = 0
+    d = np.where(zero, F32(0), F32(1) / iscale).astype("<f4")
+    bsums = q.reshape(nb, 16, 16).sum(axis=2, dtype=np.int32).astype("<i2")
+    return np.hstack([d.reshape(-1, 1).view(np.uint8), q.view(np.uint8), bsums.view(np.uint8)])
+
+
+def _q_q6_k(x: np.ndarray) -> np.ndarray:
+    nb = len(x)
+    xs = _cols(x, 16)
+    scales, L = _make_qx_quants(xs, 32)
+    scales = scales.reshape(nb, 16)
+    max_scale = _first_absmax(scales, 1)[:, None]
+    zero = (np.abs(max_scale) < GROUP_MAX_EPS)[:, 0]
+    iscale = F32(-128) / np.where(zero[:, None], F32(1), max_scale)
+    dh, d = _f16_round(F32(1) / iscale)
+    sc = np.minimum(127, _nearest_int(iscale * scales)).astype(np.int8)
+    L = _rows(_requant(xs, L, (d * sc.astype(F32)).reshape(-1), None, -32, 31, 32), nb)
+    Lr = L.reshape(nb, 2, 4, 32)  # [h, k, l] -> element 128h + 32k + l
+    ql = (Lr[:, :, :2] & 0x0F) | ((Lr[:, :, 2:] & 0x0F) << 4)
+    qh = sum((Lr[:, :, k] >> 4) << (2 * k) for k in range(4)).astype(np.uint8)
+    out = np.hstack([ql.reshape(nb, 128), qh.reshape(nb, 64), sc.view(np.uint8), dh.view(np.uint8)])
+    out[zero] = 0
+    return out
+
+
+def _k_scales(scales: np.ndarray, mins: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: 8 float scales and mins per block -> 12 packed bytes, d and dmin (f16)."""
+    max_scale, max_min = _pos_max(scales), _pos_max(mins)
+    inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
+    inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
+    ls = np.minimum(_nearest_int(inv_scale * scales) & 0xFF, 63).astype(np.uint8)
+    lm = np.minimum(_nearest_int(inv_min * mins) & 0xFF, 63).astype(np.uint8)
+    packed = np.empty((len(scales), 12), np.uint8)
+    packed[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
+    packed[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
+    packed[:, 8:12] = (ls[:, 4:] & 0x0F) | ((lm[:, 4:] & 0x0F) << 4)
+    return packed, (max_scale / F32(63)).astype(np.float16), (max_min / F32(63)).astype(np.float16)
+
+
+def _q_k45(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shared by Q4_K and Q5_K: -> (header d | dmin | scales (blocks, 16) u8, L (blocks, 256) u8)."""
+    nb = len(x)
+    xs = _cols(x, 32)
+    av_x = np.sqrt(_seq_sum(xs * xs) / F32(32))
+    scales, L, mins = _make_qkx2_quants(xs, av_x + np.abs(xs), nmax, rmin, 0.1, nstep, False)
+    packed, dh, mh = _k_scales(scales.reshape(nb, 8), mins.reshape(nb, 8))
+    sc, m = _k4_scale_min(packed)
+    d = (dh.astype(F32) * sc.astype(F32)).reshape(-1)
+    dm = (mh.astype(F32) * m.astype(F32)).reshape(-1)
+    L = _rows(_requant(xs, L, d, dm, 0, nmax), nb)
+    return np.hstack([dh.view(np.uint8), mh.view(np.uint8), packed]), L
+
+
+def _q_q4_k(x: np.ndarray) -> np.ndarray:
+    head, L = _q_k45(x, 15, -1.0, 20)
+    Lr = L.reshape(len(x), 4, 2, 32)  # element 64p + 32*half + l
+    return np.hstack([head, (Lr[:, :, 0] | (Lr[:, :, 1] << 4)).reshape(len(x), 128)])
+
+
+def _q_q5_k(x: np.ndarray) -> np.ndarray:
+    head, L = _q_k45(x, 31, -0.5, 15)
+    Ls = L.reshape(len(x), 8, 32)  # [sub-block s, l]
+    qh = np.packbits(Ls >> 4, axis=1, bitorder="little").reshape(len(x), 32)  # bit s of qh[l]
+    Lr = (L & 0x0F).reshape(len(x), 4, 2, 32)
+    return np.hstack([head, qh, (Lr[:, :, 0] | (Lr[:, :, 1] << 4)).reshape(len(x), 128)])
+
+
+def _q_q2_k(x: np.ndarray) -> np.ndarray:
+    nb = len(x)
+    xs = _cols(x, 16)
+    scales, L, mins = _make_qkx2_quants(xs, np.abs(xs), 3, -0.5, 0.1, 15, True)
+    scales, mins = scales.reshape(nb, 16), mins.reshape(nb, 16)
+    max_scale, max_min = _pos_max(scales), _pos_max(mins)
+    has_s, has_m = max_scale > 0, max_min > 0
+    lo = np.where(has_s, _nearest_int((F32(15) / max_scale) * scales), 0) & 0xFF
+    hi = np.where(has_m, _nearest_int((F32(15) / max_min) * mins) << 4, 0) & 0xFF
+    packed = (lo | hi).astype(np.uint8)
+    dh = np.where(has_s, max_scale / F32(15), F32(0)).astype(np.float16)
+    mh = np.where(has_m, max_min / F32(15), F32(0)).astype(np.float16)
+    d = (dh.astype(F32) * (packed & 0x0F).astype(F32)).reshape(-1)
+    dm = (mh.astype(F32) * (packed >> 4).astype(F32)).reshape(-1)
+    Lr = _rows(_requant(xs, L, d, dm, 0, 3), nb).reshape(nb, 2, 4, 32)  # [h, j, l]
+    qs = sum(Lr[:, :, j] << (2 * j) for j in range(4)).astype(np.uint8).reshape(nb, 64)
+    return np.hstack([packed, qs, dh.view(np.uint8), mh.view(np.uint8)])
+
+
+def _q_q3_k(x: np.ndarray) -> np.ndarray:
+    nb = len(x)
+    xs = _cols(x, 16)
+    scales, L = _make_q3_quants(xs, 4)
+    scales = scales.reshape(nb, 16)
+    max_scale = _first_absmax(scales, 1)[:, None]
+    has = max_scale != 0
+    iscale = F32(-32) / np.where(has, max_scale, F32(1))
+    ls = ((_nearest_int(iscale * scales) + 128) & 0xFF) - 128  # the C code stores it in an int8 first
+    ls = np.where(has, np.clip(ls, -32, 31) + 32, 0).astype(np.uint8)  # (nb, 16), 6 bits each
+    packed = np.empty((nb, 12), np.uint8)
+    packed[:, :8] = (ls[:, :8] & 0x0F) | ((ls[:, 8:] & 0x0F) << 4)
+    packed[:, 8:] = sum((ls[:, 4 * k : 4 * k + 4] >> 4) << (2 * k) for k in range(4))
+    dh, d = _f16_round(np.where(has, F32(1) / iscale, F32(0)))
+    dl = (d * (ls.astype(F32) - F32(32))).reshape(-1)
+    dl = np.where(has.repeat(16, axis=1).reshape(-1), dl, F32(0))
+    L = _rows(_requant(xs, L, dl, None, -4, 3, 4), nb)  # 0..7; bit 2 goes to hmask
+    hmask = np.packbits(L.reshape(nb, 8, 32) >> 2, axis=1, bitorder="little").reshape(nb, 32)
+    Lr = (L & 3).reshape(nb, 2, 4, 32)
+    qs = sum(Lr[:, :, j] << (2 * j) for j in range(4)).astype(np.uint8).reshape(nb, 64)
+    return np.hstack([hmask, qs, packed, dh.view(np.uint8)])
+
+
+QUANTIZERS: dict[T, Callable[[np.ndarray], np.ndarray]] = {
+    T.F32: _q_f32,
+    T.F16: _q_f16,
+    T.BF16: _q_bf16,
+    T.Q4_0: _q_q4_0,
+    T.Q4_1: _q_q4_1,
+    T.Q5_0: _q_q5_0,
+    T.Q5_1: _q_q5_1,
+    T.Q8_0: _q_q8_0,
+    T.Q2_K: _q_q2_k,
+    T.Q3_K: _q_q3_k,
+    T.Q4_K: _q_q4_k,
+    T.Q5_K: _q_q5_k,
+    T.Q6_K: _q_q6_k,
+    T.Q8_K: _q_q8_k,
+}

@@ -1,0 +1,106 @@
+"""Numba set-up shared by every CPU kernel: code-generation settings, the kernel decorators and
+bit-level float16/bfloat16 helpers (numba on the CPU has no float16 type).
+
+Settings applied before the first compilation (they also key numba's on-disk cache):
+- `-prefer-256-bit`: let LLVM use full 512-bit vectors on AVX-512 machines (it defaults to 256).
+- SLP vectorization on: small fixed-size block loops are fully unrolled before the loop
+  vectorizer sees them; the SLP pass turns the unrolled code back into vector code.
+- `noalias` array arguments (a custom pipeline): kernels never get overlapping inputs and
+  outputs, and telling LLVM so is what lets it vectorize loads and stores across arrays.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numba
+from llvmlite import ir
+from numba.core import config, types
+from numba.core.compiler import CompilerBase, DefaultPassBuilder
+from numba.extending import intrinsic
+
+
+def _configure_codegen() -> None:
+    if os.environ.get("EDGE_INFER_NUMBA_DEFAULTS"):  # escape hatch for debugging code generation
+        return
+    config.SLP_VECTORIZE = 1
+    if config.CPU_FEATURES is None and (config.CPU_NAME or "").lower() != "generic":
+        from numba.core.codegen import get_host_cpu_features
+
+        feats = get_host_cpu_features()
+        if "+avx512f" in feats:
+            config.CPU_FEATURES = feats + ",-prefer-256-bit"
+
+
+_configure_codegen()
+
+
+class NoAliasCompiler(CompilerBase):
+    """numba's nopython pipeline with every array argument marked `noalias` for LLVM."""
+
+    def define_pipelines(self):  # type: ignore[no-untyped-def]
+        self.state.flags.noalias = True
+        return [DefaultPassBuilder.define_nopython_pipeline(self.state)]
+
+
+def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False):  # type: ignore[no-untyped-def]
+    """`@njit(cache=True, nogil=True)` with noalias arguments; inputs and outputs must not overlap."""
+
+    def wrap(f):  # type: ignore[no-untyped-def]
+        return numba.njit(cache=True, nogil=True, fastmath=fastmath, parallel=parallel, pipeline_class=NoAliasCompiler)(f)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+@intrinsic
+def f16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
+    """float32 value of IEEE half bits (a uint16); one vcvtph2ps on F16C/AVX-512 machines."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        v = args[0]
+        if bits.bitwidth > 16:
+            v = builder.trunc(v, ir.IntType(16))
+        elif bits.bitwidth < 16:
+            v = builder.zext(v, ir.IntType(16))
+        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def f32_to_f16(typingctx, value):  # type: ignore[no-untyped-def]
+    """IEEE half bits (uint16) of a float32, rounded to nearest even (what numpy's astype does)."""
+    if not isinstance(value, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        v = args[0]
+        if value.bitwidth == 64:
+            v = builder.fptrunc(v, ir.FloatType())
+        return builder.bitcast(builder.fptrunc(v, ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(value), codegen
+
+
+@intrinsic
+def bf16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
+    """float32 value of bfloat16 bits (the top half of a float32)."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        v = builder.zext(builder.trunc(args[0], ir.IntType(16)) if bits.bitwidth > 16 else args[0], ir.IntType(32))
+        return builder.bitcast(builder.shl(v, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+def threading_layer_name() -> str:
+    """The numba threading layer in use ('omp' is ~100x cheaper per parallel launch than
+    'workqueue'); only meaningful after the first parallel kernel ran."""
+    try:
+        return str(numba.threading_layer())
+    except ValueError:
+        return "not started"
