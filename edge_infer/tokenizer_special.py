@@ -7,13 +7,16 @@ We reproduce that exactly without rescanning the text once per special token: on
 (a trie of all the token texts) finds every position where some special token starts and
 the longest one there; shorter ones there are its prefixes. Then the tokens that occur are
 taken in llama.cpp's order, each accepting its occurrences left to right unless they touch
-text already taken (a byte mask over the text).
+text already taken (a mask over the text; when a token's free occurrences cannot overlap
+each other, they are all accepted in one vectorised step).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+
+import numpy as np
 
 __all__ = ["SpecialMatcher", "trie_regex"]
 
@@ -71,43 +74,73 @@ class SpecialMatcher:
             return [text] if text else []
         if self._regex is None:
             self._regex = re.compile(f"(?=({trie_regex(self._ids)}))", re.DOTALL)
-        occurrences: dict[str, list[int]] = {}
+        starts: dict[str, list[int]] = {}  # longest special token at a position -> positions
         for m in self._regex.finditer(text):
-            pos = m.start()
-            for tok in self._special_prefixes(m.group(1)):
-                occurrences.setdefault(tok, []).append(pos)
-        if not occurrences:
+            starts.setdefault(m.group(1), []).append(m.start())
+        if not starts:
             return [text]
+        occurrences: dict[str, list[list[int]]] = {}
+        for longest, positions in starts.items():
+            for tok in self._special_prefixes(longest):
+                occurrences.setdefault(tok, []).append(positions)
+        # Few occurrences: check them one by one. Many (whitespace-run tokens in indented
+        # code): filter the ones in free text with array operations first.
+        vectorise = sum(map(len, starts.values())) > 2048
         # mask: 0 = free text, 1 = taken by a special token, 2 = stripped whitespace.
-        mask = bytearray(len(text))
-        taken: list[tuple[int, int, int]] = []  # (start, end, id)
+        mask = np.zeros(len(text), dtype=np.int8)
+        found: list[tuple[list[int], int, int]] = []  # (starts, id, length)
         for tok in sorted(occurrences, key=self._order.__getitem__):
             n, tid = len(tok), self._ids[tok]
-            next_free = 0
-            for pos in occurrences[tok]:
-                if pos < next_free or mask.count(0, pos, pos + n) != n:
-                    continue
-                mask[pos : pos + n] = b"\x01" * n
-                taken.append((pos, pos + n, tid))
-                next_free = pos + n
-                if tid in self._lstrip:
-                    _strip(text, mask, pos - 1, -1)
-                if tid in self._rstrip:
-                    next_free = _strip(text, mask, pos + n, 1)
-        taken.sort()
+            lists = occurrences[tok]
+            if not vectorise:
+                positions = lists[0] if len(lists) == 1 else sorted(p for ps in lists for p in ps)
+                taken = self._take_in_order(text, mask, positions, n, tid, check=True)
+            else:
+                pos = np.sort(np.concatenate([np.asarray(ps, dtype=np.int64) for ps in lists]))
+                free = np.ones(len(pos), dtype=bool)
+                for k in range(n):
+                    free &= mask[np.minimum(pos + k, len(text) - 1)] == 0
+                pos = pos[free]
+                if tid in self._lstrip or tid in self._rstrip or (n > 1 and bool((np.diff(pos) < n).any())):
+                    taken = self._take_in_order(text, mask, pos.tolist(), n, tid, check=False)
+                else:
+                    mask[(pos[:, None] + np.arange(n)).ravel()] = 1
+                    taken = pos.tolist()
+            if taken:
+                found.append((taken, tid, n))
+        spans = sorted((p, tid, n) for taken, tid, n in found for p in taken)
         out: list[str | int] = []
         pos = 0
-        for start, end, tid in taken:
+        for start, tid, n in spans:
             if start > pos:
                 _append_free(out, text, mask, pos, start)
             out.append(tid)
-            pos = end
+            pos = start + n
         if pos < len(text):
             _append_free(out, text, mask, pos, len(text))
         return out
 
+    def _take_in_order(
+        self, text: str, mask: np.ndarray, positions: list[int], n: int, tid: int, check: bool
+    ) -> list[int]:
+        # llama.cpp's scan for one token: leftmost occurrence in free text, then search on
+        # after it (and after the whitespace it strips on its right).
+        taken = []
+        next_free = 0
+        for pos in positions:
+            if pos < next_free or (check and mask[pos : pos + n].any()):
+                continue
+            mask[pos : pos + n] = 1
+            taken.append(pos)
+            next_free = pos + n
+            if tid in self._lstrip:
+                _strip(text, mask, pos - 1, -1)
+            if tid in self._rstrip:
+                next_free = _strip(text, mask, pos + n, 1)
+        return taken
 
-def _strip(text: str, mask: bytearray, pos: int, step: int) -> int:
+
+def _strip(text: str, mask: np.ndarray, pos: int, step: int) -> int:
     # Mark the whitespace next to a special token (inside the same free fragment) as gone.
     while 0 <= pos < len(text) and mask[pos] == 0 and text[pos] in _C_SPACE:
         mask[pos] = 2
@@ -115,7 +148,7 @@ def _strip(text: str, mask: bytearray, pos: int, step: int) -> int:
     return pos
 
 
-def _append_free(out: list[str | int], text: str, mask: bytearray, start: int, end: int) -> None:
+def _append_free(out: list[str | int], text: str, mask: np.ndarray, start: int, end: int) -> None:
     # Text between two special tokens, minus stripped whitespace (only ever at its ends).
     while start < end and mask[start] == 2:
         start += 1

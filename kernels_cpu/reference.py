@@ -1,0 +1,89 @@
+"""Slow NumPy twins of the CPU kernels (float64 math), for the tests. Same arguments, but they
+return their result instead of writing into a preallocated output."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from edge_infer.formats.quants import dequantize_blocks
+
+
+def decode_rows(w: np.ndarray, qtype: int) -> np.ndarray:
+    """uint8 [R, row_bytes] -> float32 [R, K] with the reference dequantizer."""
+    from edge_infer.kernels_cpu.dequant import BLOCK_SHAPE
+
+    bs, tb = BLOCK_SHAPE[qtype]
+    k = w.shape[1] // tb * bs
+    flat = dequantize_blocks(np.ascontiguousarray(w).reshape(-1), GGMLQuantizationType(qtype), w.shape[0] * k)
+    return flat.reshape(w.shape[0], k)
+
+
+def matmul(x: np.ndarray, w: np.ndarray, qtype: int) -> np.ndarray:
+    return (x.astype(np.float64) @ decode_rows(w, qtype).astype(np.float64).T).astype(np.float32)
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    scale = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps)
+    return (x64 * scale * w).astype(np.float32)
+
+
+def head_rmsnorm(x: np.ndarray, n_heads: int, head_dim: int, w: np.ndarray, eps: float) -> np.ndarray:
+    t = x.reshape(x.shape[0], n_heads, head_dim)
+    return rmsnorm(t, w, eps).reshape(x.shape)
+
+
+def rope(x: np.ndarray, n_heads: int, head_dim: int, n_rot: int, positions: np.ndarray, inv_freq: np.ndarray,
+         neox: bool) -> np.ndarray:
+    out = x.astype(np.float64).reshape(x.shape[0], n_heads, head_dim).copy()
+    theta = positions.astype(np.float64)[:, None] * inv_freq[None, :]  # [T, n_rot/2]
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    half = n_rot // 2
+    if neox:
+        a, b = out[..., :half].copy(), out[..., half:n_rot].copy()
+        out[..., :half], out[..., half:n_rot] = a * c - b * s, a * s + b * c
+    else:
+        a, b = out[..., 0:n_rot:2].copy(), out[..., 1:n_rot:2].copy()
+        out[..., 0:n_rot:2], out[..., 1:n_rot:2] = a * c - b * s, a * s + b * c
+    return out.reshape(x.shape).astype(np.float32)
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    g = gate.astype(np.float64)
+    return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
+
+
+def gelu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    g = gate.astype(np.float64)
+    return (0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3))) * up).astype(np.float32)
+
+
+def cache_values(cache: np.ndarray) -> np.ndarray:
+    """float64 view of a KV pool stored as f16 bits (uint16) or float32."""
+    if cache.dtype == np.uint16:
+        return cache.view(np.float16).astype(np.float64)
+    return cache.astype(np.float64)
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                    token_seq: np.ndarray, positions: np.ndarray, scale: float, window: int) -> np.ndarray:
+    """Dense causal attention: gather each sequence's keys 0..p from its block table."""
+    n_kv, hd = k_cache.shape[2], k_cache.shape[3]
+    bs = k_cache.shape[1]
+    n_heads = q.shape[1] // hd
+    rep = n_heads // n_kv
+    kc, vc = cache_values(k_cache), cache_values(v_cache)
+    out = np.zeros((q.shape[0], n_heads * hd), np.float64)
+    for i in range(q.shape[0]):
+        p = int(positions[i])
+        lo = max(0, p - window + 1) if window > 0 else 0
+        js = np.arange(lo, p + 1)
+        blocks = block_tables[token_seq[i], js // bs]
+        keys, vals = kc[blocks, js % bs], vc[blocks, js % bs]  # [n, n_kv, hd]
+        for h in range(n_heads):
+            g = h // rep
+            s = keys[:, g, :] @ q[i, h * hd : (h + 1) * hd].astype(np.float64) * scale
+            e = np.exp(s - s.max())
+            out[i, h * hd : (h + 1) * hd] = (e / e.sum()) @ vals[:, g, :]
+    return out.astype(np.float32)
