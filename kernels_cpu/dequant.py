@@ -4,8 +4,11 @@ Every decoder computes exactly the float32 operations of the reference dequantiz
 (`edge_infer.formats.quants`, itself bit-exact with gguf-py), so a decoded row is bit-identical
 to `dequantize()` of the same bytes. Block layouts are drawn in formats/quants.py.
 
-Signature of each: `decode_<type>(row: uint8[row_bytes], out: float32[n]) -> None`.
-`decode_row(qtype, row, out)` dispatches on the GGML type id (an int).
+Signature of each: `decode_<type>(w: uint8[R, row_bytes], r, out: float32[M, n], i)` decodes
+row r of w into row i of out. (Indexing the 2-D arrays directly, instead of passing row views,
+avoids a reference-counted view per row: that alone was half the cost of a decoded block.)
+`decode_rows(qtype, w, r, out, i)` dispatches on the GGML type id; `decode_row(qtype, row, out)`
+is the 1-D convenience form.
 """
 
 from __future__ import annotations
@@ -28,250 +31,253 @@ BLOCK_SHAPE = {
 
 
 @kernel
-def _half(row, o):  # type: ignore[no-untyped-def]
-    return f16_to_f32(np.uint16(row[o]) | (np.uint16(row[o + 1]) << np.uint16(8)))
+def _half(w, r, o):  # type: ignore[no-untyped-def]
+    return f16_to_f32(np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8)))
 
 
 @kernel
-def decode_f32(row, out):  # type: ignore[no-untyped-def]
-    v = row.view(np.float32)
-    for i in range(out.shape[0]):
-        out[i] = v[i]
+def decode_f32(w, r, out, i):  # type: ignore[no-untyped-def]
+    v = w[r].view(np.float32)
+    for k in range(out.shape[1]):
+        out[i, k] = v[k]
 
 
 @kernel
-def decode_f16(row, out):  # type: ignore[no-untyped-def]
-    v = row.view(np.uint16)
-    for i in range(out.shape[0]):
-        out[i] = f16_to_f32(v[i])
+def decode_f16(w, r, out, i):  # type: ignore[no-untyped-def]
+    v = w[r].view(np.uint16)
+    for k in range(out.shape[1]):
+        out[i, k] = f16_to_f32(v[k])
 
 
 @kernel
-def decode_bf16(row, out):  # type: ignore[no-untyped-def]
-    v = row.view(np.uint16)
-    for i in range(out.shape[0]):
-        out[i] = bf16_to_f32(v[i])
+def decode_bf16(w, r, out, i):  # type: ignore[no-untyped-def]
+    v = w[r].view(np.uint16)
+    for k in range(out.shape[1]):
+        out[i, k] = bf16_to_f32(v[k])
 
 
 @kernel
-def decode_q4_0(row, out):  # type: ignore[no-untyped-def]
-    for b in range(out.shape[0] // 32):
+def decode_q4_0(w, r, out, i):  # type: ignore[no-untyped-def]
+    for b in range(out.shape[1] // 32):
         o = b * 18
-        d = _half(row, o)
+        d = _half(w, r, o)
         for j in range(16):
-            q = np.int32(row[o + 2 + j])
-            out[b * 32 + j] = d * np.float32(np.int32((q & 15) - 8))
-            out[b * 32 + 16 + j] = d * np.float32(np.int32((q >> 4) - 8))
+            q = np.int32(w[r, o + 2 + j])
+            out[i, b * 32 + j] = d * np.float32(np.int32((q & 15) - 8))
+            out[i, b * 32 + 16 + j] = d * np.float32(np.int32((q >> 4) - 8))
 
 
 @kernel
-def decode_q4_1(row, out):  # type: ignore[no-untyped-def]
-    for b in range(out.shape[0] // 32):
+def decode_q4_1(w, r, out, i):  # type: ignore[no-untyped-def]
+    for b in range(out.shape[1] // 32):
         o = b * 20
-        d = _half(row, o)
-        m = _half(row, o + 2)
+        d = _half(w, r, o)
+        m = _half(w, r, o + 2)
         for j in range(16):
-            q = np.int32(row[o + 4 + j])
-            out[b * 32 + j] = d * np.float32(np.int32(q & 15)) + m
-            out[b * 32 + 16 + j] = d * np.float32(np.int32(q >> 4)) + m
+            q = np.int32(w[r, o + 4 + j])
+            out[i, b * 32 + j] = d * np.float32(np.int32(q & 15)) + m
+            out[i, b * 32 + 16 + j] = d * np.float32(np.int32(q >> 4)) + m
 
 
 @kernel
-def _qh32(row, o):  # type: ignore[no-untyped-def]
-    return (np.uint32(row[o]) | (np.uint32(row[o + 1]) << np.uint32(8))
-            | (np.uint32(row[o + 2]) << np.uint32(16)) | (np.uint32(row[o + 3]) << np.uint32(24)))
+def _qh32(w, r, o):  # type: ignore[no-untyped-def]
+    return (np.uint32(w[r, o]) | (np.uint32(w[r, o + 1]) << np.uint32(8))
+            | (np.uint32(w[r, o + 2]) << np.uint32(16)) | (np.uint32(w[r, o + 3]) << np.uint32(24)))
 
 
 @kernel
-def decode_q5_0(row, out):  # type: ignore[no-untyped-def]
-    for b in range(out.shape[0] // 32):
+def decode_q5_0(w, r, out, i):  # type: ignore[no-untyped-def]
+    for b in range(out.shape[1] // 32):
         o = b * 22
-        d = _half(row, o)
-        qh = _qh32(row, o + 2)
+        d = _half(w, r, o)
+        qh = _qh32(w, r, o + 2)
         for j in range(16):
-            q = np.int32(row[o + 6 + j])
+            q = np.int32(w[r, o + 6 + j])
             h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
             h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-            out[b * 32 + j] = d * np.float32(np.int32(((q & 15) | h0) - 16))
-            out[b * 32 + 16 + j] = d * np.float32(np.int32(((q >> 4) | h1) - 16))
+            out[i, b * 32 + j] = d * np.float32(np.int32(((q & 15) | h0) - 16))
+            out[i, b * 32 + 16 + j] = d * np.float32(np.int32(((q >> 4) | h1) - 16))
 
 
 @kernel
-def decode_q5_1(row, out):  # type: ignore[no-untyped-def]
-    for b in range(out.shape[0] // 32):
+def decode_q5_1(w, r, out, i):  # type: ignore[no-untyped-def]
+    for b in range(out.shape[1] // 32):
         o = b * 24
-        d = _half(row, o)
-        m = _half(row, o + 2)
-        qh = _qh32(row, o + 4)
+        d = _half(w, r, o)
+        m = _half(w, r, o + 2)
+        qh = _qh32(w, r, o + 4)
         for j in range(16):
-            q = np.int32(row[o + 8 + j])
+            q = np.int32(w[r, o + 8 + j])
             h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
             h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-            out[b * 32 + j] = d * np.float32(np.int32((q & 15) | h0)) + m
-            out[b * 32 + 16 + j] = d * np.float32(np.int32((q >> 4) | h1)) + m
+            out[i, b * 32 + j] = d * np.float32(np.int32((q & 15) | h0)) + m
+            out[i, b * 32 + 16 + j] = d * np.float32(np.int32((q >> 4) | h1)) + m
 
 
 @kernel
-def decode_q8_0(row, out):  # type: ignore[no-untyped-def]
-    qs = row.view(np.int8)
-    for b in range(out.shape[0] // 32):
+def decode_q8_0(w, r, out, i):  # type: ignore[no-untyped-def]
+    for b in range(out.shape[1] // 32):
         o = b * 34
-        d = _half(row, o)
+        d = _half(w, r, o)
         for j in range(32):
-            out[b * 32 + j] = np.float32(qs[o + 2 + j]) * d
+            out[i, b * 32 + j] = np.float32(np.int8(w[r, o + 2 + j])) * d
 
 
 @kernel
-def decode_q2_k(row, out):  # type: ignore[no-untyped-def]
+def decode_q2_k(w, r, out, i):  # type: ignore[no-untyped-def]
     # scales[16] | qs[64] | d | dmin
-    for b in range(out.shape[0] // 256):
+    for b in range(out.shape[1] // 256):
         o = b * 84
-        d = _half(row, o + 80)
-        dmin = _half(row, o + 82)
+        d = _half(w, r, o + 80)
+        dmin = _half(w, r, o + 82)
         for s in range(16):  # sub-blocks of 16: half h, shift pair sh, 16-wide slice
-            sc = np.int32(row[o + s])
+            sc = np.int32(w[r, o + s])
             dl = d * np.float32(np.int32(sc & 15))
             ml = dmin * np.float32(np.int32(sc >> 4))
-            h, r = s // 8, s % 8
-            shift, base = (r // 2) * 2, (r % 2) * 16
+            h, t = s // 8, s % 8
+            shift, base = (t // 2) * 2, (t % 2) * 16
             for j in range(16):
-                q = np.int32(row[o + 16 + h * 32 + base + j])
-                out[b * 256 + s * 16 + j] = dl * np.float32(np.int32((q >> shift) & 3)) - ml
+                q = np.int32(w[r, o + 16 + h * 32 + base + j])
+                out[i, b * 256 + s * 16 + j] = dl * np.float32(np.int32((q >> shift) & 3)) - ml
 
 
 @kernel
-def _k_scale_min(row, o, j):  # type: ignore[no-untyped-def]
-    """6-bit (scale, min) of sub-block j (0..7) from the 12 packed bytes at row[o:o+12]."""
+def _k_scale_min(w, r, o, j):  # type: ignore[no-untyped-def]
+    """6-bit (scale, min) of sub-block j (0..7) from the 12 packed bytes at w[r, o:o+12]."""
     if j < 4:
-        sc = np.int32(row[o + j]) & 63
-        mn = np.int32(row[o + 4 + j]) & 63
+        sc = np.int32(w[r, o + j]) & 63
+        mn = np.int32(w[r, o + 4 + j]) & 63
     else:
-        sc = (np.int32(row[o + 4 + j]) & 15) | ((np.int32(row[o + j - 4]) >> 2) & 0x30)
-        mn = (np.int32(row[o + 4 + j]) >> 4) | ((np.int32(row[o + j]) >> 2) & 0x30)
+        sc = (np.int32(w[r, o + 4 + j]) & 15) | ((np.int32(w[r, o + j - 4]) >> 2) & 0x30)
+        mn = (np.int32(w[r, o + 4 + j]) >> 4) | ((np.int32(w[r, o + j]) >> 2) & 0x30)
     return sc, mn
 
 
 @kernel
-def decode_q3_k(row, out):  # type: ignore[no-untyped-def]
+def decode_q3_k(w, r, out, i):  # type: ignore[no-untyped-def]
     # hmask[32] | qs[64] | scales[12] | d
-    for b in range(out.shape[0] // 256):
+    for b in range(out.shape[1] // 256):
         o = b * 110
-        d = _half(row, o + 108)
+        d = _half(w, r, o + 108)
         for s in range(16):
             if s < 8:
-                lo = np.int32(row[o + 96 + s]) & 15
+                lo = np.int32(w[r, o + 96 + s]) & 15
             else:
-                lo = np.int32(row[o + 96 + s - 8]) >> 4
-            hi = (np.int32(row[o + 104 + s % 4]) >> (2 * (s // 4))) & 3
+                lo = np.int32(w[r, o + 96 + s - 8]) >> 4
+            hi = (np.int32(w[r, o + 104 + s % 4]) >> (2 * (s // 4))) & 3
             dl = d * np.float32(np.int32((lo | (hi << 4)) - 32))
-            h, r = s // 8, s % 8
-            shift, base = (r // 2) * 2, (r % 2) * 16
+            h, t = s // 8, s % 8
+            shift, base = (t // 2) * 2, (t % 2) * 16
             bit = s // 2  # hmask bit: sub-block pairs of 32 elements
             for j in range(16):
-                ql = (np.int32(row[o + 32 + h * 32 + base + j]) >> shift) & 3
-                hm = (np.int32(row[o + base + j]) >> bit) & 1
-                out[b * 256 + s * 16 + j] = dl * np.float32(np.int32(ql - ((hm ^ 1) << 2)))
+                ql = (np.int32(w[r, o + 32 + h * 32 + base + j]) >> shift) & 3
+                hm = (np.int32(w[r, o + base + j]) >> bit) & 1
+                out[i, b * 256 + s * 16 + j] = dl * np.float32(np.int32(ql - ((hm ^ 1) << 2)))
 
 
 @kernel
-def decode_q4_k(row, out):  # type: ignore[no-untyped-def]
+def decode_q4_k(w, r, out, i):  # type: ignore[no-untyped-def]
     # d | dmin | scales[12] | qs[128]
-    for b in range(out.shape[0] // 256):
+    for b in range(out.shape[1] // 256):
         o = b * 144
-        d = _half(row, o)
-        dmin = _half(row, o + 2)
+        d = _half(w, r, o)
+        dmin = _half(w, r, o + 2)
         for c in range(4):
-            sc0, m0 = _k_scale_min(row, o + 4, 2 * c)
-            sc1, m1 = _k_scale_min(row, o + 4, 2 * c + 1)
+            sc0, m0 = _k_scale_min(w, r, o + 4, 2 * c)
+            sc1, m1 = _k_scale_min(w, r, o + 4, 2 * c + 1)
             d0, dm0 = d * np.float32(sc0), dmin * np.float32(m0)
             d1, dm1 = d * np.float32(sc1), dmin * np.float32(m1)
             for j in range(32):
-                q = np.int32(row[o + 16 + c * 32 + j])
-                out[b * 256 + c * 64 + j] = d0 * np.float32(np.int32(q & 15)) - dm0
-                out[b * 256 + c * 64 + 32 + j] = d1 * np.float32(np.int32(q >> 4)) - dm1
+                q = np.int32(w[r, o + 16 + c * 32 + j])
+                out[i, b * 256 + c * 64 + j] = d0 * np.float32(np.int32(q & 15)) - dm0
+                out[i, b * 256 + c * 64 + 32 + j] = d1 * np.float32(np.int32(q >> 4)) - dm1
 
 
 @kernel
-def decode_q5_k(row, out):  # type: ignore[no-untyped-def]
+def decode_q5_k(w, r, out, i):  # type: ignore[no-untyped-def]
     # d | dmin | scales[12] | qh[32] | qs[128]
-    for b in range(out.shape[0] // 256):
+    for b in range(out.shape[1] // 256):
         o = b * 176
-        d = _half(row, o)
-        dmin = _half(row, o + 2)
+        d = _half(w, r, o)
+        dmin = _half(w, r, o + 2)
         for c in range(4):
-            sc0, m0 = _k_scale_min(row, o + 4, 2 * c)
-            sc1, m1 = _k_scale_min(row, o + 4, 2 * c + 1)
+            sc0, m0 = _k_scale_min(w, r, o + 4, 2 * c)
+            sc1, m1 = _k_scale_min(w, r, o + 4, 2 * c + 1)
             d0, dm0 = d * np.float32(sc0), dmin * np.float32(m0)
             d1, dm1 = d * np.float32(sc1), dmin * np.float32(m1)
             for j in range(32):
-                q = np.int32(row[o + 48 + c * 32 + j])
-                h = np.int32(row[o + 16 + j])
+                q = np.int32(w[r, o + 48 + c * 32 + j])
+                h = np.int32(w[r, o + 16 + j])
                 h0 = ((h >> (2 * c)) & 1) << 4
                 h1 = ((h >> (2 * c + 1)) & 1) << 4
-                out[b * 256 + c * 64 + j] = d0 * np.float32(np.int32((q & 15) | h0)) - dm0
-                out[b * 256 + c * 64 + 32 + j] = d1 * np.float32(np.int32((q >> 4) | h1)) - dm1
+                out[i, b * 256 + c * 64 + j] = d0 * np.float32(np.int32((q & 15) | h0)) - dm0
+                out[i, b * 256 + c * 64 + 32 + j] = d1 * np.float32(np.int32((q >> 4) | h1)) - dm1
 
 
 @kernel
-def decode_q6_k(row, out):  # type: ignore[no-untyped-def]
+def decode_q6_k(w, r, out, i):  # type: ignore[no-untyped-def]
     # ql[128] | qh[64] | scales[16] (int8) | d
-    sc8 = row.view(np.int8)
-    for b in range(out.shape[0] // 256):
+    for b in range(out.shape[1] // 256):
         o = b * 210
-        d = _half(row, o + 208)
+        d = _half(w, r, o + 208)
         for h in range(2):  # halves of 128 elements
             for s in range(4):  # 32-element slices: low/high nibble of ql, qh bit pair s
                 for g in range(2):  # 16-element sub-blocks with their own scale
                     si = h * 8 + s * 2 + g
-                    dl = d * np.float32(sc8[o + 192 + si])
+                    dl = d * np.float32(np.int8(w[r, o + 192 + si]))
                     for j in range(16):
                         idx = g * 16 + j
-                        ql = (np.int32(row[o + h * 64 + (s % 2) * 32 + idx]) >> (4 * (s // 2))) & 15
-                        qh = (np.int32(row[o + 128 + h * 32 + idx]) >> (2 * s)) & 3
-                        out[b * 256 + h * 128 + s * 32 + idx] = dl * np.float32(np.int32((ql | (qh << 4)) - 32))
+                        ql = (np.int32(w[r, o + h * 64 + (s % 2) * 32 + idx]) >> (4 * (s // 2))) & 15
+                        qh = (np.int32(w[r, o + 128 + h * 32 + idx]) >> (2 * s)) & 3
+                        out[i, b * 256 + h * 128 + s * 32 + idx] = dl * np.float32(np.int32((ql | (qh << 4)) - 32))
 
 
 @kernel
-def decode_q8_k(row, out):  # type: ignore[no-untyped-def]
+def decode_q8_k(w, r, out, i):  # type: ignore[no-untyped-def]
     # d (f32) | qs[256] (int8) | bsums[16] (int16)
-    qs = row.view(np.int8)
-    for b in range(out.shape[0] // 256):
+    for b in range(out.shape[1] // 256):
         o = b * 292
-        d = row[o : o + 4].view(np.float32)[0]
+        d = w[r, o : o + 4].view(np.float32)[0]
         for j in range(256):
-            out[b * 256 + j] = d * np.float32(qs[o + 4 + j])
+            out[i, b * 256 + j] = d * np.float32(np.int8(w[r, o + 4 + j]))
+
+
+@kernel
+def decode_rows(qtype, w, r, out, i):  # type: ignore[no-untyped-def]
+    """Decode row r of w (any kernel type) into row i of out."""
+    if qtype == Q4_1:
+        decode_q4_1(w, r, out, i)
+    elif qtype == Q8_0:
+        decode_q8_0(w, r, out, i)
+    elif qtype == Q5_0:
+        decode_q5_0(w, r, out, i)
+    elif qtype == Q4_K:
+        decode_q4_k(w, r, out, i)
+    elif qtype == Q6_K:
+        decode_q6_k(w, r, out, i)
+    elif qtype == Q4_0:
+        decode_q4_0(w, r, out, i)
+    elif qtype == Q5_1:
+        decode_q5_1(w, r, out, i)
+    elif qtype == Q5_K:
+        decode_q5_k(w, r, out, i)
+    elif qtype == Q3_K:
+        decode_q3_k(w, r, out, i)
+    elif qtype == Q2_K:
+        decode_q2_k(w, r, out, i)
+    elif qtype == Q8_K:
+        decode_q8_k(w, r, out, i)
+    elif qtype == F32:
+        decode_f32(w, r, out, i)
+    elif qtype == F16:
+        decode_f16(w, r, out, i)
+    elif qtype == BF16:
+        decode_bf16(w, r, out, i)
+    else:
+        raise ValueError("decode_rows: unsupported GGML type")
 
 
 @kernel
 def decode_row(qtype, row, out):  # type: ignore[no-untyped-def]
-    """Decode one row of any kernel type; `out` has the row's element count."""
-    if qtype == Q4_1:
-        decode_q4_1(row, out)
-    elif qtype == Q8_0:
-        decode_q8_0(row, out)
-    elif qtype == Q5_0:
-        decode_q5_0(row, out)
-    elif qtype == Q4_K:
-        decode_q4_k(row, out)
-    elif qtype == Q6_K:
-        decode_q6_k(row, out)
-    elif qtype == Q4_0:
-        decode_q4_0(row, out)
-    elif qtype == Q5_1:
-        decode_q5_1(row, out)
-    elif qtype == Q5_K:
-        decode_q5_k(row, out)
-    elif qtype == Q3_K:
-        decode_q3_k(row, out)
-    elif qtype == Q2_K:
-        decode_q2_k(row, out)
-    elif qtype == Q8_K:
-        decode_q8_k(row, out)
-    elif qtype == F32:
-        decode_f32(row, out)
-    elif qtype == F16:
-        decode_f16(row, out)
-    elif qtype == BF16:
-        decode_bf16(row, out)
-    else:
-        raise ValueError("decode_row: unsupported GGML type")
+    """Decode one 1-D row of any kernel type into `out` (the row's element count)."""
+    decode_rows(qtype, row.reshape(1, row.shape[0]), 0, out.reshape(1, out.shape[0]), 0)

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from ._jit import kernel
-from .dequant import decode_row
+from .dequant import decode_rows
 
 ROW_GROUP = 4
 
@@ -60,7 +60,7 @@ def matmul_kernel(x, w, qtype, out, n_threads):  # type: ignore[no-untyped-def]
             nvalid = min(ROW_GROUP, R - r0)
             for i in range(ROW_GROUP):
                 # a short last group decodes its last row again; only valid rows are written
-                decode_row(qtype, w[r0 + min(i, nvalid - 1)], wg[i])
+                decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, i)
             for t in range(T):
                 _dot_group(wg, x, out, t, r0, nvalid)
 
@@ -69,4 +69,4 @@ def matmul_kernel(x, w, qtype, out, n_threads):  # type: ignore[no-untyped-def]
 def embed_rows_kernel(ids, w, qtype, out):  # type: ignore[no-untyped-def]
     """out[i] = decoded row ids[i] of w (token embedding lookup); ids: int32 [N]."""
     for i in numba.prange(ids.shape[0]):
-        decode_row(qtype, w[ids[i]], out[i])
+        decode_rows(qtype, w, ids[i], out, i)
