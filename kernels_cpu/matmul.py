@@ -45,24 +45,55 @@ def _dot_group(wg, x, out, t, r0, nvalid):  # type: ignore[no-untyped-def]
         out[t, r0 + 3] = a3
 
 
+@kernel
+def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
+    """Row groups g0..g1-1 of one matrix for every token of x."""
+    R = w.shape[0]
+    for g in range(g0, g1):
+        r0 = g * ROW_GROUP
+        nvalid = min(ROW_GROUP, R - r0)
+        for i in range(ROW_GROUP):
+            # a short last group decodes its last row again; only valid rows are written
+            decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, i)
+        for t in range(x.shape[0]):
+            _dot_group(wg, x, out, t, r0, nvalid)
+
+
+@kernel
+def _groups(w):  # type: ignore[no-untyped-def]
+    return (w.shape[0] + ROW_GROUP - 1) // ROW_GROUP
+
+
+@kernel(parallel=True)
+def matmul3_kernel(x, wa, qa, oa, wb, qb, ob, wc, qc, oc, n_threads):  # type: ignore[no-untyped-def]
+    """Up to three matmuls of the same input in one parallel launch (Q, K and V; gate and up):
+    out_m[t, r] = sum_k x[t, k] * W_m[r, k]. A matrix with zero rows is skipped. The row groups
+    of all three are split evenly over n_threads; each output is computed exactly as by
+    matmul_kernel (the same per-group code), so fusing changes no result."""
+    K = x.shape[1]
+    na, nb, nc = _groups(wa), _groups(wb), _groups(wc)
+    total = na + nb + nc
+    per = (total + n_threads - 1) // n_threads
+    for tid in numba.prange(n_threads):
+        wg = np.empty((ROW_GROUP, K), np.float32)
+        lo, hi = tid * per, min(total, (tid + 1) * per)
+        if lo < na:
+            _row_groups(x, wa, qa, oa, lo, min(hi, na), wg)
+        if hi > na and lo < na + nb:
+            _row_groups(x, wb, qb, ob, max(lo, na) - na, min(hi, na + nb) - na, wg)
+        if hi > na + nb:
+            _row_groups(x, wc, qc, oc, max(lo, na + nb) - na - nb, hi - na - nb, wg)
+
+
 @kernel(parallel=True)
 def matmul_kernel(x, w, qtype, out, n_threads):  # type: ignore[no-untyped-def]
     """x: float32 [T, K]; w: uint8 [R, row_bytes] in GGML type `qtype`; out: float32 [T, R];
     n_threads: the work is split into this many row ranges (numba's thread count)."""
-    T, K = x.shape
-    R = w.shape[0]
-    n_groups = (R + ROW_GROUP - 1) // ROW_GROUP
+    n_groups = _groups(w)
     per = (n_groups + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
-        wg = np.empty((ROW_GROUP, K), np.float32)
-        for g in range(tid * per, min(n_groups, (tid + 1) * per)):
-            r0 = g * ROW_GROUP
-            nvalid = min(ROW_GROUP, R - r0)
-            for i in range(ROW_GROUP):
-                # a short last group decodes its last row again; only valid rows are written
-                decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, i)
-            for t in range(T):
-                _dot_group(wg, x, out, t, r0, nvalid)
+        wg = np.empty((ROW_GROUP, x.shape[1]), np.float32)
+        _row_groups(x, w, qtype, out, tid * per, min(n_groups, (tid + 1) * per), wg)
 
 
 @kernel(parallel=True)

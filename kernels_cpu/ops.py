@@ -1,12 +1,14 @@
 """Element-wise and per-row kernels of a transformer layer: RMSNorm, RoPE, gated activations,
 residual adds. Arrays are float32 and C-contiguous; every kernel writes a preallocated output.
-Rows are independent, so results never depend on the batch (per-row fixed order)."""
+Rows are independent, so results never depend on the batch (per-row fixed order).
+
+These run on the calling thread: they are a small share of a step next to the matmuls, and a
+parallel launch for each would cost more than it saves at decode batch sizes."""
 
 from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
 from ._jit import kernel
@@ -22,19 +24,19 @@ def _rms_scale(x, t, eps):  # type: ignore[no-untyped-def]
     return np.float32(1.0 / math.sqrt(s / x.shape[1] + eps))
 
 
-@kernel(parallel=True)
+@kernel
 def rmsnorm_kernel(x, w, eps, out):  # type: ignore[no-untyped-def]
     """out[t] = x[t] / rms(x[t]) * w; x, out: [T, D]; w: [D]."""
-    for t in numba.prange(x.shape[0]):
+    for t in range(x.shape[0]):
         sc = _rms_scale(x, t, eps)
         for k in range(x.shape[1]):
             out[t, k] = np.float32(x[t, k] * sc) * w[k]
 
 
-@kernel(parallel=True)
+@kernel
 def add_rmsnorm_kernel(h, delta, w, eps, out):  # type: ignore[no-untyped-def]
     """h += delta (the residual stream, in place), then out = rmsnorm(h) * w; all [T, D]."""
-    for t in numba.prange(h.shape[0]):
+    for t in range(h.shape[0]):
         for k in range(h.shape[1]):
             h[t, k] = h[t, k] + delta[t, k]
         sc = _rms_scale(h, t, eps)
@@ -42,10 +44,10 @@ def add_rmsnorm_kernel(h, delta, w, eps, out):  # type: ignore[no-untyped-def]
             out[t, k] = np.float32(h[t, k] * sc) * w[k]
 
 
-@kernel(parallel=True)
+@kernel
 def head_rmsnorm_kernel(x, n_heads, head_dim, w, eps):  # type: ignore[no-untyped-def]
     """In place RMSNorm of every head of x: [T, n_heads * head_dim]; w: [head_dim] (QK-norm)."""
-    for t in numba.prange(x.shape[0]):
+    for t in range(x.shape[0]):
         for h in range(n_heads):
             o = h * head_dim
             s = 0.0
@@ -57,13 +59,13 @@ def head_rmsnorm_kernel(x, n_heads, head_dim, w, eps):  # type: ignore[no-untype
                 x[t, o + k] = np.float32(x[t, o + k] * sc) * w[k]
 
 
-@kernel(parallel=True)
+@kernel
 def rope_kernel(x, n_heads, head_dim, n_rot, positions, inv_freq, neox):  # type: ignore[no-untyped-def]
     """Rotary embedding in place. x: [T, n_heads * head_dim]; positions: int32 [T];
     inv_freq: float64 [n_rot // 2] (base^(-2i/n_rot) / freq_scale); neox: pairs (i, i + n_rot/2)
     instead of (2i, 2i + 1). Dimensions past n_rot are left as they are."""
     half = n_rot // 2
-    for t in numba.prange(x.shape[0]):
+    for t in range(x.shape[0]):
         p = np.float64(positions[t])
         for i in range(half):
             th = p * inv_freq[i]
@@ -81,45 +83,45 @@ def rope_kernel(x, n_heads, head_dim, n_rot, positions, inv_freq, neox):  # type
                 x[t, b] = x0 * s + x1 * c
 
 
-@kernel(parallel=True)
+@kernel
 def silu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
     """out = silu(gate) * up (SwiGLU); all [T, F]."""
-    for t in numba.prange(gate.shape[0]):
+    for t in range(gate.shape[0]):
         for k in range(gate.shape[1]):
             g = gate[t, k]
             out[t, k] = np.float32(g / (np.float32(1.0) + np.exp(-g))) * up[t, k]
 
 
-@kernel(parallel=True)
+@kernel
 def gelu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
     """out = gelu_tanh(gate) * up (GeGLU, the tanh approximation); all [T, F]."""
     c = np.float32(math.sqrt(2.0 / math.pi))
-    for t in numba.prange(gate.shape[0]):
+    for t in range(gate.shape[0]):
         for k in range(gate.shape[1]):
             g = gate[t, k]
             inner = c * (g + np.float32(0.044715) * g * g * g)
             out[t, k] = np.float32(np.float32(0.5) * g * (np.float32(1.0) + np.tanh(inner))) * up[t, k]
 
 
-@kernel(parallel=True)
+@kernel
 def add_bias_kernel(x, bias):  # type: ignore[no-untyped-def]
     """x[t] += bias (in place); x: [T, N]; bias: [N]."""
-    for t in numba.prange(x.shape[0]):
+    for t in range(x.shape[0]):
         for k in range(x.shape[1]):
             x[t, k] += bias[k]
 
 
-@kernel(parallel=True)
+@kernel
 def add_kernel(h, delta):  # type: ignore[no-untyped-def]
     """h += delta (in place); both [T, D]."""
-    for t in numba.prange(h.shape[0]):
+    for t in range(h.shape[0]):
         for k in range(h.shape[1]):
             h[t, k] += delta[t, k]
 
 
-@kernel(parallel=True)
+@kernel
 def scale_kernel(x, factor):  # type: ignore[no-untyped-def]
     """x *= factor (in place); x: [T, D]."""
-    for t in numba.prange(x.shape[0]):
+    for t in range(x.shape[0]):
         for k in range(x.shape[1]):
             x[t, k] *= factor

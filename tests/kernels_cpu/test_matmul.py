@@ -11,7 +11,7 @@ from kernel_data import random_rows
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.kernels_cpu import dequant as dq
 from edge_infer.kernels_cpu import reference as ref
-from edge_infer.kernels_cpu.matmul import embed_rows_kernel, matmul_kernel
+from edge_infer.kernels_cpu.matmul import embed_rows_kernel, matmul3_kernel, matmul_kernel
 
 
 def run(x: np.ndarray, w: np.ndarray, qtype: int, threads: int = 2) -> np.ndarray:
@@ -75,3 +75,18 @@ def test_real_tensors_of_every_type(smollm2_path, gemma3_path, qwen2_path) -> No
                 got, want = run(x, w, q), ref.matmul(x, w, q)
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     assert {dq.Q4_1, dq.Q8_0, dq.Q5_0, dq.Q4_K, dq.Q6_K} <= seen
+
+
+def test_fused_matmuls_equal_separate_ones() -> None:
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    ws = [(random_rows(q, r, 96, rng, edge=False), q) for q, r in ((dq.Q5_0, 17), (dq.Q8_0, 6), (dq.Q4_1, 9))]
+    outs = [np.full((3, w.shape[0]), np.nan, np.float32) for w, _ in ws]
+    args = [a for (w, q), o in zip(ws, outs) for a in (w, q, o)]
+    for threads in (1, 2, 5):
+        matmul3_kernel(x, *args, threads)
+        for (w, q), o in zip(ws, outs):
+            np.testing.assert_array_equal(o, run(x, w, q))
+    empty = np.empty((3, 0), np.float32)
+    matmul3_kernel(x, ws[0][0], ws[0][1], outs[0], np.empty((0, 1), np.uint8), 0, empty, ws[2][0], ws[2][1], outs[2], 2)
+    np.testing.assert_array_equal(outs[2], run(x, *ws[2]))
