@@ -215,7 +215,7 @@ class _Contents:
     """Message contents swapped for markers while the template renders (for encode)."""
 
     def __init__(self) -> None:
-        nonce = secrets.token_hex(4)
+        nonce = secrets.randbelow(10**9)  # digits only: filters like |upper leave it alone
         self.prefix = f"\ue000{nonce}:"
         self.pattern = re.compile(re.escape(self.prefix) + "(\\d+)\ue001")
         self.texts: list[str] = []

@@ -26,7 +26,7 @@ from edge_infer.tokenizer_vocab import Attr, Vocab, load_vocab
 if TYPE_CHECKING:
     from edge_infer.formats.gguf import GGUFFile
 
-__all__ = ["Tokenizer"]
+__all__ = ["IncrementalDetokenizer", "Tokenizer"]
 
 _HIDDEN = Attr.CONTROL | Attr.UNKNOWN  # not rendered unless special tokens are asked for
 _RAW = Attr.CONTROL | Attr.UNKNOWN | Attr.USER_DEFINED  # rendered as their stored text

@@ -10,6 +10,7 @@ Words repeat a lot in real text, so results are cached per word.
 from __future__ import annotations
 
 import heapq
+from itertools import chain
 
 from edge_infer.tokenizer_pretok import PreTokenizer
 
@@ -63,15 +64,19 @@ class BPEModel:
 
     def encode(self, text: str, out: list[int]) -> None:
         """Append the ids of a text fragment (no special tokens in it) to `out`."""
+        words = self._pre.split(text)
         cache = self._cache
-        for word in self._pre.split(text):
+        found = list(map(cache.get, words))  # most words were seen before
+        for k in [k for k, ids in enumerate(found) if ids is None]:
+            word = words[k]
             ids = cache.get(word)
             if ids is None:
                 ids = self._encode_word(byte_encode(word))
                 if len(cache) >= _CACHE_LIMIT:
                     cache.clear()
                 cache[word] = ids
-            out.extend(ids)
+            found[k] = ids
+        out.extend(chain.from_iterable(found))
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
         tid = self._tid

@@ -49,16 +49,17 @@ class SpecialMatcher:
     __slots__ = ("_order", "_ids", "_lstrip", "_rstrip", "_regex", "_prefixes")
 
     def __init__(self, specials: list[tuple[str, int]], lstrip: set[int], rstrip: set[int]) -> None:
-        # `specials` is (text, id) in llama.cpp's order: longest text first.
-        self._order = {text: k for k, (text, _) in enumerate(specials)}
-        self._ids = dict(specials)
+        # `specials` is (text, id) in llama.cpp's order: longest text first. Of two tokens
+        # with the same text the first one in that order takes every occurrence.
+        self._order: dict[str, int] = {}
+        self._ids: dict[str, int] = {}
+        for k, (text, tid) in enumerate(specials):
+            self._order.setdefault(text, k)
+            self._ids.setdefault(text, tid)
         self._lstrip = lstrip
         self._rstrip = rstrip
         self._regex: re.Pattern[str] | None = None
         self._prefixes: dict[str, list[str]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._ids)
 
     def _special_prefixes(self, longest: str) -> list[str]:
         got = self._prefixes.get(longest)
@@ -96,16 +97,17 @@ class SpecialMatcher:
                 positions = lists[0] if len(lists) == 1 else sorted(p for ps in lists for p in ps)
                 taken = self._take_in_order(text, mask, positions, n, tid, check=True)
             else:
-                pos = np.sort(np.concatenate([np.asarray(ps, dtype=np.int64) for ps in lists]))
-                free = np.ones(len(pos), dtype=bool)
-                for k in range(n):
-                    free &= mask[np.minimum(pos + k, len(text) - 1)] == 0
-                pos = pos[free]
-                if tid in self._lstrip or tid in self._rstrip or (n > 1 and bool((np.diff(pos) < n).any())):
-                    taken = self._take_in_order(text, mask, pos.tolist(), n, tid, check=False)
-                else:
-                    mask[(pos[:, None] + np.arange(n)).ravel()] = 1
-                    taken = pos.tolist()
+                cand = np.sort(np.concatenate([np.asarray(ps, dtype=np.int64) for ps in lists]))
+                free = np.ones(len(cand), dtype=bool)
+                for k in range(n):  # every occurrence lies inside the text
+                    free &= mask[cand + k] == 0
+                cand = cand[free]
+                overlapping = n > 1 and bool((np.diff(cand) < n).any())
+                if overlapping or tid in self._lstrip or tid in self._rstrip:
+                    taken = self._take_in_order(text, mask, cand.tolist(), n, tid, check=False)
+                else:  # no two can overlap: all are taken, as the scan would take them
+                    mask[(cand[:, None] + np.arange(n)).ravel()] = 1
+                    taken = cand.tolist()
             if taken:
                 found.append((taken, tid, n))
         spans = sorted((p, tid, n) for taken, tid, n in found for p in taken)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import re
+from itertools import chain
 
 from edge_infer.errors import TokenizerError
 
@@ -37,17 +38,19 @@ class SPMModel:
         """Append the ids of an already space-escaped fragment to `out`."""
         if self._splitter is None:
             self._splitter = self._build_splitter()
+        pieces = self._splitter.split(text)
         cache = self._cache
-        for piece in self._splitter.split(text):
-            if not piece:
-                continue
+        found = list(map(cache.get, pieces))  # most pieces were seen before
+        for k in [k for k, ids in enumerate(found) if ids is None]:
+            piece = pieces[k]
             ids = cache.get(piece)
             if ids is None:
-                ids = self._encode_piece(piece)
+                ids = self._encode_piece(piece) if piece else ()
                 if len(cache) >= _CACHE_LIMIT:
                     cache.clear()
                 cache[piece] = ids
-            out.extend(ids)
+            found[k] = ids
+        out.extend(chain.from_iterable(found))
 
     def _build_splitter(self) -> re.Pattern[str]:
         # Characters that some token has right before a "▁": no cut after them. Built on the

@@ -228,3 +228,19 @@ def test_variant_vocabularies_match_llama(variant: tuple[Tokenizer, LlamaOracle]
     assert not bad, f"{len(bad)} encodings differ, first: {bad[:3]}"
     for s in sample:
         assert not _check_decode(tok, oracle, oracle.tokenize(s, True, True)), s
+
+
+def test_long_indented_code_matches_llama(pair: tuple[Tokenizer, LlamaOracle]) -> None:
+    # Long texts full of whitespace runs take the vectorised special-token path (gemma's
+    # vocabulary has user-defined tokens for runs of spaces, tabs and newlines).
+    import argparse
+    import inspect
+    import textwrap
+
+    tok, oracle = pair
+    source = (inspect.getsource(textwrap) + inspect.getsource(argparse))[:40_000]
+    for text in (source, source.replace("    ", "\t"), source.replace("\n", "\r\n\n")):
+        for add, parse in FLAGS:
+            assert tok.encode(text, add_special=add, parse_special=parse) == oracle.tokenize(text, add, parse)
+        ids = oracle.tokenize(text, True, True)
+        assert not _check_decode(tok, oracle, ids)
