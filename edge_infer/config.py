@@ -77,8 +77,8 @@ class EngineConfig:
             raise InvalidRequest(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
-        if self.kv_cache_dtype not in ("f16", "f32"):
-            raise InvalidRequest(f"kv_cache_dtype must be 'f16' or 'f32', got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in ("f16", "f32", "q8_0"):
+            raise InvalidRequest(f"kv_cache_dtype must be 'f16', 'f32' or 'q8_0', got {self.kv_cache_dtype!r}")
         for name, low in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:

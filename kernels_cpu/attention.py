@@ -1,9 +1,13 @@
 """Paged attention over a block-table KV cache, one code path for prefill, chunked prefill,
 decode and speculative verification.
 
-KV pool of one layer: k_cache, v_cache [num_blocks, block_size, n_kv_heads, head_dim], either
-uint16 (IEEE half bits: numba has no float16) or float32. A token at position j of sequence s
-lives in block block_tables[s, j // block_size] at offset j % block_size.
+KV pool of one layer: k_cache, v_cache [num_blocks, block_size, n_kv_heads, head_dim] of
+- uint16: IEEE half bits (f16, the default; numba has no float16 type),
+- float32 (f32), or
+- int8 (q8_0): values q with a float32 scale s per (token, head) in k_scale, v_scale
+  [num_blocks, block_size, n_kv_heads]; value = q * s, s = max|x| / 127. Half the memory of f16.
+For f16 and f32 the scale arrays are unused (pass empty ones). A token at position j of
+sequence s lives in block block_tables[s, j // block_size] at offset j % block_size.
 
 Queries always read their keys and values back from the cache, including the ones written in
 this very step, so a token's attention output is the same whether its context was computed in
@@ -22,39 +26,75 @@ from numba.extending import overload
 from ._jit import f16_to_f32, f32_to_f16, kernel
 
 
-def cache_load(v):  # type: ignore[no-untyped-def]
-    """float32 of one stored KV value (overloaded per cache dtype)."""
+def load_row(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
+    """row[:] = float32 values of cache[blk, off, g, :] (overloaded per cache dtype)."""
     raise NotImplementedError  # only called from jitted code
 
 
-@overload(cache_load, jit_options={"cache": True})
-def _cache_load(v):  # type: ignore[no-untyped-def]
-    if isinstance(v, types.Integer) and v.bitwidth == 16:
-        return lambda v: f16_to_f32(v)
-    if isinstance(v, types.Float):
-        return lambda v: np.float32(v)
+@overload(load_row, jit_options={"cache": True})
+def _ov_load_row(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
+    dt = cache.dtype
+    if isinstance(dt, types.Integer) and dt.bitwidth == 16:
+        def f16(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
+            for d in range(row.shape[0]):
+                row[d] = f16_to_f32(cache[blk, off, g, d])
+        return f16
+    if isinstance(dt, types.Integer) and dt.bitwidth == 8:
+        def q8(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
+            s = scale[blk, off, g]
+            for d in range(row.shape[0]):
+                row[d] = np.float32(cache[blk, off, g, d]) * s
+        return q8
+    if isinstance(dt, types.Float):
+        def f32(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
+            for d in range(row.shape[0]):
+                row[d] = cache[blk, off, g, d]
+        return f32
     return None
 
 
-def _store_value(v, like):  # type: ignore[no-untyped-def]
-    """`v` (float32) in the representation of the array `like` (overloaded per cache dtype)."""
+def store_row(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+    """cache[blk, off, g, :] = src[i, g*hd:(g+1)*hd] in the cache's representation."""
     raise NotImplementedError
 
 
-@overload(_store_value, jit_options={"cache": True})
-def _ov_store_value(v, like):  # type: ignore[no-untyped-def]
-    if isinstance(like, types.Array) and isinstance(like.dtype, types.Integer) and like.dtype.bitwidth == 16:
-        return lambda v, like: f32_to_f16(v)
-    if isinstance(like, types.Array) and isinstance(like.dtype, types.Float):
-        return lambda v, like: np.float32(v)
+@overload(store_row, jit_options={"cache": True})
+def _ov_store_row(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+    dt = cache.dtype
+    if isinstance(dt, types.Integer) and dt.bitwidth == 16:
+        def f16(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+            hd = cache.shape[3]
+            for d in range(hd):
+                cache[blk, off, g, d] = f32_to_f16(src[i, g * hd + d])
+        return f16
+    if isinstance(dt, types.Integer) and dt.bitwidth == 8:
+        def q8(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+            # q8_0-style: one float32 scale per (token, head), values rounded to int8
+            hd = cache.shape[3]
+            amax = np.float32(0.0)
+            for d in range(hd):
+                amax = max(amax, abs(src[i, g * hd + d]))
+            s = amax / np.float32(127.0)
+            inv = np.float32(0.0) if s == 0 else np.float32(1.0) / s
+            scale[blk, off, g] = s
+            for d in range(hd):
+                cache[blk, off, g, d] = np.int8(np.rint(src[i, g * hd + d] * inv))
+        return q8
+    if isinstance(dt, types.Float):
+        def f32(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+            hd = cache.shape[3]
+            for d in range(hd):
+                cache[blk, off, g, d] = src[i, g * hd + d]
+        return f32
     return None
 
 
 @kernel(parallel=True)
-def store_kv_kernel(k, v, slot_mapping, k_cache, v_cache):  # type: ignore[no-untyped-def]
+def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):  # type: ignore[no-untyped-def]
     """Write this step's keys and values into the pool. k, v: float32 [N, n_kv_heads * head_dim];
-    slot_mapping: int64 [N] (block * block_size + offset; negative = skip)."""
-    bs, n_kv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    slot_mapping: int64 [N] (block * block_size + offset; negative = skip); k_scale, v_scale:
+    float32 [num_blocks, block_size, n_kv_heads] for an int8 (q8_0) pool, unused otherwise."""
+    bs, n_kv = k_cache.shape[1], k_cache.shape[2]
     for i in numba.prange(k.shape[0]):
         slot = slot_mapping[i]
         if slot < 0:
@@ -62,9 +102,8 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, v_cache):  # type: ignore[no-un
         b = slot // bs
         o = slot % bs
         for g in range(n_kv):
-            for d in range(hd):
-                k_cache[b, o, g, d] = _store_value(k[i, g * hd + d], k_cache)
-                v_cache[b, o, g, d] = _store_value(v[i, g * hd + d], v_cache)
+            store_row(k, i, g, k_cache, k_scale, b, o)
+            store_row(v, i, g, v_cache, v_scale, b, o)
 
 
 @kernel(fastmath=True)
@@ -76,15 +115,14 @@ def _dot(a, ao, b, n):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def _attend_one(q, i, g, n_rep, hd, p, lo, s, block_tables, k_cache, v_cache, scale, scores, row, acc, out):  # type: ignore[no-untyped-def]
+def _attend_one(q, i, g, n_rep, hd, p, lo, s, block_tables, k_cache, k_scale, v_cache, v_scale, scale, scores, row, acc, out):  # type: ignore[no-untyped-def]
     bs = k_cache.shape[1]
     n = p + 1 - lo
     # pass 1: scores of the n_rep query heads of kv-group g against keys lo..p
     for j in range(lo, p + 1):
         blk = block_tables[s, j // bs]
         off = j % bs
-        for d in range(hd):
-            row[d] = cache_load(k_cache[blk, off, g, d])
+        load_row(k_cache, k_scale, blk, off, g, row)
         for r in range(n_rep):
             scores[r, j - lo] = _dot(q[i], (g * n_rep + r) * hd, row, hd) * scale
     # numerically stable softmax, then the weighted sum of values in key order
@@ -104,8 +142,7 @@ def _attend_one(q, i, g, n_rep, hd, p, lo, s, block_tables, k_cache, v_cache, sc
     for j in range(lo, p + 1):
         blk = block_tables[s, j // bs]
         off = j % bs
-        for d in range(hd):
-            row[d] = cache_load(v_cache[blk, off, g, d])
+        load_row(v_cache, v_scale, blk, off, g, row)
         for r in range(n_rep):
             w = scores[r, j - lo]
             for d in range(hd):
@@ -116,7 +153,7 @@ def _attend_one(q, i, g, n_rep, hd, p, lo, s, block_tables, k_cache, v_cache, sc
 
 
 @kernel(parallel=True)
-def paged_attention_kernel(q, k_cache, v_cache, block_tables, token_seq, positions, scale, window, out, n_threads):  # type: ignore[no-untyped-def]
+def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions, scale, window, out, n_threads):  # type: ignore[no-untyped-def]
     """Causal attention of every query token against its own sequence's cached keys.
 
     q: float32 [N, n_heads * head_dim] (RoPE applied); token_seq: int32 [N] row of block_tables
@@ -143,5 +180,5 @@ def paged_attention_kernel(q, k_cache, v_cache, block_tables, token_seq, positio
             lo = 0
             if window > 0:
                 lo = max(0, p - window + 1)
-            _attend_one(q, i, g, n_rep, hd, p, lo, token_seq[i], block_tables, k_cache, v_cache, scale,
-                        scores, row, acc, out)
+            _attend_one(q, i, g, n_rep, hd, p, lo, token_seq[i], block_tables, k_cache, k_scale, v_cache, v_scale,
+                        scale, scores, row, acc, out)

@@ -59,21 +59,25 @@ def gelu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3))) * up).astype(np.float32)
 
 
-def cache_values(cache: np.ndarray) -> np.ndarray:
-    """float64 view of a KV pool stored as f16 bits (uint16) or float32."""
+def cache_values(cache: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    """float64 values of a KV pool stored as f16 bits (uint16), float32, or int8 with scales."""
     if cache.dtype == np.uint16:
         return cache.view(np.float16).astype(np.float64)
+    if cache.dtype == np.int8:
+        assert scale is not None
+        return cache.astype(np.float64) * scale[..., None].astype(np.float64)
     return cache.astype(np.float64)
 
 
-def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-                    token_seq: np.ndarray, positions: np.ndarray, scale: float, window: int) -> np.ndarray:
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_cache: np.ndarray,
+                    v_scale: np.ndarray, block_tables: np.ndarray, token_seq: np.ndarray, positions: np.ndarray,
+                    scale: float, window: int) -> np.ndarray:
     """Dense causal attention: gather each sequence's keys 0..p from its block table."""
     n_kv, hd = k_cache.shape[2], k_cache.shape[3]
     bs = k_cache.shape[1]
     n_heads = q.shape[1] // hd
     rep = n_heads // n_kv
-    kc, vc = cache_values(k_cache), cache_values(v_cache)
+    kc, vc = cache_values(k_cache, k_scale), cache_values(v_cache, v_scale)
     out = np.zeros((q.shape[0], n_heads * hd), np.float64)
     for i in range(q.shape[0]):
         p = int(positions[i])

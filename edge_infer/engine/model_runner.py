@@ -16,13 +16,24 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.transformer import StepInputs, Transformer
 from edge_infer.models.weights import ModelWeights
 
-KV_DTYPES = {"f16": np.uint16, "f32": np.float32}  # f16 is stored as IEEE half bits
+# f16 is stored as IEEE half bits; q8_0 as int8 with a float32 scale per (token, head)
+KV_DTYPES = {"f16": np.uint16, "f32": np.float32, "q8_0": np.int8}
 
 
 def kv_block_bytes(cfg: ModelConfig, block_size: int, kv_dtype: str) -> int:
-    """Bytes of K and V for one block across all layers."""
+    """Bytes of K and V for one block across all layers (scales included for q8_0)."""
     item = np.dtype(KV_DTYPES[kv_dtype]).itemsize
-    return 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * item
+    per_head = cfg.head_dim * item + (4 if kv_dtype == "q8_0" else 0)
+    return 2 * cfg.n_layers * block_size * cfg.n_kv_heads * per_head
+
+
+def make_kv_pool(cfg: ModelConfig, num_blocks: int, block_size: int, kv_dtype: str) -> list[tuple[np.ndarray, ...]]:
+    """Per layer (k_cache, k_scale, v_cache, v_scale); scales are empty unless q8_0."""
+    dt = KV_DTYPES[kv_dtype]
+    shape = (num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
+    sshape = shape[:3] if kv_dtype == "q8_0" else (0, 0, 0)
+    return [(np.zeros(shape, dt), np.zeros(sshape, np.float32), np.zeros(shape, dt), np.zeros(sshape, np.float32))
+            for _ in range(cfg.n_layers)]
 
 
 @dataclass(slots=True)
@@ -38,15 +49,14 @@ class ModelRunner:
                  kv_dtype: str, n_threads: int) -> None:
         self.cfg, self.block_size = cfg, block_size
         self.model = Transformer(cfg, weights, n_threads)
-        dt = KV_DTYPES[kv_dtype]
-        shape = (num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.kv = [(np.zeros(shape, dt), np.zeros(shape, dt)) for _ in range(cfg.n_layers)]
+        self.kv = make_kv_pool(cfg, num_blocks, block_size, kv_dtype)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         for src, dst in copies:
-            for k, v in self.kv:
-                k[dst] = k[src]
-                v[dst] = v[src]
+            for layer in self.kv:
+                for a in layer:
+                    if a.size:
+                        a[dst] = a[src]
 
     def build_inputs(self, chunks: list[tuple[Sequence, list[int], list[int]]]) -> tuple[StepInputs, list[tuple[Sequence, int]]]:
         """chunks: (sequence, the token ids computed this step, indices within them that need

@@ -75,8 +75,9 @@ class Transformer:
             ops.scale_kernel(h, np.float32(self.cfg.embed_scale))
         return h
 
-    def forward(self, inp: StepInputs, kv: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-        """Logits float32 [M, vocab] for inp.logits_rows; writes this step's K/V into `kv`."""
+    def forward(self, inp: StepInputs, kv: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
+        """Logits float32 [M, vocab] for inp.logits_rows; writes this step's K/V into `kv`
+        (per layer: k_cache, k_scale, v_cache, v_scale; see kernels_cpu.attention)."""
         cfg, eps = self.cfg, self.eps
         n = inp.tokens.shape[0]
         h = self.embed(inp.tokens)
@@ -96,10 +97,10 @@ class Transformer:
                 ops.head_rmsnorm_kernel(k, cfg.n_kv_heads, cfg.head_dim, lw.k_norm, eps)
             ops.rope_kernel(q, cfg.n_heads, cfg.head_dim, cfg.n_rot, inp.positions, self.inv_freq[li], cfg.rope_neox)
             ops.rope_kernel(k, cfg.n_kv_heads, cfg.head_dim, cfg.n_rot, inp.positions, self.inv_freq[li], cfg.rope_neox)
-            k_cache, v_cache = kv[li]
-            attn_k.store_kv_kernel(k, v, inp.slot_mapping, k_cache, v_cache)
-            attn_k.paged_attention_kernel(q, k_cache, v_cache, inp.block_tables, inp.token_seq, inp.positions,
-                                          scale, cfg.layer_window(li), attn, self.n_threads)
+            k_cache, k_scale, v_cache, v_scale = kv[li]
+            attn_k.store_kv_kernel(k, v, inp.slot_mapping, k_cache, k_scale, v_cache, v_scale)
+            attn_k.paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, inp.block_tables, inp.token_seq,
+                                          inp.positions, scale, cfg.layer_window(li), attn, self.n_threads)
             o = self.matmul(attn, lw.wo)
             if lw.post_attn_norm is not None:
                 o2 = np.empty_like(o)

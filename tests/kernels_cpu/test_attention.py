@@ -20,6 +20,8 @@ def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: in
     tables = np.zeros((len(lens), width), np.int32)
     kc = np.zeros((n_blocks, bs, n_kv, hd), dtype)
     vc = np.zeros_like(kc)
+    sshape = (n_blocks, bs, n_kv) if dtype == np.int8 else (0, 0, 0)
+    ks, vs = np.zeros(sshape, np.float32), np.zeros(sshape, np.float32)
     at = 0
     for s, n in enumerate(lens):
         nb = -(-n // bs)
@@ -29,30 +31,30 @@ def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: in
         slots = (tables[s, pos // bs].astype(np.int64) * bs + pos % bs)
         k = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
         v = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
-        store_kv_kernel(k, v, slots, kc, vc)
-    return kc, vc, tables
+        store_kv_kernel(k, v, slots, kc, ks, vc, vs)
+    return kc, ks, vc, vs, tables
 
 
 @pytest.mark.parametrize("rep", [1, 3, 7])
-@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32, np.int8])
 @pytest.mark.parametrize("window", [0, 5])
 def test_paged_equals_dense(rep: int, dtype: type, window: int) -> None:
     rng = np.random.default_rng(rep * 10 + window)
     n_kv, hd, bs = 2, 32, 4
     lens = [1, 7, 13]
-    kc, vc, tables = build(rng, lens, n_kv, rep, hd, bs, dtype)
+    kc, ks, vc, vs, tables = build(rng, lens, n_kv, rep, hd, bs, dtype)
     # queries: the last 3 positions of sequence 2, the only position of 0, the last of 1
     token_seq = np.array([2, 2, 2, 0, 1], np.int32)
     positions = np.array([10, 11, 12, 0, 6], np.int32)
     q = rng.standard_normal((5, n_kv * rep * hd)).astype(np.float32)
     out = np.full_like(q, np.nan)
-    paged_attention_kernel(q, kc, vc, tables, token_seq, positions, np.float32(0.2), window, out, 2)
-    want = ref.paged_attention(q, kc, vc, tables, token_seq, positions, 0.2, window)
+    paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), window, out, 2)
+    want = ref.paged_attention(q, kc, ks, vc, vs, tables, token_seq, positions, 0.2, window)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
     # batch invariance: each query alone gives the identical row
     for i in range(5):
         alone = np.empty((1, q.shape[1]), np.float32)
-        paged_attention_kernel(q[i : i + 1], kc, vc, tables, token_seq[i : i + 1], positions[i : i + 1],
+        paged_attention_kernel(q[i : i + 1], kc, ks, vc, vs, tables, token_seq[i : i + 1], positions[i : i + 1],
                                np.float32(0.2), window, alone, 1)
         np.testing.assert_array_equal(alone[0], out[i])
 
@@ -60,7 +62,20 @@ def test_paged_equals_dense(rep: int, dtype: type, window: int) -> None:
 def test_store_skips_negative_slots_and_rounds_to_f16() -> None:
     kc = np.zeros((2, 2, 1, 4), np.uint16)
     vc = np.zeros_like(kc)
+    none = np.zeros((0, 0, 0), np.float32)
     k = np.array([[1.0, 2.5, -3.0, 1 / 3], [9, 9, 9, 9]], np.float32)
-    store_kv_kernel(k, k, np.array([3, -1], np.int64), kc, vc)
+    store_kv_kernel(k, k, np.array([3, -1], np.int64), kc, none, vc, none)
     np.testing.assert_array_equal(kc[1, 1, 0].view(np.float16), k[0].astype(np.float16))
     assert not kc[0].any() and not kc[1, 0].any()
+
+
+def test_q8_0_store_round_trip() -> None:
+    kc = np.zeros((1, 2, 2, 8), np.int8)
+    vc = np.zeros_like(kc)
+    ks, vs = np.zeros((1, 2, 2), np.float32), np.zeros((1, 2, 2), np.float32)
+    k = np.random.default_rng(2).standard_normal((2, 16)).astype(np.float32)
+    k[1, 8:] = 0.0  # an all-zero head: scale 0, values 0
+    store_kv_kernel(k, k, np.array([0, 1], np.int64), kc, ks, vc, vs)
+    back = ref.cache_values(kc, ks)[0].reshape(2, 16)
+    assert np.all(np.abs(back - k) <= np.abs(k).reshape(2, 2, 8).max(-1).repeat(8, -1) / 127 * 0.5 + 1e-7)
+    assert ks[0, 1, 1] == 0 and not kc[0, 1, 1].any()
