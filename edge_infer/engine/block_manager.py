@@ -147,7 +147,8 @@ class BlockManager:
             return
         bs = self.block_size
         parent: int | None = None
-        for i in range(min(seq.num_computed_tokens // bs, len(seq.block_table))):
+        # computed slots past num_tokens hold speculative proposals: never cache those
+        for i in range(min(min(seq.num_computed_tokens, seq.num_tokens) // bs, len(seq.block_table))):
             blk = self.blocks[seq.block_table[i]]
             if blk.block_hash is not None:
                 parent = blk.block_hash

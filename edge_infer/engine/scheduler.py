@@ -56,13 +56,12 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence: FCFS, except that a smaller `priority` goes first."""
         seq.status = SequenceStatus.WAITING
-        if seq.priority and self.waiting:
-            i = len(self.waiting)
-            while i > 0 and (self.waiting[i - 1].priority > seq.priority):
-                i -= 1
-            self.waiting.insert(i, seq)
-        else:
-            self.waiting.append(seq)
+        # behind every sequence of the same or a smaller priority (a priority-0 request must not
+        # go behind a waiting priority-5 one); the scan stops at once when all are equal
+        i = len(self.waiting)
+        while i > 0 and self.waiting[i - 1].priority > seq.priority:
+            i -= 1
+        self.waiting.insert(i, seq)
 
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence from the queues and free its blocks."""
