@@ -30,7 +30,14 @@ class LLMEngine:
         self.model_config, self.tokenizer, self.plan = m.model_config, m.tokenizer, m.plan
         self.runner, self.block_manager, self.scheduler = m.runner, m.block_manager, m.scheduler
         self.gguf = m.gguf
-        self.post = Postprocessor(self.tokenizer, self.block_manager, self.scheduler, self.plan.max_model_len)
+        self.spec = None
+        if config.speculative:
+            from edge_infer.engine.spec_decode import build_spec_decoder
+
+            self.spec = build_spec_decoder(config.speculative, self.tokenizer, self.plan.n_threads,
+                                           self.plan.kv_cache_bytes, self.plan.max_model_len)
+        self.post = Postprocessor(self.tokenizer, self.block_manager, self.scheduler, self.plan.max_model_len,
+                                  self.spec)
         self.requests: dict[str, Request] = {}
         self._rng = np.random.default_rng(config.seed)
         self.stats = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0, "finished": 0, "aborted": 0}
@@ -54,6 +61,10 @@ class LLMEngine:
             else:
                 raise InvalidRequest(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         ids = self._check_prompt(prompt_token_ids, params)
+        vocab = self.model_config.vocab_size
+        for tok in list(params.logit_bias or ()) + list(params.stop_token_ids or ()):
+            if not 0 <= tok < vocab:
+                raise InvalidRequest(f"token id {tok} in logit_bias/stop_token_ids is outside the vocabulary (0..{vocab - 1})")
         max_tokens = params.max_tokens if params.max_tokens is not None else self.plan.max_model_len - len(ids)
         now = time.monotonic() if arrival_time is None else arrival_time
         req = Request(request_id, text, ids, params, max_tokens, RequestMetrics(arrival_time=now))
@@ -68,7 +79,7 @@ class LLMEngine:
         self.scheduler.add(leader)
         self.stats["prompt_tokens"] += len(ids)
 
-    def _check_prompt(self, ids: list[int], params: SamplingParams) -> list[int]:
+    def _check_prompt(self, ids: list[int], params: SamplingParams, generates: bool = True) -> list[int]:
         if not ids:
             raise InvalidRequest("the prompt is empty (no tokens)")
         vocab = self.model_config.vocab_size
@@ -77,7 +88,7 @@ class LLMEngine:
                 raise InvalidRequest(f"prompt token id {t!r} is outside the vocabulary (0..{vocab - 1})")
         ids = [int(t) for t in ids]
         limit = self.plan.max_model_len
-        wanted = len(ids) + (params.max_tokens or 1)
+        wanted = len(ids) + (params.max_tokens or (1 if generates else 0))
         if wanted > limit:
             what = f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens})" if params.max_tokens else f"the prompt ({len(ids)} tokens)"
             raise InvalidRequest(f"{what} exceeds the maximum context length of {limit} tokens")
@@ -102,6 +113,8 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.status = SequenceStatus.FINISHED_ABORTED
             self.scheduler.remove(seq)
+            if self.spec is not None:
+                self.spec.release(seq)
         self.stats["aborted"] += 1
         return True
 
@@ -111,6 +124,8 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one engine iteration; outputs (cumulative) for every request it advanced."""
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running, lambda s: self.requests[s.request_id].max_tokens)
         sched = self.scheduler.schedule()
         if not sched:
             return self._reap()
@@ -144,7 +159,7 @@ class LLMEngine:
     # -- teacher-forced scoring ------------------------------------------------------------------
     def score(self, token_ids: list[int]) -> np.ndarray:
         """Logits float32 [len(token_ids), vocab], logits[i] predicting token i + 1."""
-        ids = self._check_prompt(list(token_ids), SamplingParams(max_tokens=None))
+        ids = self._check_prompt(list(token_ids), SamplingParams(max_tokens=None), generates=False)
         seq = Sequence("__score__", ids, SamplingParams(max_tokens=1))
         bm, chunk = self.block_manager, self.config.max_num_batched_tokens
         out = np.empty((len(ids), self.model_config.vocab_size), np.float32)
@@ -176,6 +191,7 @@ class LLMEngine:
             "kv_utilization": live / slots if slots else 1.0,
             "prefix_cache_hit_rate": bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
             **{k: float(v) for k, v in self.stats.items()},
+            **(self.spec.metrics() if self.spec is not None else {}),
         }
 
     def describe(self) -> RuntimePlan:

@@ -84,7 +84,10 @@ def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One token from probs (inverse CDF with a single uniform: reproducible per generator)."""
     cum = np.cumsum(probs)
     u = rng.random() * cum[-1]
-    return int(min(np.searchsorted(cum, u, side="right"), probs.size - 1))
+    i = int(np.searchsorted(cum, u, side="right"))
+    if i >= probs.size or probs[i] <= 0:  # u rounded up to the total: take the last possible token
+        i = int(np.flatnonzero(probs > 0)[-1])
+    return i
 
 
 class Sampler:

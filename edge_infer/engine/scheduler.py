@@ -81,8 +81,12 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            want = seq.num_tokens - seq.num_computed_tokens + len(seq.spec_token_ids)
+            base = seq.num_tokens - seq.num_computed_tokens
+            want = base + len(seq.spec_token_ids)
             n = min(want, budget)
+            if n < want and seq.spec_token_ids:  # proposals are optional: drop what does not fit
+                seq.spec_token_ids = seq.spec_token_ids[: max(0, n - base)]
+                want = base + len(seq.spec_token_ids)
             if n <= 0:
                 i += 1
                 continue
@@ -90,6 +94,10 @@ class Scheduler:
                 break
             ok = True
             while not self.bm.append_slots(seq, n):
+                if seq.spec_token_ids:  # first give up the optional proposals
+                    seq.spec_token_ids = []
+                    n = min(base, budget)
+                    continue
                 if len(self.running) - 1 > i:  # the newest running sequence gives way
                     self._preempt(self.running[-1], out)
                 else:  # nothing newer to free: this one waits its turn
