@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from edge_infer import __version__, cli_chat, cli_perplexity, cli_run, inspect_cmd
+from edge_infer import __version__, cli_bench, cli_chat, cli_perplexity, cli_run, inspect_cmd
 from edge_infer.errors import EdgeInferError
 from edge_infer.inspect_cmd import human_bytes
 
@@ -90,7 +90,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 _COMMANDS: tuple[Register, ...] = (
     register_pull, register_models, inspect_cmd.register,
-    cli_run.register, cli_chat.register, cli_perplexity.register,
+    cli_run.register, cli_chat.register, cli_perplexity.register, cli_bench.register,
 )  # fmt: skip
 
 

@@ -1,0 +1,118 @@
+"""`edge-infer bench`: prefill (ppN) and decode (tgN) tokens/s of edge-infer and, when
+llama-cpp-python is installed, of llama.cpp on the same model, prompt and threads, in the same
+run; medians of several repetitions.
+
+llama.cpp runs in a child process (`python -m edge_infer.bench_llama_cpp`) through its low-level
+decode API, taking the argmax of the last logits (no Python sampling over the vocabulary), so
+its thread pool never shares a process with numba's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    model: str
+    threads: int = 2
+    n_prompt: int = 512
+    n_gen: int = 128
+    repetitions: int = 3
+    llama_cpp: bool = True
+    seed: int = 42
+
+
+def bench_prompt(vocab_size: int, n: int, seed: int) -> list[int]:
+    """A fixed pseudo-random prompt (ids from the first 20k tokens: ordinary text pieces)."""
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(100, min(vocab_size, 20000), n)]
+
+
+def run_edge(cfg: BenchConfig) -> dict[str, Any]:
+    """pp: time to prefill n_prompt tokens; tg: n_gen greedy tokens after it, one at a time."""
+    from edge_infer import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    # Chunked prefill off and a budget of the whole prompt: one forward, as llama.cpp's n_batch.
+    llm = LLM(cfg.model, n_threads=cfg.threads, max_num_batched_tokens=max(cfg.n_prompt, 256),
+              enable_prefix_caching=False, kv_cache_memory=256 * 2**20, max_num_seqs=1)
+    load_s = time.perf_counter() - t0
+    prompt = bench_prompt(llm.model_config.vocab_size, cfg.n_prompt, cfg.seed)
+    pp, tg = [], []
+    try:
+        llm.generate([prompt[:16]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+        for _ in range(cfg.repetitions):
+            out = llm.generate([prompt], SamplingParams(max_tokens=cfg.n_gen + 1, temperature=0.0, ignore_eos=True))
+            m = out[0].metrics
+            assert m is not None and m.first_token_time is not None and m.first_scheduled_time is not None
+            pp.append(cfg.n_prompt / (m.first_token_time - m.first_scheduled_time))
+            tg.append(cfg.n_gen / (m.token_times[-1] - m.token_times[0]))
+    finally:
+        llm.close()
+    return {"pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg), "load_s": load_s,
+            "pp_all": pp, "tg_all": tg}
+
+
+def run_llama_cpp(cfg: BenchConfig, model_path: str, vocab_size: int) -> dict[str, Any] | None:
+    """llama.cpp in a child process; None when llama-cpp-python is missing."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return None
+    args = [sys.executable, "-m", "edge_infer.bench_llama_cpp", model_path, str(cfg.threads), str(cfg.n_prompt),
+            str(cfg.n_gen), str(cfg.repetitions), str(cfg.seed), str(vocab_size)]
+    for extra in ("1", "0"):  # repacked weights first; this CPU's AMX path can crash: fall back
+        r = subprocess.run(args + [extra], capture_output=True, text=True, timeout=1800)
+        if r.returncode == 0 and r.stdout.strip():
+            res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+            res["extra_buffers"] = extra == "1"
+            return res
+    return {"error": f"llama.cpp exited with code {r.returncode}"}
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    from edge_infer import hub
+    from edge_infer.formats.gguf import GGUFFile
+    from edge_infer.models.config import ModelConfig
+
+    path = str(hub.resolve_model(cfg.model))
+    with GGUFFile(path) as f:
+        vocab = ModelConfig.from_gguf(f).vocab_size
+    edge = run_edge(_with_model(cfg, path))
+    ref = run_llama_cpp(cfg, path, vocab) if cfg.llama_cpp else None
+    out: dict[str, Any] = {"model": cfg.model, "threads": cfg.threads, "n_prompt": cfg.n_prompt, "n_gen": cfg.n_gen,
+                           "edge": {"pp_tps": edge["pp_tps"], "tg_tps": edge["tg_tps"]}}
+    if ref and "pp_tps" in ref:
+        out["llama_cpp"] = {"pp_tps": ref["pp_tps"], "tg_tps": ref["tg_tps"]}
+        out["ratio"] = {"pp": edge["pp_tps"] / ref["pp_tps"], "tg": edge["tg_tps"] / ref["tg_tps"]}
+        out["llama_cpp_extra_buffers"] = ref.get("extra_buffers")
+    elif ref:
+        out["llama_cpp"] = ref
+    return out
+
+
+def _with_model(cfg: BenchConfig, path: str) -> BenchConfig:
+    return BenchConfig(path, cfg.threads, cfg.n_prompt, cfg.n_gen, cfg.repetitions, cfg.llama_cpp, cfg.seed)
+
+
+def format_table(res: dict[str, Any]) -> str:
+    p, n = res["n_prompt"], res["n_gen"]
+    lines = [f"model {res['model']}, {res['threads']} threads (medians)",
+             f"{'':12}{'pp' + str(p) + ' tok/s':>16}{'tg' + str(n) + ' tok/s':>16}",
+             f"{'edge-infer':12}{res['edge']['pp_tps']:>16.1f}{res['edge']['tg_tps']:>16.1f}"]
+    ref = res.get("llama_cpp")
+    if ref and "pp_tps" in ref:
+        lines.append(f"{'llama.cpp':12}{ref['pp_tps']:>16.1f}{ref['tg_tps']:>16.1f}")
+        lines.append(f"{'ratio':12}{res['ratio']['pp']:>15.2f}x{res['ratio']['tg']:>15.2f}x")
+    elif ref:
+        lines.append(f"llama.cpp: {ref.get('error')}")
+    return "\n".join(lines)

@@ -1,0 +1,189 @@
+"""`edge-infer chat`: an interactive multi-turn conversation with the model's chat template.
+
+Each turn renders the whole history with the template (the engine's prefix cache makes the
+earlier turns cheap). Ctrl-C during a reply stops it and drops that turn (the user message and
+the partial reply) from the history; Ctrl-C at the prompt only prints a hint. Ctrl-D, /exit
+or /quit leave; /reset clears the history (keeping --system); /help lists the commands.
+A turn that fails (too long for the context, say) is reported in one line and dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from edge_infer.cli_run import (
+    SAMPLING_HELP,
+    add_model_args,
+    add_sampling_args,
+    load_llm,
+    print_figures,
+    sampling_params,
+    stream_request,
+)  # fmt: skip
+from edge_infer.errors import ChatTemplateError, EdgeInferError
+
+if TYPE_CHECKING:
+    from edge_infer.chat import ChatTemplate
+    from edge_infer.llm import LLM
+    from edge_infer.outputs import RequestOutput
+    from edge_infer.sampling_params import SamplingParams
+
+Message = dict[str, Any]
+
+# Text that ends a reply under a forced built-in template whose markers may not be special
+# tokens of the vocabulary (then EOS detection alone would not stop the model).
+_BUILTIN_STOPS = {"chatml": ("<|im_end|>", "<|im_start|>")}
+
+HELP = "commands: /reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops a reply, /help shows this"
+
+
+@dataclass(slots=True)
+class ChatEncoder:
+    """A model's chat template (or a forced built-in one) and the stop strings that go with it."""
+
+    template: ChatTemplate
+    stops: tuple[str, ...] = ()
+
+    @classmethod
+    def for_model(cls, path: str | os.PathLike[str], forced: str | None = None) -> ChatEncoder:
+        """The template of the .gguf at `path`, or the built-in `forced` one (e.g. "chatml").
+        A model without a template is a ChatTemplateError that says how to force one."""
+        from edge_infer.chat import BUILTIN_TEMPLATES, ChatTemplate
+        from edge_infer.formats.gguf import GGUFFile
+
+        if forced is not None and forced not in BUILTIN_TEMPLATES:
+            raise ChatTemplateError(
+                f"unknown --template {forced!r} (built-in: {', '.join(BUILTIN_TEMPLATES)})"
+            )
+        with GGUFFile(path) as f:
+            own = f.metadata.get("tokenizer.chat_template")
+            if forced is None and not (isinstance(own, str) and own.strip()):
+                raise ChatTemplateError(
+                    f"{path}: the model has no chat template (tokenizer.chat_template); "
+                    f"use --template {next(iter(BUILTIN_TEMPLATES))} to force a built-in one"
+                )
+            t = ChatTemplate.from_gguf(f, fallback=forced)
+        if forced is None:
+            return cls(t)
+        if not t.name.startswith("builtin"):  # the model has its own: force the built-in anyway
+            t = ChatTemplate(BUILTIN_TEMPLATES[forced], bos_token=t.bos_token, eos_token=t.eos_token,
+                             name=f"builtin {forced} template")  # fmt: skip
+        return cls(t, _BUILTIN_STOPS.get(forced, ()))
+
+    def encode(self, llm: LLM, messages: list[Message]) -> list[int]:
+        return self.template.encode(messages, llm.tokenizer, add_generation_prompt=True)
+
+    def params(self, params: SamplingParams) -> SamplingParams:
+        """`params` plus this template's stop strings."""
+        if not self.stops:
+            return params
+        return replace(params, stop=tuple(params.stop or ()) + self.stops)
+
+
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "chat", parents=parents, help="chat with a model interactively",
+        description="An interactive multi-turn chat using the model's chat template. The history is "
+        "kept across turns. Ctrl-C stops the current reply and drops that turn (your message and the "
+        "partial reply) from the history; /reset clears the history; /exit, /quit or Ctrl-D quits. "
+        "Lines are read from stdin, so a conversation can be piped in. -v prints speed figures after "
+        "each reply. " + SAMPLING_HELP,
+    )  # fmt: skip
+    add_model_args(p)
+    p.add_argument("--system", metavar="TEXT", help="a system message at the start of the conversation")
+    p.add_argument("--template", metavar="NAME",
+                   help="use a built-in template (chatml) instead of the model's; needed for models without one")  # fmt: skip
+    add_sampling_args(p, default_n=-1)
+    p.set_defaults(func=chat)
+
+
+def chat(args: argparse.Namespace) -> int:
+    from edge_infer import hub
+
+    params = sampling_params(args)
+    path = hub.resolve_model(args.model)
+    encoder = ChatEncoder.for_model(path, args.template)  # fail before the slow load
+    params = encoder.params(params)
+    interactive = sys.stdin.isatty()
+    llm = load_llm(args, path)
+    try:
+        if interactive:
+            _enable_line_editing()
+            print(f"edge-infer chat: {os.path.basename(path)}; {HELP}", file=sys.stderr)
+        _repl(llm, encoder, params, args, interactive)
+    finally:
+        llm.close()
+    return 0
+
+
+def _repl(llm: LLM, encoder: ChatEncoder, params: SamplingParams, args: argparse.Namespace,
+          interactive: bool) -> None:  # fmt: skip
+    start: list[Message] = [{"role": "system", "content": args.system}] if args.system is not None else []
+    history = list(start)
+    while True:
+        try:
+            line = input(">>> " if interactive else "")
+        except EOFError:
+            if interactive:
+                print()
+            return
+        except KeyboardInterrupt:
+            print("\n(Ctrl-C stops a reply; use /exit or Ctrl-D to quit)", file=sys.stderr)
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("/") and " " not in text:
+            if text in ("/exit", "/quit", "/bye"):
+                return
+            if text == "/reset":
+                history = list(start)
+                print("(history cleared)", file=sys.stderr)
+            elif text == "/help":
+                print(HELP, file=sys.stderr)
+            else:
+                print(f"unknown command {text!r}; {HELP}", file=sys.stderr)
+            continue
+        turn = [*history, {"role": "user", "content": line}]
+        reply = _reply(llm, encoder, turn, params, args.verbose, interactive)
+        if reply is not None:
+            history = [*turn, {"role": "assistant", "content": reply}]
+
+
+def _reply(llm: LLM, encoder: ChatEncoder, messages: list[Message], params: SamplingParams,
+           verbose: int, interactive: bool) -> str | None:  # fmt: skip
+    """Stream one reply to stdout; its text, or None when it failed or was interrupted."""
+    final: list[RequestOutput] = []
+    wrote = False
+    try:
+        ids = encoder.encode(llm, messages)
+        for delta in stream_request(llm, ids, params, final):
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+            wrote = True
+    except KeyboardInterrupt:
+        print(flush=True)
+        if interactive:
+            print("(reply stopped; this turn is not kept)", file=sys.stderr)
+        return None
+    except EdgeInferError as e:
+        if wrote:
+            print()
+        msg = " ".join(str(e).splitlines()) or type(e).__name__
+        print(f"edge-infer: error: {msg} (this turn is not kept; /reset clears the history)", file=sys.stderr)
+        return None
+    print("\n" if interactive else "", flush=True)
+    if verbose and final:
+        print_figures(final[0])
+    return final[0].outputs[0].text if final else ""
+
+
+def _enable_line_editing() -> None:
+    try:
+        import readline  # noqa: F401  (input() gains history and line editing)
+    except ImportError:  # pragma: no cover - not on every platform
+        pass

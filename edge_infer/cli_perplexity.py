@@ -1,0 +1,81 @@
+"""`edge-infer perplexity -f TEXT`: a model's perplexity on a text, as llama-perplexity reports it
+(the rules are in edge_infer.perplexity)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from edge_infer.cli_run import add_model_args, load_llm, number, read_text
+from edge_infer.errors import InvalidRequest
+
+
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "perplexity", parents=parents, help="measure a model's perplexity on a text file",
+        description="Perplexity computed as llama.cpp's llama-perplexity does: the whole file is "
+        "tokenized (with BOS when the model adds one), cut into non-overlapping windows of --ctx "
+        "tokens (the first token of each replaced by BOS when the model adds one), and only the "
+        "second half of each window is scored. Prints PPL = exp(mean NLL) +/- its uncertainty; "
+        "-v prints the running value after each chunk ([1]12.34,[2]...) on stderr.",
+    )  # fmt: skip
+    add_model_args(p)
+    p.add_argument("-f", "--file", metavar="TEXT", required=True, help="the text file (UTF-8)")
+    p.add_argument("--ctx", metavar="N", default="512", help="window size in tokens (default 512)")
+    p.add_argument(
+        "--chunks", metavar="N", default="-1", help="score at most N windows, -1 = all (default -1)"
+    )
+    p.add_argument("--json", action="store_true",
+                   help='print {"model","ctx","chunks","tokens_scored","ppl","ppl_std"} as JSON')  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edge_infer.perplexity import perplexity
+
+    ctx = number(args.ctx, "--ctx")
+    if ctx < 4:
+        raise InvalidRequest(f"--ctx must be at least 4, got {ctx}")
+    chunks = number(args.chunks, "--chunks")
+    if chunks == 0 or chunks < -1:
+        raise InvalidRequest(f"--chunks must be -1 (all) or a positive integer, got {chunks}")
+    text = read_text(args.file)
+    if not text.strip():
+        raise InvalidRequest(f"{args.file}: the file is empty")
+    llm = load_llm(args)
+    try:
+        tokens = llm.tokenizer.encode(text, add_special=True)
+        show_bar = sys.stderr.isatty() and not args.verbose
+        bar = _bar(show_bar, min(len(tokens) // ctx, chunks) if chunks > 0 else len(tokens) // ctx)
+
+        def on_chunk(i: int, ppl: float) -> None:
+            bar.update(1)
+            if args.verbose:
+                print(f"[{i}]{ppl:.4f},", end="", file=sys.stderr, flush=True)
+
+        try:
+            res = perplexity(llm, tokens, ctx, None if chunks == -1 else chunks, on_chunk=on_chunk)
+        finally:
+            bar.close()
+        if args.verbose:
+            print(file=sys.stderr)
+    finally:
+        llm.close()
+    if args.json:
+        out = {"model": args.model, "ctx": res.ctx, "chunks": res.chunks, "tokens_scored": res.tokens_scored,
+               "ppl": res.ppl, "ppl_std": res.ppl_std}  # fmt: skip
+        print(json.dumps(out))
+    else:
+        print(f"Final estimate: PPL = {res.ppl:.4f} +/- {res.ppl_std:.5f} "
+              f"({res.chunks} chunks of {res.ctx} tokens, {res.tokens_scored} tokens scored)")  # fmt: skip
+    return 0
+
+
+def _bar(show: bool, total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total, desc="perplexity", unit="chunk", disable=not show, file=sys.stderr, dynamic_ncols=True
+    )
