@@ -44,10 +44,14 @@ class NoAliasCompiler(CompilerBase):
 
 
 def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False):  # type: ignore[no-untyped-def]
-    """`@njit(cache=True, nogil=True)` with noalias arguments; inputs and outputs must not overlap."""
+    """`@njit(cache=True, nogil=True, error_model="numpy")` with noalias arguments; inputs and
+    outputs must not overlap."""
 
     def wrap(f):  # type: ignore[no-untyped-def]
-        return numba.njit(cache=True, nogil=True, fastmath=fastmath, parallel=parallel, pipeline_class=NoAliasCompiler)(f)
+        # error_model="numpy": a float division by zero gives inf/nan instead of raising, so
+        # loops with divisions have no early-exit branch and can vectorize.
+        return numba.njit(cache=True, nogil=True, fastmath=fastmath, parallel=parallel, error_model="numpy",
+                          pipeline_class=NoAliasCompiler)(f)
 
     return wrap(fn) if fn is not None else wrap
 
@@ -93,6 +97,21 @@ def bf16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         v = builder.zext(builder.trunc(args[0], ir.IntType(16)) if bits.bitwidth > 16 else args[0], ir.IntType(32))
         return builder.bitcast(builder.shl(v, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def bits_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
+    """Reinterpret the 32 bits of an integer as a float32 (no conversion)."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        v = args[0]
+        if bits.bitwidth != 32:
+            v = builder.trunc(v, ir.IntType(32)) if bits.bitwidth > 32 else builder.zext(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
 
     return types.float32(bits), codegen
 

@@ -16,14 +16,13 @@ this chunk or an earlier one (batch and chunking invariance).
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 from numba.core import types
 from numba.extending import overload
 
 from ._jit import f16_to_f32, f32_to_f16, kernel
+from .fastmath import fast_exp
 
 
 def load_row(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
@@ -132,7 +131,7 @@ def _attend_one(q, i, g, n_rep, hd, p, lo, s, block_tables, k_cache, k_scale, v_
             m = max(m, scores[r, j])
         tot = np.float32(0.0)
         for j in range(n):
-            e = np.float32(math.exp(scores[r, j] - m))
+            e = fast_exp(scores[r, j] - m)
             scores[r, j] = e
             tot += e
         inv = np.float32(1.0) / tot

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ._jit import kernel
+from .fastmath import gelu_tanh, silu
 
 
 @kernel
@@ -88,19 +89,15 @@ def silu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
     """out = silu(gate) * up (SwiGLU); all [T, F]."""
     for t in range(gate.shape[0]):
         for k in range(gate.shape[1]):
-            g = gate[t, k]
-            out[t, k] = np.float32(g / (np.float32(1.0) + np.exp(-g))) * up[t, k]
+            out[t, k] = silu(gate[t, k]) * up[t, k]
 
 
 @kernel
 def gelu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
     """out = gelu_tanh(gate) * up (GeGLU, the tanh approximation); all [T, F]."""
-    c = np.float32(math.sqrt(2.0 / math.pi))
     for t in range(gate.shape[0]):
         for k in range(gate.shape[1]):
-            g = gate[t, k]
-            inner = c * (g + np.float32(0.044715) * g * g * g)
-            out[t, k] = np.float32(np.float32(0.5) * g * (np.float32(1.0) + np.tanh(inner))) * up[t, k]
+            out[t, k] = gelu_tanh(gate[t, k]) * up[t, k]
 
 
 @kernel

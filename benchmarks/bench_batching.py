@@ -1,0 +1,141 @@
+"""Continuous batching throughput and latency, side by side with static batching and with
+llama.cpp serving the same requests one after another (what a Python user has today).
+
+    python benchmarks/bench_batching.py [-m MODEL] [--workload decode-heavy] [--requests 16]
+        [--scale 0.25] [--concurrency 1,4,16] [--static 16] [--threads 2] [--json] [--full]
+
+Concurrency N keeps N requests in flight (a new one is added when one finishes). Static batching
+runs batches of N until the longest request of the batch ends. All requests are greedy with
+ignore_eos, so every configuration generates exactly the same tokens. --full runs the issue's
+matrix (64 requests, scale 1, concurrency 1,4,16,32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import BenchRequest, make_workload  # noqa: E402
+
+from edge_infer import SamplingParams, hub  # noqa: E402
+from edge_infer.config import EngineConfig  # noqa: E402
+from edge_infer.engine.engine import LLMEngine  # noqa: E402
+
+
+def percentile(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def run_engine(engine: LLMEngine, reqs: list[BenchRequest], concurrency: int, static: bool) -> dict:
+    """Drive the engine on this thread; returns throughput and latency figures."""
+    pending = list(reqs)
+    t0 = time.monotonic()
+    in_flight: set[str] = set()
+    ttft: list[float] = []
+    itl: list[float] = []
+    out_tokens = 0
+    while pending or in_flight:
+        now = time.monotonic()
+        can_add = not static or not in_flight
+        while can_add and pending and len(in_flight) < concurrency and pending[0].arrival_s <= now - t0:
+            r = pending.pop(0)
+            engine.add_request(r.request_id, r.prompt_token_ids,
+                               SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True))
+            in_flight.add(r.request_id)
+        if not in_flight:
+            time.sleep(max(0.0, pending[0].arrival_s - (time.monotonic() - t0)))
+            continue
+        for out in engine.step():
+            if out.finished:
+                in_flight.discard(out.request_id)
+                m = out.metrics
+                out_tokens += len(out.token_ids)
+                if m is not None and m.first_token_time is not None:
+                    ttft.append(m.first_token_time - m.arrival_time)
+                    itl += m.inter_token_latencies
+    wall = time.monotonic() - t0
+    return {"output_tokens": out_tokens, "wall_s": wall, "tokens_per_s": out_tokens / wall,
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
+            "preemptions": engine.scheduler.num_preemptions}
+
+
+def run_llama_cpp_sequential(path: str, reqs: list[BenchRequest], threads: int) -> dict | None:
+    """llama.cpp (child process), one request after another, greedy, same lengths."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return None
+    spec = json.dumps([[r.prompt_token_ids, r.max_tokens] for r in reqs])
+    for extra in ("1", "0"):  # its AMX path crashes on some CPUs: fall back to plain weights
+        p = subprocess.run([sys.executable, str(Path(__file__).with_name("llama_cpp_sequential.py")), path,
+                            str(threads), extra], input=spec, capture_output=True, text=True, timeout=7200)
+        if p.returncode == 0 and p.stdout.strip():
+            return json.loads(p.stdout.strip().splitlines()[-1])
+    return {"error": f"llama.cpp exited with code {p.returncode}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default=hub.DEFAULT_MODEL)
+    ap.add_argument("--workload", default="decode-heavy")
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--scale", type=float, default=0.25, help="multiplies output lengths (1 = the issue's)")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--static", type=int, default=16, help="static batch size (0: skip)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--full", action="store_true", help="64 requests, scale 1, concurrency 1,4,16,32")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.full:
+        args.requests, args.scale, args.concurrency = 64, 1.0, "1,4,16,32"
+    path = str(hub.resolve_model(args.model))
+    concs = [int(c) for c in args.concurrency.split(",")]
+    engine = LLMEngine(EngineConfig(model=path, n_threads=args.threads, max_num_seqs=max(concs + [args.static, 1]),
+                                    kv_cache_memory=2 * 2**30))
+    reqs = make_workload(args.workload, args.requests, engine.model_config.vocab_size, scale=args.scale)
+    rows: dict[str, dict] = {}
+    for c in concs:
+        rows[f"edge c={c}"] = run_engine(engine, reqs, c, static=False)
+    if args.static:
+        rows[f"edge static {args.static}"] = run_engine(engine, reqs, args.static, static=True)
+    if not args.no_llama_cpp:
+        ref = run_llama_cpp_sequential(path, reqs, args.threads)
+        if ref is not None:
+            rows["llama.cpp sequential"] = ref
+    base = rows.get(f"edge c={concs[0]}", {}).get("tokens_per_s")
+    res = {"model": args.model, "workload": args.workload, "requests": args.requests, "scale": args.scale,
+           "threads": args.threads, "rows": rows}
+    best = max((r["tokens_per_s"] for k, r in rows.items() if k.startswith("edge c=")), default=None)
+    if base and best:
+        res["ratios"] = {"best_vs_c1": best / base}
+        if f"edge static {args.static}" in rows:
+            res["ratios"]["best_vs_static"] = best / rows[f"edge static {args.static}"]["tokens_per_s"]
+        if "tokens_per_s" in rows.get("llama.cpp sequential", {}):
+            res["ratios"]["best_vs_llama_cpp_sequential"] = best / rows["llama.cpp sequential"]["tokens_per_s"]
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    print(f"{args.model}  workload={args.workload}  requests={args.requests}  scale={args.scale}  threads={args.threads}")
+    print(f"{'config':24}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}")
+    for k, r in rows.items():
+        if "error" in r:
+            print(f"{k:24} {r['error']}")
+            continue
+        print(f"{k:24}{r['tokens_per_s']:>9.1f}{r.get('ttft_p50_s', float('nan')):>10.2f}"
+              f"{r.get('ttft_p99_s', float('nan')):>10.2f}{r.get('itl_p50_s', float('nan')) * 1000:>7.0f}ms"
+              f"{r.get('itl_p99_s', float('nan')) * 1000:>7.0f}ms")
+    for k, v in res.get("ratios", {}).items():
+        print(f"{k}: {v:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
