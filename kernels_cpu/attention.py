@@ -25,29 +25,29 @@ from ._jit import f16_to_f32, f32_to_f16, kernel
 from .fastmath import fast_exp
 
 
-def load_row(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
-    """row[:] = float32 values of cache[blk, off, g, :] (overloaded per cache dtype)."""
+def load_row(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
+    """tile[t, :] = float32 values of cache[blk, off, g, :] (overloaded per cache dtype)."""
     raise NotImplementedError  # only called from jitted code
 
 
 @overload(load_row, jit_options={"cache": True})
-def _ov_load_row(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
+def _ov_load_row(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
     dt = cache.dtype
     if isinstance(dt, types.Integer) and dt.bitwidth == 16:
-        def f16(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
-            for d in range(row.shape[0]):
-                row[d] = f16_to_f32(cache[blk, off, g, d])
+        def f16(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
+            for d in range(tile.shape[1]):
+                tile[t, d] = f16_to_f32(cache[blk, off, g, d])
         return f16
     if isinstance(dt, types.Integer) and dt.bitwidth == 8:
-        def q8(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
+        def q8(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
             s = scale[blk, off, g]
-            for d in range(row.shape[0]):
-                row[d] = np.float32(cache[blk, off, g, d]) * s
+            for d in range(tile.shape[1]):
+                tile[t, d] = np.float32(cache[blk, off, g, d]) * s
         return q8
     if isinstance(dt, types.Float):
-        def f32(cache, scale, blk, off, g, row):  # type: ignore[no-untyped-def]
-            for d in range(row.shape[0]):
-                row[d] = cache[blk, off, g, d]
+        def f32(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
+            for d in range(tile.shape[1]):
+                tile[t, d] = cache[blk, off, g, d]
         return f32
     return None
 
@@ -105,50 +105,89 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):  # 
             store_row(v, i, g, v_cache, v_scale, b, o)
 
 
-@kernel(fastmath=True)
-def _dot(a, ao, b, n):  # type: ignore[no-untyped-def]
-    s = np.float32(0.0)
-    for d in range(n):
-        s += a[ao + d] * b[d]
-    return s
+QUERY_TILE = 16  # queries of one sequence that share each converted K/V block
 
 
 @kernel
-def _attend_one(q, i, g, n_rep, hd, p, lo, s, block_tables, k_cache, k_scale, v_cache, v_scale, scale, scores, row, acc, out):  # type: ignore[no-untyped-def]
-    bs = k_cache.shape[1]
-    n = p + 1 - lo
-    # pass 1: scores of the n_rep query heads of kv-group g against keys lo..p
-    for j in range(lo, p + 1):
-        blk = block_tables[s, j // bs]
-        off = j % bs
-        load_row(k_cache, k_scale, blk, off, g, row)
-        for r in range(n_rep):
-            scores[r, j - lo] = _dot(q[i], (g * n_rep + r) * hd, row, hd) * scale
-    # numerically stable softmax, then the weighted sum of values in key order
-    for r in range(n_rep):
-        m = scores[r, 0]
-        for j in range(1, n):
-            m = max(m, scores[r, j])
-        tot = np.float32(0.0)
+def _load_tile(cache, scale, blk, g, n, tile):  # type: ignore[no-untyped-def]
+    """tile[j, :] = values of cache row j of block blk, kv head g, for j < n."""
+    for j in range(n):
+        load_row(cache, scale, blk, j, g, tile, j)
+
+
+@kernel
+def _transpose(tile, n, tile_t):  # type: ignore[no-untyped-def]
+    for d in range(tile.shape[1]):
         for j in range(n):
-            e = fast_exp(scores[r, j] - m)
-            scores[r, j] = e
-            tot += e
-        inv = np.float32(1.0) / tot
-        for j in range(n):
-            scores[r, j] *= inv
-    acc[:n_rep, :hd] = 0.0
-    for j in range(lo, p + 1):
-        blk = block_tables[s, j // bs]
-        off = j % bs
-        load_row(v_cache, v_scale, blk, off, g, row)
+            tile_t[d, j] = tile[j, d]
+
+
+@kernel
+def _attend_chunk(q, i0, nq, g, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
+                  window, ktile, kt, vtile, sc, m, den, acc, out):  # type: ignore[no-untyped-def]
+    """Queries i0..i0+nq-1 (one sequence, increasing positions) x the n_rep heads of group g.
+
+    Online softmax over the key blocks in ascending order: per query and head, keep the running
+    max m, denominator den and weighted sum acc, rescaled when the max grows. The scores of a
+    block are one matrix-vector product against the transposed K tile (lane j = key j, summed
+    over d in order), so each score has a fixed summation order. Each query sees exactly the
+    blocks and keys its own position (and window) selects, in the same order, whatever else is
+    in the chunk: sharing converted K/V tiles changes no result."""
+    bs, hd = k_cache.shape[1], k_cache.shape[3]
+    n_rep = q.shape[1] // (k_cache.shape[2] * hd)
+    lo_all, hi = positions[i0], positions[i0 + nq - 1]
+    lo_all = max(0, lo_all - window + 1) if window > 0 else 0
+    for qi in range(nq):
         for r in range(n_rep):
-            w = scores[r, j - lo]
+            m[qi, r] = -np.inf
+            den[qi, r] = 0.0
             for d in range(hd):
-                acc[r, d] += w * row[d]
-    for r in range(n_rep):
-        for d in range(hd):
-            out[i, (g * n_rep + r) * hd + d] = acc[r, d]
+                acc[qi, r, d] = 0.0
+    for b in range(lo_all // bs, hi // bs + 1):
+        j0 = b * bs
+        n = min(bs, hi + 1 - j0)
+        blk = block_tables[s, b]
+        _load_tile(k_cache, k_scale, blk, g, n, ktile)
+        _transpose(ktile, n, kt)
+        _load_tile(v_cache, v_scale, blk, g, n, vtile)
+        for qi in range(nq):
+            p = positions[i0 + qi]
+            lo = max(0, p - window + 1) if window > 0 else 0
+            a, e = max(j0, lo) - j0, min(j0 + n, p + 1) - j0
+            if a >= e:
+                continue
+            for r in range(n_rep):
+                qoff = (g * n_rep + r) * hd
+                for j in range(n):
+                    sc[j] = 0.0
+                for d in range(hd):
+                    qd = q[i0 + qi, qoff + d]
+                    for j in range(n):
+                        sc[j] += qd * kt[d, j]
+                bm = -np.inf
+                for j in range(a, e):
+                    sc[j] *= scale
+                    bm = max(bm, sc[j])
+                m_new = max(m[qi, r], bm)
+                for j in range(a, e):
+                    sc[j] = fast_exp(sc[j] - m_new)
+                corr = fast_exp(m[qi, r] - m_new)
+                tot = den[qi, r] * corr
+                for j in range(a, e):
+                    tot += sc[j]
+                den[qi, r] = tot
+                m[qi, r] = m_new
+                for d in range(hd):
+                    acc[qi, r, d] *= corr
+                for j in range(a, e):
+                    w = sc[j]
+                    for d in range(hd):
+                        acc[qi, r, d] += w * vtile[j, d]
+    for qi in range(nq):
+        for r in range(n_rep):
+            inv = np.float32(1.0) / den[qi, r]
+            for d in range(hd):
+                out[i0 + qi, (g * n_rep + r) * hd + d] = acc[qi, r, d] * inv
 
 
 @kernel(parallel=True)
@@ -156,28 +195,37 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
     """Causal attention of every query token against its own sequence's cached keys.
 
     q: float32 [N, n_heads * head_dim] (RoPE applied); token_seq: int32 [N] row of block_tables
-    for each token; positions: int32 [N]; window: 0 = full attention, else a key at position j
-    is visible to a query at p only if p - j < window (sliding-window layers);
-    out: float32 [N, n_heads * head_dim]. Work items (token, kv-head) are split over n_threads.
+    for each token (a sequence's tokens are consecutive, positions increasing); positions:
+    int32 [N]; window: 0 = full attention, else a key at position j is visible to a query at p
+    only if p - j < window (sliding-window layers); out: float32 [N, n_heads * head_dim].
+    Work items (chunk of up to QUERY_TILE queries of one sequence, kv-head) are dealt to the
+    n_threads threads round-robin.
     """
     N = q.shape[0]
-    n_kv, hd = k_cache.shape[2], k_cache.shape[3]
+    n_kv, bs, hd = k_cache.shape[2], k_cache.shape[1], k_cache.shape[3]
     n_rep = q.shape[1] // (n_kv * hd)
-    max_ctx = 1
-    for i in range(N):
-        max_ctx = max(max_ctx, positions[i] + 1)
-    items = N * n_kv
-    per = (items + n_threads - 1) // n_threads
+    starts = np.empty(N + 1, np.int64)
+    n_chunks = 0
+    i = 0
+    while i < N:
+        starts[n_chunks] = i
+        n_chunks += 1
+        j = i + 1
+        while j < N and j - i < QUERY_TILE and token_seq[j] == token_seq[i]:
+            j += 1
+        i = j
+    starts[n_chunks] = N
+    items = n_chunks * n_kv
     for tid in numba.prange(n_threads):
-        scores = np.empty((n_rep, max_ctx), np.float32)
-        row = np.empty(hd, np.float32)
-        acc = np.empty((n_rep, hd), np.float32)
-        for it in range(tid * per, min(items, (tid + 1) * per)):
-            i = it // n_kv
-            g = it % n_kv
-            p = positions[i]
-            lo = 0
-            if window > 0:
-                lo = max(0, p - window + 1)
-            _attend_one(q, i, g, n_rep, hd, p, lo, token_seq[i], block_tables, k_cache, k_scale, v_cache, v_scale,
-                        scale, scores, row, acc, out)
+        ktile = np.empty((bs, hd), np.float32)
+        kt = np.empty((hd, bs), np.float32)
+        vtile = np.empty((bs, hd), np.float32)
+        sc = np.empty(bs, np.float32)
+        m = np.empty((QUERY_TILE, n_rep), np.float32)
+        den = np.empty((QUERY_TILE, n_rep), np.float32)
+        acc = np.empty((QUERY_TILE, n_rep, hd), np.float32)
+        for it in range(tid, items, n_threads):
+            c, g = it // n_kv, it % n_kv
+            i0 = starts[c]
+            _attend_chunk(q, i0, starts[c + 1] - i0, g, token_seq[i0], block_tables, k_cache, k_scale, v_cache,
+                          v_scale, positions, scale, window, ktile, kt, vtile, sc, m, den, acc, out)
