@@ -43,15 +43,17 @@ class NoAliasCompiler(CompilerBase):
         return [DefaultPassBuilder.define_nopython_pipeline(self.state)]
 
 
-def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False):  # type: ignore[no-untyped-def]
+def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False, inline: bool = False):  # type: ignore[no-untyped-def]
     """`@njit(cache=True, nogil=True, error_model="numpy")` with noalias arguments; inputs and
-    outputs must not overlap."""
+    outputs must not overlap. inline=True inlines the function into its callers at numba's level
+    (small helpers called in hot loops; not for fastmath functions: inlined code takes the
+    caller's flags)."""
 
     def wrap(f):  # type: ignore[no-untyped-def]
         # error_model="numpy": a float division by zero gives inf/nan instead of raising, so
         # loops with divisions have no early-exit branch and can vectorize.
         return numba.njit(cache=True, nogil=True, fastmath=fastmath, parallel=parallel, error_model="numpy",
-                          pipeline_class=NoAliasCompiler)(f)
+                          inline="always" if inline else "never", pipeline_class=NoAliasCompiler)(f)
 
     return wrap(fn) if fn is not None else wrap
 
@@ -114,6 +116,25 @@ def bits_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
         return builder.bitcast(v, ir.FloatType())
 
     return types.float32(bits), codegen
+
+
+@intrinsic
+def bit_at(typingctx, word, k):  # type: ignore[no-untyped-def]
+    """(word >> k) & 1 as an int32, computed in 32-bit lanes (numba would widen to 64 bits,
+    and LLVM then vectorizes per-lane variable shifts at half the width)."""
+    if not isinstance(word, types.Integer) or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i32 = ir.IntType(32)
+
+        def as32(v, t):  # type: ignore[no-untyped-def]
+            return builder.trunc(v, i32) if t.bitwidth > 32 else (builder.zext(v, i32) if t.bitwidth < 32 else v)
+
+        w, s = as32(args[0], word), as32(args[1], k)
+        return builder.and_(builder.lshr(w, s), ir.Constant(i32, 1))
+
+    return types.int32(word, k), codegen
 
 
 def threading_layer_name() -> str:

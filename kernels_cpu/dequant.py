@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._jit import bf16_to_f32, f16_to_f32, kernel
+from ._jit import bf16_to_f32, bit_at, f16_to_f32, kernel
 
 # GGML type ids (gguf.GGMLQuantizationType values) the kernels handle.
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
@@ -30,7 +30,7 @@ BLOCK_SHAPE = {
 }
 
 
-@kernel
+@kernel(inline=True)
 def _half(w, r, o):  # type: ignore[no-untyped-def]
     return f16_to_f32(np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8)))
 
@@ -79,7 +79,7 @@ def decode_q4_1(w, r, out, i):  # type: ignore[no-untyped-def]
             out[i, b * 32 + 16 + j] = d * np.float32(np.int32(q >> 4)) + m
 
 
-@kernel
+@kernel(inline=True)
 def _qh32(w, r, o):  # type: ignore[no-untyped-def]
     return (np.uint32(w[r, o]) | (np.uint32(w[r, o + 1]) << np.uint32(8))
             | (np.uint32(w[r, o + 2]) << np.uint32(16)) | (np.uint32(w[r, o + 3]) << np.uint32(24)))
@@ -93,10 +93,10 @@ def decode_q5_0(w, r, out, i):  # type: ignore[no-untyped-def]
         qh = _qh32(w, r, o + 2)
         for j in range(16):
             q = np.int32(w[r, o + 6 + j])
-            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-            h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-            out[i, b * 32 + j] = d * np.float32(np.int32(((q & 15) | h0) - 16))
-            out[i, b * 32 + 16 + j] = d * np.float32(np.int32(((q >> 4) | h1) - 16))
+            lo = np.int32(np.int32(q & 15) | np.int32(bit_at(qh, j) << 4))
+            hi = np.int32(np.int32(q >> 4) | np.int32(bit_at(qh, j + 16) << 4))
+            out[i, b * 32 + j] = d * np.float32(np.int32(lo - 16))
+            out[i, b * 32 + 16 + j] = d * np.float32(np.int32(hi - 16))
 
 
 @kernel
@@ -108,10 +108,10 @@ def decode_q5_1(w, r, out, i):  # type: ignore[no-untyped-def]
         qh = _qh32(w, r, o + 4)
         for j in range(16):
             q = np.int32(w[r, o + 8 + j])
-            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-            h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-            out[i, b * 32 + j] = d * np.float32(np.int32((q & 15) | h0)) + m
-            out[i, b * 32 + 16 + j] = d * np.float32(np.int32((q >> 4) | h1)) + m
+            lo = np.int32(np.int32(q & 15) | np.int32(bit_at(qh, j) << 4))
+            hi = np.int32(np.int32(q >> 4) | np.int32(bit_at(qh, j + 16) << 4))
+            out[i, b * 32 + j] = d * np.float32(lo) + m
+            out[i, b * 32 + 16 + j] = d * np.float32(hi) + m
 
 
 @kernel
@@ -141,16 +141,23 @@ def decode_q2_k(w, r, out, i):  # type: ignore[no-untyped-def]
                 out[i, b * 256 + s * 16 + j] = dl * np.float32(np.int32((q >> shift) & 3)) - ml
 
 
-@kernel
-def _k_scale_min(w, r, o, j):  # type: ignore[no-untyped-def]
-    """6-bit (scale, min) of sub-block j (0..7) from the 12 packed bytes at w[r, o:o+12]."""
-    if j < 4:
-        sc = np.int32(w[r, o + j]) & 63
-        mn = np.int32(w[r, o + 4 + j]) & 63
+@kernel(inline=True)
+def _k_scales(w, r, s, c):  # type: ignore[no-untyped-def]
+    """6-bit (scale, min) of sub-blocks 2c and 2c + 1 from the 12 packed bytes at w[r, s:s+12]:
+    sub-blocks j < 4 take the low 6 bits of bytes j (scale) and j + 4 (min); j >= 4 combine a
+    nibble of byte j + 4 with the top 2 bits of bytes j - 4 (scale) and j (min)."""
+    j0, j1 = 2 * c, 2 * c + 1
+    if c < 2:
+        sc0 = np.int32(w[r, s + j0]) & 63
+        m0 = np.int32(w[r, s + 4 + j0]) & 63
+        sc1 = np.int32(w[r, s + j1]) & 63
+        m1 = np.int32(w[r, s + 4 + j1]) & 63
     else:
-        sc = (np.int32(w[r, o + 4 + j]) & 15) | ((np.int32(w[r, o + j - 4]) >> 2) & 0x30)
-        mn = (np.int32(w[r, o + 4 + j]) >> 4) | ((np.int32(w[r, o + j]) >> 2) & 0x30)
-    return sc, mn
+        sc0 = (np.int32(w[r, s + 4 + j0]) & 15) | ((np.int32(w[r, s + j0 - 4]) >> 6) << 4)
+        m0 = (np.int32(w[r, s + 4 + j0]) >> 4) | ((np.int32(w[r, s + j0]) >> 6) << 4)
+        sc1 = (np.int32(w[r, s + 4 + j1]) & 15) | ((np.int32(w[r, s + j1 - 4]) >> 6) << 4)
+        m1 = (np.int32(w[r, s + 4 + j1]) >> 4) | ((np.int32(w[r, s + j1]) >> 6) << 4)
+    return sc0, m0, sc1, m1
 
 
 @kernel
@@ -183,8 +190,7 @@ def decode_q4_k(w, r, out, i):  # type: ignore[no-untyped-def]
         d = _half(w, r, o)
         dmin = _half(w, r, o + 2)
         for c in range(4):
-            sc0, m0 = _k_scale_min(w, r, o + 4, 2 * c)
-            sc1, m1 = _k_scale_min(w, r, o + 4, 2 * c + 1)
+            sc0, m0, sc1, m1 = _k_scales(w, r, o + 4, c)
             d0, dm0 = d * np.float32(sc0), dmin * np.float32(m0)
             d1, dm1 = d * np.float32(sc1), dmin * np.float32(m1)
             for j in range(32):
@@ -201,17 +207,16 @@ def decode_q5_k(w, r, out, i):  # type: ignore[no-untyped-def]
         d = _half(w, r, o)
         dmin = _half(w, r, o + 2)
         for c in range(4):
-            sc0, m0 = _k_scale_min(w, r, o + 4, 2 * c)
-            sc1, m1 = _k_scale_min(w, r, o + 4, 2 * c + 1)
+            sc0, m0, sc1, m1 = _k_scales(w, r, o + 4, c)
             d0, dm0 = d * np.float32(sc0), dmin * np.float32(m0)
             d1, dm1 = d * np.float32(sc1), dmin * np.float32(m1)
             for j in range(32):
                 q = np.int32(w[r, o + 48 + c * 32 + j])
-                h = np.int32(w[r, o + 16 + j])
-                h0 = ((h >> (2 * c)) & 1) << 4
-                h1 = ((h >> (2 * c + 1)) & 1) << 4
-                out[i, b * 256 + c * 64 + j] = d0 * np.float32(np.int32((q & 15) | h0)) - dm0
-                out[i, b * 256 + c * 64 + 32 + j] = d1 * np.float32(np.int32((q >> 4) | h1)) - dm1
+                h = w[r, o + 16 + j]
+                lo = np.int32(np.int32(q & 15) | np.int32(bit_at(h, 2 * c) << 4))
+                hi = np.int32(np.int32(q >> 4) | np.int32(bit_at(h, 2 * c + 1) << 4))
+                out[i, b * 256 + c * 64 + j] = d0 * np.float32(lo) - dm0
+                out[i, b * 256 + c * 64 + 32 + j] = d1 * np.float32(hi) - dm1
 
 
 @kernel
