@@ -1,0 +1,132 @@
+"""Speculative decoding: acceptance and decode speed-up over plain decoding in the same run, and
+llama.cpp's prompt-lookup decoding (llama-cpp-python) on the same prompt.
+
+    python benchmarks/bench_spec.py [--ngram-model qwen2.5-coder-0.5b] [--draft-target PATH_F16]
+        [--k 4] [--max-tokens 128] [--threads 2] [--json]
+
+- n-gram: an input-grounded task (reproduce a given function with a small change), greedy, at
+  concurrency 1: plain vs prompt lookup.
+- draft model: the target is an F16 copy of smollm2-135m (made with make_f16_copy.py if
+  --draft-target is not given), the draft the original Q4_1 file: plain F16 vs draft-assisted.
+Speeds are decode tokens/s (first to last generated token); outputs are checked identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from edge_infer import LLM, SamplingParams, hub  # noqa: E402
+
+CODE_PROMPT = '''<|im_start|>user
+Here is a Python function:
+
+```python
+def moving_average(values, window):
+    """Return the moving averages of `values` over `window` items."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    result = []
+    total = 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        if i >= window - 1:
+            result.append(total / window)
+    return result
+```
+
+Rewrite it exactly as it is, but rename the function to rolling_mean. Output only the code.<|im_end|>
+<|im_start|>assistant
+'''
+
+
+def decode_tps(out) -> float:  # type: ignore[no-untyped-def]
+    t = out.metrics.token_times
+    return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else 0.0
+
+
+def run_pair(model: str, prompt: str | list[int], spec: dict, threads: int, max_tokens: int) -> dict:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    res = {}
+    for name, sp in (("plain", None), ("spec", spec)):
+        with LLM(model, n_threads=threads, kv_cache_memory=512 * 2**20, speculative=sp) as llm:
+            llm.generate([prompt if isinstance(prompt, list) else prompt[:64]], SamplingParams(max_tokens=2))
+            out = llm.generate([prompt], params)[0]
+            res[name] = {"decode_tps": decode_tps(out), "tokens": len(out.token_ids), "ids": out.token_ids}
+            if sp:
+                m = llm.metrics()
+                res[name].update(acceptance=m.get("spec_acceptance_rate", 0.0),
+                                 tokens_per_step=m.get("spec_tokens_per_step", 0.0))
+    res["identical"] = res["plain"]["ids"] == res["spec"]["ids"]
+    res["speedup"] = res["spec"]["decode_tps"] / res["plain"]["decode_tps"]
+    for name in ("plain", "spec"):
+        del res[name]["ids"]
+    return res
+
+
+def llama_cpp_lookup(path: str, prompt: str, threads: int, max_tokens: int, k: int) -> dict | None:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return None
+    for extra in ("1", "0"):
+        p = subprocess.run([sys.executable, str(Path(__file__).with_name("llama_cpp_lookup.py")), path, str(threads),
+                            str(max_tokens), str(k), extra], input=prompt, capture_output=True, text=True, timeout=3600)
+        if p.returncode == 0 and p.stdout.strip():
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            r["speedup"] = r["lookup_tps"] / r["plain_tps"]
+            return r
+    return {"error": f"llama.cpp exited with code {p.returncode}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ngram-model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--draft-target", default=None, help="F16 copy of smollm2 (made if missing)")
+    ap.add_argument("--k", default="4", help="proposal length or 'auto'")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-draft", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    k = args.k if args.k == "auto" else int(args.k)
+    res: dict = {}
+    ngram_path = str(hub.resolve_model(args.ngram_model))
+    res["ngram"] = run_pair(ngram_path, CODE_PROMPT, {"method": "ngram", "k": k}, args.threads, args.max_tokens)
+    ref = llama_cpp_lookup(ngram_path, CODE_PROMPT, args.threads, args.max_tokens, k if isinstance(k, int) else 8)
+    if ref is not None:
+        res["ngram"]["llama_cpp"] = ref
+    if not args.skip_draft:
+        draft = str(hub.resolve_model("smollm2-135m"))
+        target = args.draft_target or str(hub.cache_dir() / "models" / "smollm2-135m-f16.gguf")
+        if not Path(target).exists():
+            from make_f16_copy import write_copy
+
+            write_copy(draft, target)
+        prompt = "Write a short story about a robot who learns to paint. Once upon a time,"
+        res["draft"] = run_pair(target, prompt, {"method": "draft", "model": draft, "k": k}, args.threads,
+                                args.max_tokens)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    for name, r in res.items():
+        print(f"{name}: plain {r['plain']['decode_tps']:.1f} tok/s, speculative {r['spec']['decode_tps']:.1f} tok/s "
+              f"-> {r['speedup']:.2f}x  (acceptance {r['spec']['acceptance']:.0%}, "
+              f"{r['spec']['tokens_per_step']:.2f} tokens/step, identical output: {r['identical']})")
+        lc = r.get("llama_cpp")
+        if lc and "speedup" in lc:
+            print(f"  llama.cpp prompt lookup: plain {lc['plain_tps']:.1f} tok/s, lookup {lc['lookup_tps']:.1f} tok/s "
+                  f"-> {lc['speedup']:.2f}x (end-to-end, prompt included)")
+        elif lc:
+            print(f"  llama.cpp: {lc['error']}")
+
+
+if __name__ == "__main__":
+    main()
