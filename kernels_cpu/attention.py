@@ -229,3 +229,59 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
             i0 = starts[c]
             _attend_chunk(q, i0, starts[c + 1] - i0, g, token_seq[i0], block_tables, k_cache, k_scale, v_cache,
                           v_scale, positions, scale, window, ktile, kt, vtile, sc, m, den, acc, out)
+
+
+@kernel(inline=True)
+def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, p, inv_freq, neox, eps):  # type: ignore[no-untyped-def]
+    o = h * hd
+    if has_norm:
+        s = 0.0
+        for d in range(hd):
+            v = np.float64(x[t, o + d])
+            s += v * v
+        sc = np.float32(1.0 / np.sqrt(s / hd + eps))
+        for d in range(hd):
+            x[t, o + d] = np.float32(x[t, o + d] * sc) * norm_w[d]
+    half = n_rot // 2
+    for i in range(half):
+        th = p * inv_freq[i]
+        c = np.float32(np.cos(th))
+        sn = np.float32(np.sin(th))
+        if neox:
+            a, b = o + i, o + i + half
+        else:
+            a, b = o + 2 * i, o + 2 * i + 1
+        x0 = x[t, a]
+        x1 = x[t, b]
+        x[t, a] = x0 * c - x1 * sn
+        x[t, b] = x0 * sn + x1 * c
+
+
+@kernel(parallel=True)
+def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps, slot_mapping,
+                      k_cache, k_scale, v_cache, v_scale):  # type: ignore[no-untyped-def]
+    """Everything between the Q/K/V projections and attention, per token: biases (when bq has
+    elements), RMSNorm of each head of Q and K (when q_norm has elements: gemma's QK-norm), RoPE
+    of Q and K (see ops.rope_kernel for inv_freq and neox), and the K/V store into the pool.
+    The same per-element arithmetic as the separate kernels, in one launch."""
+    hd = k_cache.shape[3]
+    n_heads, n_kv = q.shape[1] // hd, k.shape[1] // hd
+    has_bias, has_norm = bq.shape[0] > 0, q_norm.shape[0] > 0
+    bs = k_cache.shape[1]
+    for t in numba.prange(q.shape[0]):
+        if has_bias:
+            for c in range(q.shape[1]):
+                q[t, c] += bq[c]
+            for c in range(k.shape[1]):
+                k[t, c] += bk[c]
+                v[t, c] += bv[c]
+        p = np.float64(positions[t])
+        for h in range(n_heads):
+            _head_norm_rope(q, t, h, hd, n_rot, q_norm, has_norm, p, inv_freq, neox, eps)
+        for h in range(n_kv):
+            _head_norm_rope(k, t, h, hd, n_rot, k_norm, has_norm, p, inv_freq, neox, eps)
+        slot = slot_mapping[t]
+        if slot >= 0:
+            for g in range(n_kv):
+                store_row(k, t, g, k_cache, k_scale, slot // bs, slot % bs)
+                store_row(v, t, g, v_cache, v_scale, slot // bs, slot % bs)

@@ -16,6 +16,11 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.weights import ModelWeights, QMatrix
 
 _NO_ROWS = np.empty((0, 1), np.uint8)  # the unused third matrix of a two-matmul launch
+_EMPTY = np.empty(0, np.float32)
+
+
+def _or_empty(v: np.ndarray | None) -> np.ndarray:
+    return _EMPTY if v is None else v
 
 
 @dataclass(slots=True)
@@ -88,19 +93,22 @@ class Transformer:
         scale = np.float32(cfg.softmax_scale)
         for li, lw in enumerate(self.w.layers):
             q, k, v = self.matmuls(xn, lw.wq, lw.wk, lw.wv)
-            if lw.bq is not None:
-                ops.add_bias_kernel(q, lw.bq)
-                ops.add_bias_kernel(k, lw.bk)
-                ops.add_bias_kernel(v, lw.bv)
-            if lw.q_norm is not None:
-                ops.head_rmsnorm_kernel(q, cfg.n_heads, cfg.head_dim, lw.q_norm, eps)
-                ops.head_rmsnorm_kernel(k, cfg.n_kv_heads, cfg.head_dim, lw.k_norm, eps)
-            ops.rope_kernel(q, cfg.n_heads, cfg.head_dim, cfg.n_rot, inp.positions, self.inv_freq[li], cfg.rope_neox)
-            ops.rope_kernel(k, cfg.n_kv_heads, cfg.head_dim, cfg.n_rot, inp.positions, self.inv_freq[li], cfg.rope_neox)
             k_cache, k_scale, v_cache, v_scale = kv[li]
-            attn_k.store_kv_kernel(k, v, inp.slot_mapping, k_cache, k_scale, v_cache, v_scale)
-            attn_k.paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, inp.block_tables, inp.token_seq,
-                                          inp.positions, scale, cfg.layer_window(li), attn, self.n_threads)
+            attn_k.qkv_finish_kernel(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv),
+                                     _or_empty(lw.q_norm), _or_empty(lw.k_norm), cfg.n_rot, inp.positions,
+                                     self.inv_freq[li], cfg.rope_neox, eps, inp.slot_mapping,
+                                     k_cache, k_scale, v_cache, v_scale)
+            if li == cfg.n_layers - 1 and len(inp.logits_rows) < n:
+                # Last layer: K/V of every token are stored; the rest is only needed for the
+                # rows whose logits are wanted (llama.cpp's inp_out_ids does the same).
+                sel = inp.logits_rows
+                q, h, xn = np.ascontiguousarray(q[sel]), np.ascontiguousarray(h[sel]), np.empty((len(sel), cfg.d_model), np.float32)
+                token_seq, positions = inp.token_seq[sel], inp.positions[sel]
+                attn, act = attn[: len(sel)], act[: len(sel)]
+            else:
+                token_seq, positions = inp.token_seq, inp.positions
+            attn_k.paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, inp.block_tables, token_seq,
+                                          positions, scale, cfg.layer_window(li), attn, self.n_threads)
             o = self.matmul(attn, lw.wo)
             if lw.post_attn_norm is not None:
                 o2 = np.empty_like(o)
@@ -119,7 +127,7 @@ class Transformer:
                 down = d2
             next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
             ops.add_rmsnorm_kernel(h, down, next_norm, eps, xn)
-        rows = np.ascontiguousarray(xn[inp.logits_rows])
+        rows = xn if xn.shape[0] == len(inp.logits_rows) else np.ascontiguousarray(xn[inp.logits_rows])
         logits = self.matmul(rows, self.w.output)
         if cfg.final_logit_softcap:
             cap = np.float32(cfg.final_logit_softcap)
