@@ -262,7 +262,9 @@ def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv
                       k_cache, k_scale, v_cache, v_scale):  # type: ignore[no-untyped-def]
     """Everything between the Q/K/V projections and attention, per token: biases (when bq has
     elements), RMSNorm of each head of Q and K (when q_norm has elements: gemma's QK-norm), RoPE
-    of Q and K (see ops.rope_kernel for inv_freq and neox), and the K/V store into the pool.
+    of Q and K (inv_freq: float64 [n_rot / 2], base^(-2i / n_rot) times the position scale;
+    neox: rotate pairs (i, i + n_rot / 2) instead of (2i, 2i + 1); dimensions past n_rot are left
+    as they are), and the K/V store into the pool.
     The same per-element arithmetic as the separate kernels, in one launch."""
     hd = k_cache.shape[3]
     n_heads, n_kv = q.shape[1] // hd, k.shape[1] // hd

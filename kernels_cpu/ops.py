@@ -46,45 +46,6 @@ def add_rmsnorm_kernel(h, delta, w, eps, out):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def head_rmsnorm_kernel(x, n_heads, head_dim, w, eps):  # type: ignore[no-untyped-def]
-    """In place RMSNorm of every head of x: [T, n_heads * head_dim]; w: [head_dim] (QK-norm)."""
-    for t in range(x.shape[0]):
-        for h in range(n_heads):
-            o = h * head_dim
-            s = 0.0
-            for k in range(head_dim):
-                v = np.float64(x[t, o + k])
-                s += v * v
-            sc = np.float32(1.0 / math.sqrt(s / head_dim + eps))
-            for k in range(head_dim):
-                x[t, o + k] = np.float32(x[t, o + k] * sc) * w[k]
-
-
-@kernel
-def rope_kernel(x, n_heads, head_dim, n_rot, positions, inv_freq, neox):  # type: ignore[no-untyped-def]
-    """Rotary embedding in place. x: [T, n_heads * head_dim]; positions: int32 [T];
-    inv_freq: float64 [n_rot // 2] (base^(-2i/n_rot) / freq_scale); neox: pairs (i, i + n_rot/2)
-    instead of (2i, 2i + 1). Dimensions past n_rot are left as they are."""
-    half = n_rot // 2
-    for t in range(x.shape[0]):
-        p = np.float64(positions[t])
-        for i in range(half):
-            th = p * inv_freq[i]
-            c = np.float32(math.cos(th))
-            s = np.float32(math.sin(th))
-            for h in range(n_heads):
-                o = h * head_dim
-                if neox:
-                    a, b = o + i, o + i + half
-                else:
-                    a, b = o + 2 * i, o + 2 * i + 1
-                x0 = x[t, a]
-                x1 = x[t, b]
-                x[t, a] = x0 * c - x1 * s
-                x[t, b] = x0 * s + x1 * c
-
-
-@kernel
 def silu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
     """out = silu(gate) * up (SwiGLU); all [T, F]."""
     for t in range(gate.shape[0]):
@@ -98,22 +59,6 @@ def gelu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
     for t in range(gate.shape[0]):
         for k in range(gate.shape[1]):
             out[t, k] = gelu_tanh(gate[t, k]) * up[t, k]
-
-
-@kernel
-def add_bias_kernel(x, bias):  # type: ignore[no-untyped-def]
-    """x[t] += bias (in place); x: [T, N]; bias: [N]."""
-    for t in range(x.shape[0]):
-        for k in range(x.shape[1]):
-            x[t, k] += bias[k]
-
-
-@kernel
-def add_kernel(h, delta):  # type: ignore[no-untyped-def]
-    """h += delta (in place); both [T, D]."""
-    for t in range(h.shape[0]):
-        for k in range(h.shape[1]):
-            h[t, k] += delta[t, k]
 
 
 @kernel

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edge_infer.kernels_cpu import reference as ref
-from edge_infer.kernels_cpu.attention import paged_attention_kernel, store_kv_kernel
+from edge_infer.kernels_cpu.attention import paged_attention_kernel, qkv_finish_kernel, store_kv_kernel
 
 
 def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: int, bs: int, dtype: type):
@@ -79,3 +79,38 @@ def test_q8_0_store_round_trip() -> None:
     back = ref.cache_values(kc, ks)[0].reshape(2, 16)
     assert np.all(np.abs(back - k) <= np.abs(k).reshape(2, 2, 8).max(-1).repeat(8, -1) / 127 * 0.5 + 1e-7)
     assert ks[0, 1, 1] == 0 and not kc[0, 1, 1].any()
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("extras", [False, True])
+def test_qkv_finish_matches_reference(neox: bool, extras: bool) -> None:
+    """Biases, per-head QK-norm, RoPE (partial rotary dims too) and the K/V store, in one kernel."""
+    rng = np.random.default_rng(5)
+    T, n_heads, n_kv, hd, n_rot, bs = 5, 4, 2, 32, 16, 4
+    q = rng.standard_normal((T, n_heads * hd)).astype(np.float32)
+    k = rng.standard_normal((T, n_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((T, n_kv * hd)).astype(np.float32)
+    none = np.empty(0, np.float32)
+    bq, bk, bv = (rng.standard_normal(a.shape[1]).astype(np.float32) if extras else none for a in (q, k, v))
+    qn, kn = (rng.standard_normal(hd).astype(np.float32) if extras else none for _ in range(2))
+    pos = np.array([0, 3, 7, 100, 4000], np.int32)
+    inv = 10000.0 ** (-2.0 * np.arange(n_rot // 2) / n_rot)
+    kc = np.zeros((3, bs, n_kv, hd), np.float32)
+    vc = np.zeros_like(kc)
+    e3 = np.zeros((0, 0, 0), np.float32)
+    slots = np.array([0, 1, 2, 5, -1], np.int64)
+    want_q, want_k, want_v = q.copy(), k.copy(), v.copy()
+    if extras:
+        want_q, want_k, want_v = want_q + bq, want_k + bk, want_v + bv
+        want_q = ref.rmsnorm(want_q.reshape(T, n_heads, hd), qn, 1e-6).reshape(T, -1)
+        want_k = ref.rmsnorm(want_k.reshape(T, n_kv, hd), kn, 1e-6).reshape(T, -1)
+    want_q = ref.rope(want_q, n_heads, hd, n_rot, pos, inv, neox)
+    want_k = ref.rope(want_k, n_kv, hd, n_rot, pos, inv, neox)
+    qkv_finish_kernel(q, k, v, bq, bk, bv, qn, kn, n_rot, pos, inv, neox, np.float32(1e-6), slots, kc, e3, vc, e3)
+    np.testing.assert_allclose(q, want_q, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(k, want_k, rtol=2e-5, atol=2e-5)
+    for t, s in enumerate(slots):
+        if s >= 0:
+            np.testing.assert_array_equal(kc[s // bs, s % bs].reshape(-1), k[t])
+            np.testing.assert_array_equal(vc[s // bs, s % bs].reshape(-1), v[t])
+    np.testing.assert_allclose(v, want_v, rtol=1e-6)
