@@ -22,42 +22,59 @@ ROW_GROUP = 4
 
 
 @kernel(inline=True)
-def _dot_group(wg, x, out, t, r0, nvalid):  # type: ignore[no-untyped-def]
-    # Four independent accumulations sharing the loads of x. Inlined into _row_groups, whose
-    # fastmath flags let LLVM vectorize each reduction in a fixed lane order (the same for
-    # every row, token and batch size: there is one compiled copy of this loop).
+def _dot_group(wg, x, out, t0, t1, r0, nvalid):  # type: ignore[no-untyped-def]
+    """Rows r0.. (decoded in wg) times tokens t0 and t1: eight independent accumulations, each
+    row load shared by two tokens and each token load by four rows (enough to keep both FMA
+    units busy). Tokens always go in pairs, an odd one paired with itself (its duplicate is not
+    written), so every output comes from this one loop: inlined into _row_groups, whose
+    fastmath flags let LLVM vectorize the reductions, all in the same fixed lane order, whatever
+    the batch size or the token's place in it."""
     n = x.shape[1]
     a0 = np.float32(0.0)
     a1 = np.float32(0.0)
     a2 = np.float32(0.0)
     a3 = np.float32(0.0)
+    b0 = np.float32(0.0)
+    b1 = np.float32(0.0)
+    b2 = np.float32(0.0)
+    b3 = np.float32(0.0)
     for k in range(n):
-        xv = x[t, k]
-        a0 += wg[0, k] * xv
-        a1 += wg[1, k] * xv
-        a2 += wg[2, k] * xv
-        a3 += wg[3, k] * xv
-    out[t, r0] = a0
+        xa = x[t0, k]
+        xb = x[t1, k]
+        w0, w1, w2, w3 = wg[0, k], wg[1, k], wg[2, k], wg[3, k]
+        a0 += w0 * xa
+        a1 += w1 * xa
+        a2 += w2 * xa
+        a3 += w3 * xa
+        b0 += w0 * xb
+        b1 += w1 * xb
+        b2 += w2 * xb
+        b3 += w3 * xb
+    out[t0, r0] = a0
+    out[t1, r0] = b0
     if nvalid > 1:
-        out[t, r0 + 1] = a1
+        out[t0, r0 + 1] = a1
+        out[t1, r0 + 1] = b1
     if nvalid > 2:
-        out[t, r0 + 2] = a2
+        out[t0, r0 + 2] = a2
+        out[t1, r0 + 2] = b2
     if nvalid > 3:
-        out[t, r0 + 3] = a3
+        out[t0, r0 + 3] = a3
+        out[t1, r0 + 3] = b3
 
 
 @kernel(fastmath=True)
 def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
     """Row groups g0..g1-1 of one matrix for every token of x."""
-    R = w.shape[0]
+    R, T = w.shape[0], x.shape[0]
     for g in range(g0, g1):
         r0 = g * ROW_GROUP
         nvalid = min(ROW_GROUP, R - r0)
         for i in range(ROW_GROUP):
             # a short last group decodes its last row again; only valid rows are written
             decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, i)
-        for t in range(x.shape[0]):
-            _dot_group(wg, x, out, t, r0, nvalid)
+        for t in range(0, T, 2):
+            _dot_group(wg, x, out, t, min(t + 1, T - 1), r0, nvalid)
 
 
 @kernel(inline=True)
