@@ -18,6 +18,7 @@ from typing import Any
 from edge_infer import __version__, cli_bench, cli_chat, cli_perplexity, cli_run, inspect_cmd
 from edge_infer.errors import EdgeInferError
 from edge_infer.inspect_cmd import human_bytes
+from edge_infer.server import serve as cli_serve
 
 Register = Callable[[Any, list[argparse.ArgumentParser]], None]
 
@@ -91,6 +92,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 _COMMANDS: tuple[Register, ...] = (
     register_pull, register_models, inspect_cmd.register,
     cli_run.register, cli_chat.register, cli_perplexity.register, cli_bench.register,
+    cli_serve.register,
 )  # fmt: skip
 
 

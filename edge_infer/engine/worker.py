@@ -26,12 +26,26 @@ _ids = itertools.count()
 
 class RequestHandle:
     """Outputs of one request as they come: `get()` returns the next RequestOutput (cumulative)
-    or raises the error the engine hit; the last output has finished=True."""
+    or raises the error the engine hit; the last output has finished=True. With `on_output`,
+    outputs and errors go to that callback instead (called on the engine thread; it must not
+    block), e.g. to hand them to an asyncio loop with call_soon_threadsafe."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str,
+                 on_output: Callable[[RequestOutput | BaseException], None] | None = None) -> None:
         self.request_id = request_id
         self.queue: queue.Queue[RequestOutput | BaseException] = queue.Queue()
         self.finished = False
+        self.on_output = on_output
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """Deliver an output or error (engine thread)."""
+        if self.on_output is None:
+            self.queue.put(item)
+            return
+        try:
+            self.on_output(item)
+        except Exception:  # a broken consumer must not take the engine thread down
+            log.exception("on_output callback of request %s failed", self.request_id)
 
     def get(self, timeout: float | None = None) -> RequestOutput:
         item = self.queue.get(timeout=timeout)
@@ -59,9 +73,10 @@ class EngineWorker:
 
     # -- caller side ----------------------------------------------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-               priority: int = 0) -> RequestHandle:
+               priority: int = 0,
+               on_output: Callable[[RequestOutput | BaseException], None] | None = None) -> RequestHandle:
         rid = request_id or f"req-{next(_ids)}"
-        handle = RequestHandle(rid)
+        handle = RequestHandle(rid, on_output)
         done = threading.Event()
         box: list[BaseException] = []
         self._commands.put(("add", (handle, prompt, params, priority, done, box)))
@@ -127,7 +142,7 @@ class EngineWorker:
             for out in outs:
                 h = self._handles.get(out.request_id)
                 if h is not None:
-                    h.queue.put(out)
+                    h.put(out)
                     if out.finished:
                         del self._handles[out.request_id]
             if self._on_step is not None:
@@ -147,7 +162,7 @@ class EngineWorker:
             if engine.abort(arg):
                 h = self._handles.pop(arg, None)
                 if h is not None:
-                    h.queue.put(EdgeInferError(f"request {arg} was aborted"))
+                    h.put(EdgeInferError(f"request {arg} was aborted"))
         elif kind == "call":
             fn, done, box = arg
             try:
@@ -158,5 +173,5 @@ class EngineWorker:
 
     def _fail_all(self, err: BaseException) -> None:
         for h in self._handles.values():
-            h.queue.put(err)
+            h.put(err)
         self._handles.clear()

@@ -1,0 +1,286 @@
+"""AsyncEngine: the event loop's side of the one engine thread.
+
+The model loads in the background (the server answers /health with 503 meanwhile). Each
+engine request becomes a `Stream` whose outputs the engine thread hands to the loop with
+call_soon_threadsafe; a stream that is dropped (client gone, shutdown) aborts its request,
+which frees its KV blocks before the engine's next step. Admission control caps the requests
+in flight at max_num_seqs running + max_queue waiting (beyond that: 429).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from edge_infer import __version__
+from edge_infer.config import EngineConfig
+from edge_infer.errors import ChatTemplateError, EdgeInferError
+from edge_infer.outputs import RequestOutput
+from edge_infer.sampling_params import SamplingParams
+from edge_infer.server.errors import APIError, from_engine_error
+from edge_infer.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from edge_infer.chat import ChatTemplate
+    from edge_infer.engine.engine import LLMEngine
+    from edge_infer.engine.worker import EngineWorker
+    from edge_infer.tokenizer import Tokenizer
+
+log = logging.getLogger("edge_infer.server")
+
+# Text that ends a reply under the built-in fallback template, whose markers may not be
+# special tokens of the model's vocabulary (EOS detection alone would not stop it).
+FALLBACK_STOPS = {"chatml": ("<|im_end|>", "<|im_start|>")}
+
+
+class Stream:
+    """The outputs of one engine request, on the event loop. `next()` returns the newest
+    cumulative RequestOutput (skipping ones the consumer was too slow to see)."""
+
+    def __init__(self, owner: AsyncEngine, request_id: str) -> None:
+        self.owner = owner
+        self.request_id = request_id
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.finished = False
+        self.created = time.monotonic()
+        self.first_token_at: float | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def on_output(self, item: RequestOutput | BaseException) -> None:
+        """Engine thread: pass the item to the loop."""
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    async def next(self) -> RequestOutput:
+        item = await self.queue.get()
+        while isinstance(item, RequestOutput) and not item.finished and not self.queue.empty():
+            item = self.queue.get_nowait()  # outputs are cumulative: the newest holds it all
+        if isinstance(item, BaseException):
+            self._done()
+            raise item
+        if self.first_token_at is None and any(c.token_ids for c in item.outputs):
+            self.first_token_at = time.monotonic()
+            self.owner.metrics.ttft.observe(self.first_token_at - self.created)
+        if item.finished:
+            self._done()
+            self.owner.metrics.observe_finished(item, time.monotonic() - self.created)
+        return item
+
+    async def final(self) -> RequestOutput:
+        while True:
+            out = await self.next()
+            if out.finished:
+                return out
+
+    def abort(self) -> None:
+        """Stop the request now (no-op once it has finished)."""
+        if not self.finished:
+            self._done()
+            self.owner.metrics.aborted += 1
+            if self.owner.worker is not None:
+                self.owner.worker.abort(self.request_id)
+
+    def _done(self) -> None:
+        self.finished = True
+        self.owner.in_flight.pop(self.request_id, None)
+
+
+class AsyncEngine:
+    """One EngineWorker behind an asyncio front: loading, admission, submit, abort, drain."""
+
+    def __init__(
+        self, config: EngineConfig, *, max_queue: int = 256, chat_fallback: str | None = None
+    ) -> None:
+        self.config = config
+        self.max_queue = max_queue
+        self.chat_fallback = chat_fallback
+        self.state = "loading"  # -> "ready" | "failed"; -> "draining" on shutdown
+        self.error: str | None = None
+        self.worker: EngineWorker | None = None
+        self.tokenizer: Tokenizer | None = None
+        self.max_model_len = 0
+        self.chat_template: ChatTemplate | None = None
+        self.chat_stops: tuple[str, ...] = ()
+        self.chat_error: str | None = None
+        self.in_flight: dict[str, Stream] = {}
+        self.metrics = ServerMetrics()
+        self.load_seconds: float | None = None
+        self.fingerprint = f"edge-infer-{__version__}"
+        # submit() waits for the engine's next step boundary; these threads do that waiting.
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="edge-infer-submit")
+
+    # -- life cycle ------------------------------------------------------------------------------
+    async def load(self) -> None:
+        """Start the engine thread (loads the model); sets state to "ready" or "failed"."""
+        t0 = time.perf_counter()
+        try:
+            worker = await asyncio.get_running_loop().run_in_executor(self._pool, self._load)
+        except Exception as e:
+            self.state, self.error = "failed", " ".join(str(e).split()) or type(e).__name__
+            raise
+        if worker is not None and self.state == "loading":
+            self.load_seconds = time.perf_counter() - t0
+            self.state = "ready"
+
+    def _load(self) -> EngineWorker | None:
+        from edge_infer.engine.worker import EngineWorker
+
+        worker = EngineWorker(self.config)
+        engine = worker.engine
+        assert engine is not None
+        try:
+            self._setup_chat(engine)
+        except BaseException:
+            worker.shutdown()
+            raise
+        if self.state != "loading":  # shut down while loading
+            worker.shutdown()
+            return None
+        self.worker, self.tokenizer, self.max_model_len = worker, engine.tokenizer, engine.plan.max_model_len
+        return worker
+
+    def _setup_chat(self, engine: LLMEngine) -> None:
+        from edge_infer.chat import ChatTemplate
+
+        try:
+            t = ChatTemplate.from_gguf(engine.gguf, fallback=self.chat_fallback)
+        except ChatTemplateError:
+            self.chat_error = (
+                "this model has no chat template (tokenizer.chat_template), so /v1/chat/completions is "
+                "unavailable; use /v1/completions, or restart the server with --chat-template chatml"
+            )
+            return
+        self.chat_template = t
+        if t.name.startswith("builtin") and self.chat_fallback:
+            self.chat_stops = FALLBACK_STOPS.get(self.chat_fallback, ())
+
+    def begin_drain(self, grace: float) -> None:
+        """Refuse new requests; abort those still running after `grace` seconds."""
+        if self.state == "draining":
+            return
+        self.state = "draining"
+        log.info("shutting down: %d request(s) in flight, %.1f s to finish", len(self.in_flight), grace)
+        asyncio.get_running_loop().call_later(grace, self.abort_all)
+
+    def abort_all(self) -> None:
+        for s in list(self.in_flight.values()):
+            s.abort()
+            s.queue.put_nowait(EdgeInferError("the server is shutting down"))
+
+    async def close(self) -> None:
+        self.abort_all()
+        if self.worker is not None:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self.worker.shutdown)
+            self.worker = None
+        self._pool.shutdown(wait=False)
+
+    def check_ready(self) -> None:
+        if self.state == "loading":
+            raise APIError(503, "the model is still loading; retry shortly", code="model_loading",
+                           headers={"Retry-After": "1"})  # fmt: skip
+        if self.state == "failed":
+            raise APIError(503, f"the model failed to load: {self.error}", code="model_load_failed")
+        if self.state == "draining" or self.worker is None:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+
+    # -- requests --------------------------------------------------------------------------------
+    async def submit(
+        self, prompts: list[str | list[int]], params: SamplingParams, request_id: str
+    ) -> list[Stream]:
+        """Queue one engine request per prompt (ids `request_id`, or `request_id-i` for several);
+        all or none (an error aborts the others)."""
+        self.check_ready()
+        limit = self.config.max_num_seqs + self.max_queue
+        if len(self.in_flight) + len(prompts) > limit:
+            self.metrics.rejected += 1
+            raise APIError(429, f"the server is at capacity ({len(self.in_flight)} requests in flight, "
+                           f"limit {limit}); retry later", code="queue_full", headers={"Retry-After": "1"})  # fmt: skip
+        streams = [
+            Stream(self, f"{request_id}-{i}" if len(prompts) > 1 else request_id) for i in range(len(prompts))
+        ]
+        for s in streams:
+            self.in_flight[s.request_id] = s
+        worker = self.worker
+        assert worker is not None
+        loop = asyncio.get_running_loop()
+        calls = [loop.run_in_executor(self._pool, partial(worker.submit, p, params, s.request_id, on_output=s.on_output))
+                 for p, s in zip(prompts, streams)]  # fmt: skip
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for s, r in zip(streams, results):
+                if isinstance(r, BaseException):
+                    s._done()
+                else:
+                    s.abort()
+            e = errors[0]
+            if isinstance(e, EdgeInferError):
+                raise from_engine_error(e)
+            raise e
+        return streams
+
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        """fn() on a helper thread (tokenizing, templates: work that must not block the loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """fn(engine) on the engine thread between steps."""
+        worker = self.worker
+        if worker is None:
+            raise APIError(503, "the engine is not running", code="shutting_down")
+        return await self.run(partial(worker.call, fn))
+
+    async def chat_prompt(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of a conversation under the model's template (400 when it has none)."""
+        if self.chat_template is None:
+            raise APIError(
+                400, self.chat_error or "no chat template", param="messages", code="no_chat_template"
+            )
+        template, tok = self.chat_template, self.tokenizer
+        assert tok is not None
+        try:
+            return await self.run(
+                lambda: template.encode(messages, tok, add_generation_prompt=add_generation_prompt)
+            )
+        except EdgeInferError as e:
+            raise from_engine_error(e) from None
+
+
+async def merge(streams: list[Stream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(index, output) from several streams as they come; ends when all have finished.
+    Leaving early aborts the streams that have not finished."""
+    if len(streams) == 1:
+        s = streams[0]
+        try:
+            while not s.finished:
+                yield 0, await s.next()
+        finally:
+            s.abort()
+        return
+    pending = {asyncio.ensure_future(s.next()): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                out = task.result()
+                yield i, out
+                if not out.finished:
+                    pending[asyncio.ensure_future(streams[i].next())] = i
+    finally:
+        for task in pending:
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled():
+                task.exception()  # retrieved, so asyncio does not warn about it
+        for s in streams:
+            s.abort()

@@ -1,0 +1,217 @@
+"""Request bodies of the OpenAI-compatible API: parsing, strict type checks, SamplingParams.
+
+Types are checked strictly (a string where a number belongs is a 400, never coerced); values
+are checked by SamplingParams and the engine. Unknown fields are ignored (logged at debug
+level); a request-supplied chat template is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from edge_infer.errors import InvalidRequest
+from edge_infer.sampling_params import SamplingParams
+from edge_infer.server.errors import APIError, from_engine_error
+
+log = logging.getLogger("edge_infer.server")
+
+MAX_BODY_BYTES = 32 * 2**20
+ROLES = ("system", "developer", "user", "assistant", "tool")
+REFUSED_FIELDS = ("chat_template", "chat_template_kwargs")
+# Request fields copied into SamplingParams when given (not null).
+_SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                    "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos",
+                    "skip_special_tokens", "include_stop_str_in_output", "stop_token_ids")  # fmt: skip
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = False
+
+
+class _Sampling(_Strict):
+    model: str | None = None
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        extra_stop: tuple[str, ...] = ()) -> SamplingParams:  # fmt: skip
+        """SamplingParams from the given fields; bad values raise APIError(400) naming the field."""
+        opts: dict[str, Any] = {k: getattr(self, k) for k in _SAMPLING_FIELDS if getattr(self, k) is not None}
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        if stop or extra_stop:
+            opts["stop"] = tuple(stop) + extra_stop
+        opts["max_tokens"] = max_tokens
+        opts["logprobs"] = logprobs
+        try:
+            return SamplingParams(**opts)
+        except InvalidRequest as e:
+            raise from_engine_error(e, set(type(self).model_fields)) from None
+
+
+class CompletionRequest(_Sampling):
+    prompt: Any = None
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool | None = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: a string, a list of strings, a token id list, or a list of those."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p, list) and p:
+            if all(_is_int(t) for t in p):
+                return [list(p)]
+            if all(
+                isinstance(x, str) or (isinstance(x, list) and x and all(_is_int(t) for t in x)) for x in p
+            ):
+                return list(p)
+        raise APIError(400, "prompt must be a string, a list of strings, a list of token ids, or a list of "
+                       "token id lists (none of them empty)", param="prompt", code="invalid_type")  # fmt: skip
+
+
+class ContentPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Strict):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """Messages as plain dicts for the chat template; bad roles or parts are 400s."""
+        return template_messages(self.messages)
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = True
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(raw: bytes, model: type[M]) -> M:
+    """Decode, parse and type-check a JSON request body; every failure is an APIError(400)."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(
+            400, f"the request body is not valid UTF-8 (byte {e.start})", code="invalid_json"
+        ) from None
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except (json.JSONDecodeError, ValueError) as e:
+        raise APIError(400, f"malformed JSON in the request body: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    for name in REFUSED_FIELDS:
+        if name in data:
+            raise APIError(400, f"{name}: request-supplied chat templates are not accepted; the server uses "
+                           "the model's own template", param=name, code="unsupported_parameter")  # fmt: skip
+    try:
+        req = model.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    if req.model_extra:
+        log.debug("ignoring unknown request field(s): %s", ", ".join(sorted(req.model_extra)))
+    return req
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    if not messages:
+        raise APIError(400, "messages must hold at least one message", param="messages", code="invalid_value")
+    out = []
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise APIError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.role!r}",
+                           param=f"messages[{i}].role", code="invalid_value")  # fmt: skip
+        content = m.content
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported, got "
+                                   f"type {part.type!r}", param=f"messages[{i}].content", code="invalid_value")  # fmt: skip
+            content = "\n".join(p.text or "" for p in content)
+        if content is None and m.role != "assistant":
+            raise APIError(400, f"messages[{i}].content is required for role {m.role!r}",
+                           param=f"messages[{i}].content", code="invalid_value")  # fmt: skip
+        msg: dict[str, Any] = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": content or "",
+        }
+        if m.name is not None:
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def _validation_error(e: ValidationError) -> APIError:
+    err = e.errors()[0]
+    loc = [p for p in err["loc"] if isinstance(p, int) or ("[" not in p and p not in _TYPE_TAGS)]
+    path = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(loc))
+    if err["type"] == "missing":
+        return APIError(400, f"{path} is required", param=path or None, code="missing_required_parameter")
+    got = err.get("input")
+    shown = (
+        json.dumps(got)[:80] if isinstance(got, (str, int, float, bool, type(None))) else type(got).__name__
+    )
+    return APIError(400, f"{path}: {err['msg']} (got {shown})", param=path or None, code="invalid_type")
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "ContentPart", "StreamOptions"}
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")

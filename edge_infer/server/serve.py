@@ -1,0 +1,171 @@
+"""`edge-infer serve`: the OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+The server listens at once and loads the model in the background (/health: 503, then 200).
+SIGTERM or Ctrl-C stops accepting requests, gives those in flight --shutdown-timeout seconds
+to finish, aborts the rest (streams end with an error event and [DONE]) and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Any
+
+from edge_infer.errors import InvalidRequest
+from edge_infer.hub import DEFAULT_MODEL
+
+
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve", parents=parents, help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions, "
+        "/v1/chat/completions (streaming or not), /tokenize, /detokenize, /health and /metrics "
+        "(Prometheus). One engine thread batches all requests continuously.",
+    )  # fmt: skip
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
+                   help=f"a known model name (pulled on first use) or a .gguf path (default: {DEFAULT_MODEL})")  # fmt: skip
+    p.add_argument("-t", "--threads", metavar="N", help="compute threads (default: physical cores)")
+    p.add_argument("--max-model-len", metavar="N", help="context length (default: the model's, capped by the KV budget)")  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", default="8000", help="port to listen on (default 8000)")
+    p.add_argument("--api-key", action="append", metavar="KEY",
+                   help="require `Authorization: Bearer KEY` (repeatable; also $EDGE_INFER_API_KEY); "
+                   "/health and /metrics stay open")  # fmt: skip
+    p.add_argument("--served-model-name", metavar="NAME", help="model id clients use (default: the model name or file stem)")  # fmt: skip
+    p.add_argument("--max-num-seqs", metavar="N", help="sequences in the running batch (default 32)")
+    p.add_argument("--kv-cache-memory", metavar="SIZE", help="KV cache budget, e.g. 512MiB (default: a share of free memory)")  # fmt: skip
+    p.add_argument("--max-queue", metavar="N", default="256",
+                   help="requests that may wait beyond the running batch; more are refused with 429 (default 256)")  # fmt: skip
+    p.add_argument("--spec", choices=("ngram", "draft"), help="speculative decoding method")
+    p.add_argument(
+        "--draft-model", metavar="M", help="with --spec draft: the draft model (name or .gguf path)"
+    )
+    p.add_argument("--spec-k", metavar="K", help="speculative tokens per step, or 'auto' (default 4)")
+    p.add_argument("--chat-template", metavar="NAME", choices=("chatml",),
+                   help="built-in chat template for a model that has none (chatml); the model's own wins")  # fmt: skip
+    p.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                   help="allow browser requests from ORIGIN (repeatable; '*' for any); off by default")  # fmt: skip
+    p.add_argument("--shutdown-timeout", metavar="S", default="5",
+                   help="on SIGTERM, seconds in-flight requests get to finish before they are aborted (default 5)")  # fmt: skip
+    p.set_defaults(func=serve)
+
+
+def _int(value: str | None, flag: str, low: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise InvalidRequest(f"{flag} must be an integer, got {value!r}") from None
+    if n < low:
+        raise InvalidRequest(f"{flag} must be at least {low}, got {n}")
+    return n
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """EngineConfig keyword options from the flags."""
+    opts: dict[str, Any] = {}
+    for flag, key, low in (("-t/--threads", "threads", 1), ("--max-model-len", "max_model_len", 2),
+                           ("--max-num-seqs", "max_num_seqs", 1)):  # fmt: skip
+        v = _int(getattr(args, key), flag, low)
+        if v is not None:
+            opts["n_threads" if key == "threads" else key] = v
+    if args.kv_cache_memory is not None:
+        opts["kv_cache_memory"] = args.kv_cache_memory
+    if args.spec is None:
+        if args.draft_model or args.spec_k:
+            raise InvalidRequest("--draft-model and --spec-k need --spec ngram|draft")
+        return opts
+    spec: dict[str, Any] = {"method": args.spec}
+    if args.spec_k is not None:
+        spec["k"] = "auto" if args.spec_k == "auto" else _int(args.spec_k, "--spec-k", 1)
+    if args.spec == "draft":
+        if not args.draft_model:
+            raise InvalidRequest("--spec draft needs --draft-model")
+        spec["model"] = args.draft_model
+    elif args.draft_model:
+        raise InvalidRequest("--draft-model is only for --spec draft")
+    opts["speculative"] = spec
+    return opts
+
+
+def serve(args: argparse.Namespace) -> int:
+    from edge_infer import hub
+    from edge_infer.config import EngineConfig
+
+    config = EngineConfig.from_options(str(args.model), **engine_options(args))
+    port = _int(args.port, "--port", 0)
+    max_queue = _int(args.max_queue, "--max-queue", 0)
+    try:
+        grace = float(args.shutdown_timeout)
+    except ValueError:
+        raise InvalidRequest(
+            f"--shutdown-timeout must be a number of seconds, got {args.shutdown_timeout!r}"
+        ) from None
+    model = str(args.model)
+    if model not in hub.KNOWN_MODELS and not hub.is_url(model):
+        hub.resolve_model(model)  # a missing file fails now; known names are pulled in the background
+    name = args.served_model_name or (model if model in hub.KNOWN_MODELS else Path(model).stem)
+    keys = tuple(args.api_key or ()) or tuple(k for k in [os.environ.get("EDGE_INFER_API_KEY", "")] if k)
+
+    import uvicorn
+
+    from edge_infer.server.app import ServerSettings, create_app
+
+    status = {"code": 0}
+    server: Any = None
+
+    def on_fatal(msg: str) -> None:
+        status["code"] = 1
+        if server is not None:
+            server.should_exit = True
+
+    settings = ServerSettings(config=config, model_name=name, aliases=(model,), api_keys=keys,
+                              cors_origins=tuple(args.cors_origin or ()), max_queue=max_queue or 0,
+                              chat_fallback=args.chat_template, shutdown_timeout=grace, on_fatal=on_fatal)  # fmt: skip
+    app = create_app(settings)
+    uv = uvicorn.Config(app, host=args.host, port=port or 0, log_config=None, access_log=args.verbose >= 2,
+                        timeout_graceful_shutdown=max(1, int(grace) + 5), lifespan="on")  # fmt: skip
+    server = _make_server(uv, lambda: app.state.loop.call_soon_threadsafe(app.state.begin_drain))
+    print(
+        f"edge-infer: serving {name} at http://{args.host}:{port}/v1 (loading the model)",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run()
+    return status["code"]
+
+
+def _make_server(config: Any, on_signal: Callable[[], None]) -> Any:
+    """A uvicorn.Server that starts a graceful drain on SIGINT/SIGTERM and then exits normally
+    (uvicorn itself would re-raise the signal, ending the process with 128 + signal)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+        def _on_signal(self, sig: int, frame: Any) -> None:
+            if self.should_exit:
+                self.force_exit = self.force_exit or sig == signal.SIGINT  # a second Ctrl-C: stop now
+                return
+            self.should_exit = True
+            with contextlib.suppress(Exception):  # not started yet: nothing to drain
+                on_signal()
+
+    return Server(config)

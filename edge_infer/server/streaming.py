@@ -1,0 +1,113 @@
+"""Server-sent events in OpenAI's framing, and client-disconnect detection.
+
+`SSEResponse` sends each chunk as `data: {json}\\n\\n` and ends with `data: [DONE]\\n\\n`.
+A task watches the connection: when the client goes away the producer is cancelled, which
+(through `merge`'s cleanup) aborts its engine requests and frees their KV blocks. An error
+after the stream has started is sent as a `data: {"error": ...}` event before [DONE].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.responses import Response
+
+from edge_infer.errors import EdgeInferError
+from edge_infer.server.errors import APIError, from_engine_error
+
+log = logging.getLogger("edge_infer.server")
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+async def wait_disconnect(receive: Receive) -> None:
+    """Return when the client disconnects (the request body must have been read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def race_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and raising ClientGone) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientGone()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+
+
+def error_for(e: BaseException, draining: bool) -> APIError:
+    """The APIError to report for a failure while a request was running."""
+    if isinstance(e, APIError):
+        return e
+    if draining:
+        return APIError(503, "the server is shutting down; the request was aborted", code="shutting_down")
+    if isinstance(e, EdgeInferError):
+        return from_engine_error(e)
+    log.exception("request failed", exc_info=e)
+    return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+
+
+class SSEResponse(Response):
+    """A response streaming `chunks` (dicts) as server-sent events."""
+
+    def __init__(self, chunks: AsyncIterator[dict[str, Any]], is_draining: Callable[[], bool]) -> None:
+        super().__init__(status_code=200, media_type="text/event-stream")
+        self.chunks = chunks
+        self.is_draining = is_draining
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:  # type: ignore[override]
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                   (b"x-accel-buffering", b"no")]  # fmt: skip
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        producer = asyncio.ensure_future(self._produce(send))
+        watcher = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await asyncio.wait({producer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not producer.done():  # the client left: cancelling the producer aborts its requests
+                log.debug("client disconnected mid-stream")
+                producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+        finally:
+            watcher.cancel()
+            if not producer.done():
+                producer.cancel()
+
+    async def _produce(self, send: Send) -> None:
+        try:
+            try:
+                async for chunk in self.chunks:
+                    await send({"type": "http.response.body", "body": _event(chunk), "more_body": True})
+            finally:
+                await self.chunks.aclose()  # type: ignore[attr-defined]
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            err = error_for(e, self.is_draining())
+            body = err.body()
+            body["error"]["code"] = body["error"]["code"] or err.status
+            await send({"type": "http.response.body", "body": _event(body), "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"

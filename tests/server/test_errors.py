@@ -1,0 +1,166 @@
+"""Bad input, API keys, the waiting-queue limit and client disconnects: each gets the
+documented status and OpenAI's error shape, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-test-errors-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MSG = [{"role": "user", "content": "Hi"}]
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def server(start_server, smollm2_path: Path):  # type: ignore[no-untyped-def]
+    # One running sequence and no waiting room: a second concurrent request gets 429.
+    return start_server(smollm2_path, "-t", "2", "--kv-cache-memory", "32MiB", "--max-model-len", "256",
+                        "--max-num-seqs", "1", "--max-queue", "0", "--api-key", KEY,
+                        "--cors-origin", "http://ui.example")  # fmt: skip
+
+
+def post(server: Any, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    h = {"content-type": "application/json", **(AUTH if headers is None else headers)}
+    return httpx.post(server.url + path, content=content, headers=h, timeout=120)
+
+
+def check_error(r: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+BAD = [
+    (C, b'{"prompt": "x", "max_tokens": ', 400, None),  # malformed JSON
+    (C, b'{"prompt": "\xff\xfe"}', 400, None),  # invalid UTF-8
+    (C, b"[1, 2]", 400, None),  # not an object
+    (C, {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
+    (C, {"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    (C, {"prompt": "x", "stream": "yes"}, 400, "stream"),
+    (C, {"prompt": {"text": "x"}}, 400, "prompt"),
+    (C, {"prompt": []}, 400, "prompt"),
+    (C, {"max_tokens": 3}, 400, "prompt"),
+    (C, {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    (C, {"prompt": "x", "max_tokens": 10**9}, 400, "max_tokens"),
+    (C, {"prompt": "x", "n": 0}, 400, "n"),
+    (C, {"prompt": "x", "temperature": -0.5}, 400, "temperature"),
+    (C, {"prompt": "x", "top_p": 0}, 400, "top_p"),
+    (C, {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    (C, {"prompt": "x", "logit_bias": {"99999999": 1}}, 400, None),
+    (C, {"prompt": [10**9]}, 400, None),  # token id outside the vocabulary
+    (C, {"prompt": "word " * 400, "max_tokens": 4}, 400, "prompt"),  # beyond --max-model-len 256
+    (C, {"prompt": "x", "model": "gpt-4o"}, 404, "model"),
+    (CHAT, {"messages": []}, 400, "messages"),
+    (CHAT, {"messages": "hello"}, 400, "messages"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+    (CHAT, {"messages": [{"content": "x"}]}, 400, "messages[0].role"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content"),
+    (CHAT, {"messages": MSG, "chat_template": "{{ 'pwned' }}"}, 400, "chat_template"),
+    (CHAT, {"messages": MSG, "chat_template_kwargs": {"x": 1}}, 400, "chat_template_kwargs"),
+    (CHAT, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs"),
+    (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs"),
+    (CHAT, {"messages": MSG, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    (CHAT, {"messages": MSG, "model": "nope"}, 404, "model"),
+    ("/tokenize", {"prompt": 5}, 400, "prompt"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("/v1/nope", {}, 404, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"), BAD, ids=[f"{i}-{b[0]}" for i, b in enumerate(BAD)]
+)
+def test_bad_input(server, path: str, body: Any, status: int, param: str | None) -> None:  # type: ignore[no-untyped-def]
+    check_error(post(server, path, body), status, param)
+
+
+def test_api_keys(server) -> None:  # type: ignore[no-untyped-def]
+    r = post(server, CHAT, {"messages": MSG, "max_tokens": 2}, headers={})
+    assert check_error(r, 401)["code"] == "invalid_api_key"
+    check_error(post(server, CHAT, {"messages": MSG}, headers={"Authorization": "Bearer wrong"}), 401)
+    check_error(httpx.get(server.url + "/v1/models", timeout=30), 401)
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200  # open without a key
+    assert httpx.get(server.url + "/metrics", timeout=30).status_code == 200
+
+
+def test_cors_only_for_allowed_origin(server) -> None:  # type: ignore[no-untyped-def]
+    pre = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type",
+    }
+    ok = httpx.options(server.url + CHAT, headers={"Origin": "http://ui.example", **pre}, timeout=30)
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://ui.example"
+    bad = httpx.options(server.url + CHAT, headers={"Origin": "http://evil.example", **pre}, timeout=30)
+    assert "access-control-allow-origin" not in bad.headers
+    r = httpx.get(server.url + "/v1/models", headers={"Origin": "http://ui.example", **AUTH}, timeout=30)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example"
+
+
+def test_unknown_fields_ignored_and_still_serving(server) -> None:  # type: ignore[no-untyped-def]
+    r = post(server, CHAT, {"messages": MSG, "max_tokens": 3, "temperature": 0, "frobnicate": {"x": 1}})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def _stream_lines(server: Any, client: httpx.Client, max_tokens: int):  # type: ignore[no-untyped-def]
+    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+            "stream": True}  # fmt: skip
+    return client.stream("POST", server.url + C, json=body, headers=AUTH, timeout=120)
+
+
+def _wait_for(cond, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_queue_full_429(server, get_metrics) -> None:  # type: ignore[no-untyped-def]
+    with httpx.Client() as client, _stream_lines(server, client, 200) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        busy = post(server, C, {"prompt": "x", "max_tokens": 2})
+        err = check_error(busy, 429)
+        assert busy.headers["retry-after"] == "1" and err["type"] == "rate_limit_error"
+    assert _wait_for(lambda: get_metrics(server.url)["edge_infer_num_requests_in_flight"] == 0)
+    assert post(server, C, {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_disconnect_aborts_and_frees_kv(server, get_metrics) -> None:  # type: ignore[no-untyped-def]
+    before = get_metrics(server.url)
+    aborted, generated = (
+        before["edge_infer_requests_aborted_total"],
+        before["edge_infer_generation_tokens_total"],
+    )
+    with httpx.Client() as client, _stream_lines(server, client, 200) as r:
+        lines = r.iter_lines()
+        got = [line for _, line in zip(range(6), lines)]
+        assert sum(line.startswith("data: {") for line in got) >= 3
+        m = get_metrics(server.url)
+        assert m["edge_infer_num_requests_running"] == 1 and m["edge_infer_kv_blocks_used"] > 0
+    # the client has gone: within a step the request is aborted and its KV blocks freed
+
+    def freed() -> bool:
+        m = get_metrics(server.url)
+        return m["edge_infer_num_requests_running"] == 0 and m["edge_infer_kv_blocks_used"] == 0
+
+    assert _wait_for(freed, 10)
+    m = get_metrics(server.url)
+    assert m["edge_infer_requests_aborted_total"] == aborted + 1
+    assert m["edge_infer_generation_tokens_total"] - generated < 200  # stopped early, not run to the end
+    assert post(server, C, {"prompt": "x", "max_tokens": 2}).status_code == 200
