@@ -39,8 +39,14 @@ def bench_prompt(vocab_size: int, n: int, seed: int) -> list[int]:
 
 def run_edge(cfg: BenchConfig) -> dict[str, Any]:
     """pp: time to prefill n_prompt tokens; tg: n_gen greedy tokens after it, one at a time."""
+    import os
+
+    import psutil
+
     from edge_infer import LLM, SamplingParams
 
+    proc = psutil.Process()
+    rss0 = proc.memory_info().rss
     t0 = time.perf_counter()
     # Chunked prefill off and a budget of the whole prompt: one forward, as llama.cpp's n_batch.
     llm = LLM(cfg.model, n_threads=cfg.threads, max_num_batched_tokens=max(cfg.n_prompt, 256),
@@ -56,10 +62,15 @@ def run_edge(cfg: BenchConfig) -> dict[str, Any]:
             assert m is not None and m.first_token_time is not None and m.first_scheduled_time is not None
             pp.append(cfg.n_prompt / (m.first_token_time - m.first_scheduled_time))
             tg.append(cfg.n_gen / (m.token_times[-1] - m.token_times[0]))
+        # Resident memory the model added (weights paged in from the mmap, compiled kernels,
+        # scratch), without the KV cache pages actually touched.
+        kv_touched = (cfg.n_prompt + cfg.n_gen + 1) * llm.plan.kv_cache_bytes // max(1, llm.plan.kv_capacity_tokens)
+        rss_added = proc.memory_info().rss - rss0 - kv_touched
+        file_size = os.path.getsize(llm.plan.model_path)
     finally:
         llm.close()
     return {"pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg), "load_s": load_s,
-            "pp_all": pp, "tg_all": tg}
+            "pp_all": pp, "tg_all": tg, "rss_added_mb": rss_added / 2**20, "file_mb": file_size / 2**20}
 
 
 def run_llama_cpp(cfg: BenchConfig, model_path: str, vocab_size: int) -> dict[str, Any] | None:
@@ -90,7 +101,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     edge = run_edge(_with_model(cfg, path))
     ref = run_llama_cpp(cfg, path, vocab) if cfg.llama_cpp else None
     out: dict[str, Any] = {"model": cfg.model, "threads": cfg.threads, "n_prompt": cfg.n_prompt, "n_gen": cfg.n_gen,
-                           "edge": {"pp_tps": edge["pp_tps"], "tg_tps": edge["tg_tps"]}}
+                           "edge": {"pp_tps": edge["pp_tps"], "tg_tps": edge["tg_tps"]},
+                           "memory": {"rss_added_mb": edge["rss_added_mb"], "file_mb": edge["file_mb"]},
+                           "load_s": edge["load_s"]}
     if ref and "pp_tps" in ref:
         out["llama_cpp"] = {"pp_tps": ref["pp_tps"], "tg_tps": ref["tg_tps"]}
         out["ratio"] = {"pp": edge["pp_tps"] / ref["pp_tps"], "tg": edge["tg_tps"] / ref["tg_tps"]}
@@ -109,6 +122,10 @@ def format_table(res: dict[str, Any]) -> str:
     lines = [f"model {res['model']}, {res['threads']} threads (medians)",
              f"{'':12}{'pp' + str(p) + ' tok/s':>16}{'tg' + str(n) + ' tok/s':>16}",
              f"{'edge-infer':12}{res['edge']['pp_tps']:>16.1f}{res['edge']['tg_tps']:>16.1f}"]
+    mem = res.get("memory")
+    if mem:
+        lines.append(f"edge-infer resident memory added by loading: {mem['rss_added_mb']:.0f} MB "
+                     f"(model file {mem['file_mb']:.0f} MB, KV cache excluded); load {res['load_s']:.2f}s")
     ref = res.get("llama_cpp")
     if ref and "pp_tps" in ref:
         lines.append(f"{'llama.cpp':12}{ref['pp_tps']:>16.1f}{ref['tg_tps']:>16.1f}")

@@ -51,7 +51,8 @@ def default_threads() -> int:
 class EngineConfig:
     """Everything that shapes an engine. kv_cache_memory: bytes or "2GiB" (default: a quarter of
     the available memory, at most 4 GiB); max_model_len: default the model's context length,
-    capped by the KV pool; speculative: None or {"method": "ngram"|"draft", "k": int|"auto",
+    capped by the KV pool; prefill_chunk_while_decoding: prompt tokens allowed in a step that
+    also decodes (None: automatic, 0: no cap; see Scheduler); speculative: None or {"method": "ngram"|"draft", "k": int|"auto",
     "model": path (draft), "n": match length (ngram)}."""
 
     model: str
@@ -65,6 +66,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 256
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    prefill_chunk_while_decoding: int | None = None
     seed: int = 0
     speculative: dict | None = None
 
@@ -87,6 +89,9 @@ class EngineConfig:
             raise InvalidRequest(f"block_size must be a power of two up to 256, got {self.block_size}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise InvalidRequest(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        p = self.prefill_chunk_while_decoding
+        if p is not None and (not isinstance(p, int) or isinstance(p, bool) or p < 0):
+            raise InvalidRequest(f"prefill_chunk_while_decoding must be None (automatic), 0 (no cap) or a positive integer, got {p!r}")
         if not isinstance(self.seed, int):
             raise InvalidRequest(f"seed must be an integer, got {self.seed!r}")
         if self.speculative is not None and not isinstance(self.speculative, dict):

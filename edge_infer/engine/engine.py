@@ -44,27 +44,35 @@ class LLMEngine:
         self.started = time.monotonic()
 
     # -- requests ------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int] | None, params: SamplingParams | None = None,
-                    *, prompt_token_ids: list[int] | None = None, priority: int = 0,
-                    arrival_time: float | None = None) -> None:
-        """Queue a request; `prompt` is text (tokenized with BOS per the model) or token ids."""
-        params = params or SamplingParams()
-        if request_id in self.requests:
-            raise InvalidRequest(f"request id {request_id!r} is already in use")
+    def prepare_prompt(self, prompt: str | list[int], params: SamplingParams) -> tuple[str | None, list[int]]:
+        """Tokenize (text gets BOS per the model) and validate a request: (text or None, ids).
+        Reads only what never changes after start, so any thread may call it (the server and
+        LLM do, to keep tokenizing off the engine thread)."""
         text: str | None = None
-        if prompt_token_ids is None:
-            if isinstance(prompt, str):
-                text = prompt
-                prompt_token_ids = self.tokenizer.encode(prompt, add_special=True, parse_special=False)
-            elif isinstance(prompt, (list, tuple)):
-                prompt_token_ids = list(prompt)
-            else:
-                raise InvalidRequest(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        ids = self._check_prompt(prompt_token_ids, params)
+        if isinstance(prompt, str):
+            text = prompt
+            prompt = self.tokenizer.encode(prompt, add_special=True, parse_special=False)
+        elif not isinstance(prompt, (list, tuple)):
+            raise InvalidRequest(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        ids = self._check_prompt(list(prompt), params)
         vocab = self.model_config.vocab_size
         for tok in list(params.logit_bias or ()) + list(params.stop_token_ids or ()):
             if not 0 <= tok < vocab:
                 raise InvalidRequest(f"token id {tok} in logit_bias/stop_token_ids is outside the vocabulary (0..{vocab - 1})")
+        return text, ids
+
+    def add_request(self, request_id: str, prompt: str | list[int] | None, params: SamplingParams | None = None,
+                    *, prompt_token_ids: list[int] | None = None, prompt_text: str | None = None,
+                    priority: int = 0, arrival_time: float | None = None) -> None:
+        """Queue a request; `prompt` is text (tokenized with BOS per the model) or token ids, or
+        pass prompt_token_ids already checked by prepare_prompt (and prompt_text to echo)."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
+        if prompt_token_ids is None:
+            text, ids = self.prepare_prompt(prompt, params)  # type: ignore[arg-type]
+        else:
+            text, ids = prompt_text, self._check_prompt(list(prompt_token_ids), params)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.plan.max_model_len - len(ids)
         now = time.monotonic() if arrival_time is None else arrival_time
         req = Request(request_id, text, ids, params, max_tokens, RequestMetrics(arrival_time=now))

@@ -85,7 +85,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
                        max_len, n_threads, "cpu")
     runner = ModelRunner(cfg, weights, num_blocks, config.block_size, config.kv_cache_dtype, n_threads)
     bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-    sched = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill)
+    sched = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
+                      config.prefill_chunk_while_decoding)
     _warm_up(runner, bm)
     log.info("loaded %s (%s) in %.2fs: %d KV blocks of %d tokens (%.0f MiB %s), %d threads", path.name, cfg.arch,
              time.perf_counter() - t0, num_blocks, config.block_size, plan.kv_cache_bytes / 2**20,

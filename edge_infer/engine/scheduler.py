@@ -44,10 +44,15 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True) -> None:
+                 enable_chunked_prefill: bool = True, prefill_chunk_while_decoding: int | None = 0) -> None:
+        """prefill_chunk_while_decoding caps the prompt tokens of a step that also decodes, so
+        running streams keep a steady inter-token latency: 0 = no cap (only the token budget),
+        None = automatic (as many prompt tokens as there are decoding sequences, at least 16:
+        the step's compute at most doubles), N = at most N."""
         self.bm = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.prefill_chunk_while_decoding = prefill_chunk_while_decoding
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -75,15 +80,25 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # -- the step --------------------------------------------------------------------------------
+    def _prefill_cap(self) -> int:
+        cap = self.prefill_chunk_while_decoding
+        if cap == 0 or not self.enable_chunked_prefill:
+            return self.max_num_batched_tokens
+        decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
+        if decoding == 0:
+            return self.max_num_batched_tokens
+        return max(16, decoding) if cap is None else cap
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        prefill_left = self._prefill_cap()
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             base = seq.num_tokens - seq.num_computed_tokens
             want = base + len(seq.spec_token_ids)
-            n = min(want, budget)
+            n = min(want, budget if base <= 1 else min(budget, prefill_left))
             if n < want and seq.spec_token_ids:  # proposals are optional: drop what does not fit
                 seq.spec_token_ids = seq.spec_token_ids[: max(0, n - base)]
                 want = base + len(seq.spec_token_ids)
@@ -108,9 +123,11 @@ class Scheduler:
                 continue  # running[i] now holds the next sequence (if any)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+            if base > 1:
+                prefill_left -= n
             i += 1
         if not out.preempted:  # like vLLM: admit nothing new in a step that had to preempt
-            self._admit(out, budget)
+            self._admit(out, min(budget, prefill_left))
         out.copies = self.bm.pending_copies
         self.bm.pending_copies = []
         return out

@@ -75,14 +75,13 @@ class EngineWorker:
     def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                priority: int = 0,
                on_output: Callable[[RequestOutput | BaseException], None] | None = None) -> RequestHandle:
+        """Queue a request. Tokenizing and validation happen here, on the caller's thread, and
+        raise at once (InvalidRequest, ...); the engine thread only queues the request."""
+        assert self.engine is not None
+        text, ids = self.engine.prepare_prompt(prompt, params)
         rid = request_id or f"req-{next(_ids)}"
         handle = RequestHandle(rid, on_output)
-        done = threading.Event()
-        box: list[BaseException] = []
-        self._commands.put(("add", (handle, prompt, params, priority, done, box)))
-        done.wait()
-        if box:
-            raise box[0]
+        self._commands.put(("add", (handle, text, ids, params, priority)))
         return handle
 
     def abort(self, request_id: str) -> None:
@@ -151,13 +150,13 @@ class EngineWorker:
     def _handle(self, engine: LLMEngine, cmd: tuple[str, Any]) -> None:
         kind, arg = cmd
         if kind == "add":
-            handle, prompt, params, priority, done, box = arg
+            handle, text, ids, params, priority = arg
             try:
-                engine.add_request(handle.request_id, prompt, params, priority=priority)
+                engine.add_request(handle.request_id, None, params, prompt_token_ids=ids, prompt_text=text,
+                                   priority=priority)
                 self._handles[handle.request_id] = handle
-            except BaseException as e:
-                box.append(e)
-            done.set()
+            except Exception as e:  # e.g. a duplicate request id: the caller learns from its handle
+                handle.put(e)
         elif kind == "abort":
             if engine.abort(arg):
                 h = self._handles.pop(arg, None)

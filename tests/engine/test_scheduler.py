@@ -319,3 +319,22 @@ def test_random_workloads_all_finish(
     assert sorted(sim.finished) == sorted(sim.seqs)
     assert all(s.num_output_tokens == s.params.max_tokens for s in sim.seqs.values())
     assert sim.bm.num_used_blocks == 0
+
+
+def test_prefill_is_capped_while_sequences_decode() -> None:
+    """With the automatic cap, a step that decodes takes at most max(16, decoding) prompt tokens,
+    so a long prompt arriving does not stall the running streams; alone it gets the budget."""
+    sim = Sim(num_blocks=200, block_size=4, budget=64)
+    sim.sched.prefill_chunk_while_decoding = None
+    for i in range(3):
+        sim.add(f"d{i}", 4, 50)
+    sim.step()  # the three short prompts (12 tokens) fit one step
+    long = sim.add("long", 100, 4)
+    st = sim.step()
+    decode = [n for rid, n, _ in st.scheduled if rid != "long"]
+    prompt = [n for rid, n, _ in st.scheduled if rid == "long"]
+    assert decode == [1, 1, 1] and prompt == [16]
+    sim.sched.prefill_chunk_while_decoding = 0  # no cap: the rest of the budget
+    st = sim.step()
+    assert [n for rid, n, _ in st.scheduled if rid == "long"] == [61]
+    assert long.num_computed_tokens == 77
