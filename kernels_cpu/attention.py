@@ -158,12 +158,53 @@ def _attend_chunk(q, i0, nq, g, s, block_tables, k_cache, k_scale, v_cache, v_sc
                 continue
             for r in range(n_rep):
                 qoff = (g * n_rep + r) * hd
-                for j in range(n):
-                    sc[j] = 0.0
-                for d in range(hd):
-                    qd = q[i0 + qi, qoff + d]
+                if bs == 16:
+                    # Sixteen named accumulators (each summed over d in order) stay in one
+                    # vector register; a loop over the keys would send them through memory
+                    # at every step of d.
+                    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+                    s8 = s9 = s10 = s11 = s12 = s13 = s14 = s15 = np.float32(0.0)
+                    for d in range(hd):
+                        qd = q[i0 + qi, qoff + d]
+                        s0 += qd * kt[d, 0]
+                        s1 += qd * kt[d, 1]
+                        s2 += qd * kt[d, 2]
+                        s3 += qd * kt[d, 3]
+                        s4 += qd * kt[d, 4]
+                        s5 += qd * kt[d, 5]
+                        s6 += qd * kt[d, 6]
+                        s7 += qd * kt[d, 7]
+                        s8 += qd * kt[d, 8]
+                        s9 += qd * kt[d, 9]
+                        s10 += qd * kt[d, 10]
+                        s11 += qd * kt[d, 11]
+                        s12 += qd * kt[d, 12]
+                        s13 += qd * kt[d, 13]
+                        s14 += qd * kt[d, 14]
+                        s15 += qd * kt[d, 15]
+                    sc[0] = s0
+                    sc[1] = s1
+                    sc[2] = s2
+                    sc[3] = s3
+                    sc[4] = s4
+                    sc[5] = s5
+                    sc[6] = s6
+                    sc[7] = s7
+                    sc[8] = s8
+                    sc[9] = s9
+                    sc[10] = s10
+                    sc[11] = s11
+                    sc[12] = s12
+                    sc[13] = s13
+                    sc[14] = s14
+                    sc[15] = s15
+                else:
                     for j in range(n):
-                        sc[j] += qd * kt[d, j]
+                        sc[j] = 0.0
+                    for d in range(hd):
+                        qd = q[i0 + qi, qoff + d]
+                        for j in range(n):
+                            sc[j] += qd * kt[d, j]
                 bm = -np.inf
                 for j in range(a, e):
                     sc[j] *= scale
@@ -217,9 +258,9 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
     starts[n_chunks] = N
     items = n_chunks * n_kv
     for tid in numba.prange(n_threads):
-        ktile = np.empty((bs, hd), np.float32)
-        kt = np.empty((hd, bs), np.float32)
-        vtile = np.empty((bs, hd), np.float32)
+        ktile = np.zeros((bs, hd), np.float32)  # zeros: lanes past a short block stay finite
+        kt = np.zeros((hd, bs), np.float32)
+        vtile = np.zeros((bs, hd), np.float32)
         sc = np.empty(bs, np.float32)
         m = np.empty((QUERY_TILE, n_rep), np.float32)
         den = np.empty((QUERY_TILE, n_rep), np.float32)

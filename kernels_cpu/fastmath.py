@@ -17,7 +17,7 @@ _LN2_LO = np.float32(-2.12194440e-4)
 C2, C3, C4, C5, C6, C7 = (np.float32(1.0 / f) for f in (2, 6, 24, 120, 720, 5040))
 
 
-@kernel
+@kernel(inline=True)
 def fast_exp(x):  # type: ignore[no-untyped-def]
     """exp(x) for float32 x, x clamped to [-87.3, 88.3] (no branches: loops using it vectorize)."""
     x = max(min(x, np.float32(88.3)), np.float32(-87.3))
@@ -34,14 +34,14 @@ def fast_exp(x):  # type: ignore[no-untyped-def]
     return p * bits_to_f32(np.int32(np.int32(n) + 127) << 23)
 
 
-@kernel
+@kernel(inline=True)
 def fast_tanh(x):  # type: ignore[no-untyped-def]
     """tanh(x) = 1 - 2 / (exp(2x) + 1); |x| is clamped to 9 (tanh(9) rounds to 1 in float32)."""
     x = max(min(x, np.float32(9.0)), np.float32(-9.0))
     return np.float32(1.0) - np.float32(2.0) / (fast_exp(np.float32(2.0) * x) + np.float32(1.0))
 
 
-@kernel
+@kernel(inline=True)
 def silu(x):  # type: ignore[no-untyped-def]
     return x / (np.float32(1.0) + fast_exp(-x))
 
@@ -50,6 +50,6 @@ _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 _GELU_A = np.float32(0.044715)
 
 
-@kernel
+@kernel(inline=True)
 def gelu_tanh(x):  # type: ignore[no-untyped-def]
     return np.float32(0.5) * x * (np.float32(1.0) + fast_tanh(_GELU_C * (x + _GELU_A * x * x * x)))

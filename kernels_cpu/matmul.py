@@ -63,18 +63,27 @@ def _dot_group(wg, x, out, t0, t1, r0, nvalid):  # type: ignore[no-untyped-def]
         out[t1, r0 + 3] = b3
 
 
+TILE_BYTES = 256 * 1024  # activations of one token tile stay in L2 while a row group meets them
+
+
 @kernel(fastmath=True)
 def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
-    """Row groups g0..g1-1 of one matrix for every token of x."""
-    R, T = w.shape[0], x.shape[0]
-    for g in range(g0, g1):
-        r0 = g * ROW_GROUP
-        nvalid = min(ROW_GROUP, R - r0)
-        for i in range(ROW_GROUP):
-            # a short last group decodes its last row again; only valid rows are written
-            decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, i)
-        for t in range(0, T, 2):
-            _dot_group(wg, x, out, t, min(t + 1, T - 1), r0, nvalid)
+    """Row groups g0..g1-1 of one matrix for every token of x. Tokens go in tiles whose
+    activations fit in L2: each row group is decoded once per tile (a large batch would
+    otherwise stream all of x from memory for every row group)."""
+    R, T, K = w.shape[0], x.shape[0], x.shape[1]
+    tile = max(2, min(T, TILE_BYTES // (4 * K)))
+    tile += tile & 1
+    for t0 in range(0, T, tile):
+        t1 = min(T, t0 + tile)
+        for g in range(g0, g1):
+            r0 = g * ROW_GROUP
+            nvalid = min(ROW_GROUP, R - r0)
+            for i in range(ROW_GROUP):
+                # a short last group decodes its last row again; only valid rows are written
+                decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, i)
+            for t in range(t0, t1, 2):
+                _dot_group(wg, x, out, t, min(t + 1, t1 - 1), r0, nvalid)
 
 
 @kernel(inline=True)

@@ -37,15 +37,16 @@ def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: in
 
 @pytest.mark.parametrize("rep", [1, 3, 7])
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32, np.int8])
-@pytest.mark.parametrize("window", [0, 5])
-def test_paged_equals_dense(rep: int, dtype: type, window: int) -> None:
-    rng = np.random.default_rng(rep * 10 + window)
-    n_kv, hd, bs = 2, 32, 4
-    lens = [1, 7, 13]
+@pytest.mark.parametrize(("window", "bs"), [(0, 4), (5, 4), (0, 16), (19, 16)])
+def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int) -> None:
+    rng = np.random.default_rng(rep * 10 + window + bs)
+    n_kv, hd = 2, 32
+    lens = [1, 7, 13] if bs == 4 else [1, 23, 41]
     kc, ks, vc, vs, tables = build(rng, lens, n_kv, rep, hd, bs, dtype)
     # queries: the last 3 positions of sequence 2, the only position of 0, the last of 1
     token_seq = np.array([2, 2, 2, 0, 1], np.int32)
-    positions = np.array([10, 11, 12, 0, 6], np.int32)
+    last = lens[2] - 1
+    positions = np.array([last - 2, last - 1, last, 0, lens[1] - 1], np.int32)
     q = rng.standard_normal((5, n_kv * rep * hd)).astype(np.float32)
     out = np.full_like(q, np.nan)
     paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), window, out, 2)
