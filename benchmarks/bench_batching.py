@@ -16,55 +16,15 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import BenchRequest, make_workload  # noqa: E402
 
-from edge_infer import SamplingParams, hub  # noqa: E402
+from edge_infer import hub  # noqa: E402
+from edge_infer.bench_serving import run_engine  # noqa: E402
 from edge_infer.config import EngineConfig  # noqa: E402
 from edge_infer.engine.engine import LLMEngine  # noqa: E402
-
-
-def percentile(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
-
-
-def run_engine(engine: LLMEngine, reqs: list[BenchRequest], concurrency: int, static: bool) -> dict:
-    """Drive the engine on this thread; returns throughput and latency figures."""
-    pending = list(reqs)
-    t0 = time.monotonic()
-    in_flight: set[str] = set()
-    ttft: list[float] = []
-    itl: list[float] = []
-    out_tokens = 0
-    while pending or in_flight:
-        now = time.monotonic()
-        can_add = not static or not in_flight
-        while can_add and pending and len(in_flight) < concurrency and pending[0].arrival_s <= now - t0:
-            r = pending.pop(0)
-            engine.add_request(r.request_id, r.prompt_token_ids,
-                               SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True))
-            in_flight.add(r.request_id)
-        if not in_flight:
-            time.sleep(max(0.0, pending[0].arrival_s - (time.monotonic() - t0)))
-            continue
-        for out in engine.step():
-            if out.finished:
-                in_flight.discard(out.request_id)
-                m = out.metrics
-                out_tokens += len(out.token_ids)
-                if m is not None and m.first_token_time is not None:
-                    ttft.append(m.first_token_time - m.arrival_time)
-                    itl += m.inter_token_latencies
-    wall = time.monotonic() - t0
-    return {"output_tokens": out_tokens, "wall_s": wall, "tokens_per_s": out_tokens / wall,
-            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-            "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
-            "preemptions": engine.scheduler.num_preemptions}
 
 
 def run_llama_cpp_sequential(path: str, reqs: list[BenchRequest], threads: int) -> dict | None:

@@ -23,6 +23,12 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (default 128)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions (default 3)")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp side")
+    p.add_argument("--workload", metavar="NAME", default=None,
+                   help="instead of pp/tg: serve a workload (decode-heavy, mixed, decode-heavy-poisson, "
+                   "mixed-poisson) and report throughput, TTFT and inter-token latency")
+    p.add_argument("--concurrency", default="1,4,16", help="with --workload: requests in flight (list, default 1,4,16)")
+    p.add_argument("--requests", type=int, default=16, help="with --workload: number of requests (default 16)")
+    p.add_argument("--scale", type=float, default=0.25, help="with --workload: output-length scale (1 = full)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=_cmd_bench)
 
@@ -37,6 +43,39 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     threads = args.threads or default_threads()
     if threads < 1:
         raise InvalidRequest("--threads must be at least 1")
+    if args.workload is not None:
+        return _cmd_workload(args, threads)
     res = run(BenchConfig(args.model, threads, args.n_prompt, args.n_gen, args.repetitions, not args.no_llama_cpp))
     print(json.dumps(res, indent=2) if args.json else format_table(res))
+    return 0
+
+
+def _cmd_workload(args: argparse.Namespace, threads: int) -> int:
+    from edge_infer import hub
+    from edge_infer.bench_serving import run_engine
+    from edge_infer.config import EngineConfig
+    from edge_infer.engine.engine import LLMEngine
+    from edge_infer.workloads import WORKLOADS, make_workload
+
+    if args.workload not in WORKLOADS:
+        raise InvalidRequest(f"unknown workload {args.workload!r} (known: {', '.join(WORKLOADS)})")
+    try:
+        concs = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        raise InvalidRequest(f"--concurrency must be a comma-separated list of integers, got {args.concurrency!r}") from None
+    if not concs or min(concs) < 1 or args.requests < 1 or args.scale <= 0:
+        raise InvalidRequest("--concurrency values and --requests must be at least 1, --scale positive")
+    engine = LLMEngine(EngineConfig(model=str(hub.resolve_model(args.model)), n_threads=threads,
+                                    max_num_seqs=max(concs), kv_cache_memory=2 * 2**30))
+    reqs = make_workload(args.workload, args.requests, engine.model_config.vocab_size, scale=args.scale)
+    rows = {f"concurrency {c}": run_engine(engine, reqs, c, static=False) for c in concs}
+    if args.json:
+        print(json.dumps({"model": args.model, "workload": args.workload, "requests": args.requests,
+                          "scale": args.scale, "threads": threads, "rows": rows}, indent=2))
+        return 0
+    print(f"{args.model}, workload {args.workload}: {args.requests} requests, scale {args.scale}, {threads} threads")
+    print(f"{'':16}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>10}{'ITL p99':>10}")
+    for k, r in rows.items():
+        print(f"{k:16}{r['tokens_per_s']:>9.1f}{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s"
+              f"{r['itl_p50_s'] * 1000:>8.0f}ms{r['itl_p99_s'] * 1000:>8.0f}ms")
     return 0
