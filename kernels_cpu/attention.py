@@ -123,9 +123,9 @@ def _transpose(tile, n, tile_t):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def _attend_chunk(q, i0, nq, g, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
+def _attend_chunk(q, i0, nq, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
                   window, ktile, kt, vtile, sc, m, den, acc, out):  # type: ignore[no-untyped-def]
-    """Queries i0..i0+nq-1 (one sequence, increasing positions) x the n_rep heads of group g.
+    """Queries i0..i0+nq-1 (one sequence, increasing positions) x heads r0..r1-1 of group g.
 
     Online softmax over the key blocks in ascending order: per query and head, keep the running
     max m, denominator den and weighted sum acc, rescaled when the max grows. The scores of a
@@ -138,7 +138,7 @@ def _attend_chunk(q, i0, nq, g, s, block_tables, k_cache, k_scale, v_cache, v_sc
     lo_all, hi = positions[i0], positions[i0 + nq - 1]
     lo_all = max(0, lo_all - window + 1) if window > 0 else 0
     for qi in range(nq):
-        for r in range(n_rep):
+        for r in range(r0, r1):
             m[qi, r] = -np.inf
             den[qi, r] = 0.0
             for d in range(hd):
@@ -156,7 +156,7 @@ def _attend_chunk(q, i0, nq, g, s, block_tables, k_cache, k_scale, v_cache, v_sc
             a, e = max(j0, lo) - j0, min(j0 + n, p + 1) - j0
             if a >= e:
                 continue
-            for r in range(n_rep):
+            for r in range(r0, r1):
                 qoff = (g * n_rep + r) * hd
                 if bs == 16:
                     # Sixteen named accumulators (each summed over d in order) stay in one
@@ -225,7 +225,7 @@ def _attend_chunk(q, i0, nq, g, s, block_tables, k_cache, k_scale, v_cache, v_sc
                     for d in range(hd):
                         acc[qi, r, d] += w * vtile[j, d]
     for qi in range(nq):
-        for r in range(n_rep):
+        for r in range(r0, r1):
             inv = np.float32(1.0) / den[qi, r]
             for d in range(hd):
                 out[i0 + qi, (g * n_rep + r) * hd + d] = acc[qi, r, d] * inv
@@ -240,7 +240,8 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
     int32 [N]; window: 0 = full attention, else a key at position j is visible to a query at p
     only if p - j < window (sliding-window layers); out: float32 [N, n_heads * head_dim].
     Work items (chunk of up to QUERY_TILE queries of one sequence, kv-head) are dealt to the
-    n_threads threads round-robin.
+    n_threads threads round-robin; when there are too few of them to keep the threads busy
+    (decoding one sequence of a model with one kv-head), each query head is an item of its own.
     """
     N = q.shape[0]
     n_kv, bs, hd = k_cache.shape[2], k_cache.shape[1], k_cache.shape[3]
@@ -256,7 +257,8 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
             j += 1
         i = j
     starts[n_chunks] = N
-    items = n_chunks * n_kv
+    split = n_rep if n_chunks * n_kv < 2 * n_threads else 1
+    items = n_chunks * n_kv * split
     for tid in numba.prange(n_threads):
         ktile = np.zeros((bs, hd), np.float32)  # zeros: lanes past a short block stay finite
         kt = np.zeros((hd, bs), np.float32)
@@ -266,14 +268,16 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
         den = np.empty((QUERY_TILE, n_rep), np.float32)
         acc = np.empty((QUERY_TILE, n_rep, hd), np.float32)
         for it in range(tid, items, n_threads):
-            c, g = it // n_kv, it % n_kv
+            c, rest = it // (n_kv * split), it % (n_kv * split)
+            g, part = rest // split, rest % split
+            r0, r1 = part * n_rep // split, (part + 1) * n_rep // split
             i0 = starts[c]
-            _attend_chunk(q, i0, starts[c + 1] - i0, g, token_seq[i0], block_tables, k_cache, k_scale, v_cache,
-                          v_scale, positions, scale, window, ktile, kt, vtile, sc, m, den, acc, out)
+            _attend_chunk(q, i0, starts[c + 1] - i0, g, r0, r1, token_seq[i0], block_tables, k_cache, k_scale,
+                          v_cache, v_scale, positions, scale, window, ktile, kt, vtile, sc, m, den, acc, out)
 
 
 @kernel(inline=True)
-def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, p, inv_freq, neox, eps):  # type: ignore[no-untyped-def]
+def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps):  # type: ignore[no-untyped-def]
     o = h * hd
     if has_norm:
         s = 0.0
@@ -285,17 +289,14 @@ def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, p, inv_freq, neox, eps
             x[t, o + d] = np.float32(x[t, o + d] * sc) * norm_w[d]
     half = n_rot // 2
     for i in range(half):
-        th = p * inv_freq[i]
-        c = np.float32(np.cos(th))
-        sn = np.float32(np.sin(th))
         if neox:
             a, b = o + i, o + i + half
         else:
             a, b = o + 2 * i, o + 2 * i + 1
         x0 = x[t, a]
         x1 = x[t, b]
-        x[t, a] = x0 * c - x1 * sn
-        x[t, b] = x0 * sn + x1 * c
+        x[t, a] = x0 * cos[i] - x1 * sin[i]
+        x[t, b] = x0 * sin[i] + x1 * cos[i]
 
 
 @kernel(parallel=True)
@@ -319,10 +320,16 @@ def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv
                 k[t, c] += bk[c]
                 v[t, c] += bv[c]
         p = np.float64(positions[t])
+        cos = np.empty(n_rot // 2, np.float32)  # the rotation angles of this position, once for all heads
+        sin = np.empty(n_rot // 2, np.float32)
+        for i in range(n_rot // 2):
+            th = p * inv_freq[i]
+            cos[i] = np.float32(np.cos(th))
+            sin[i] = np.float32(np.sin(th))
         for h in range(n_heads):
-            _head_norm_rope(q, t, h, hd, n_rot, q_norm, has_norm, p, inv_freq, neox, eps)
+            _head_norm_rope(q, t, h, hd, n_rot, q_norm, has_norm, cos, sin, neox, eps)
         for h in range(n_kv):
-            _head_norm_rope(k, t, h, hd, n_rot, k_norm, has_norm, p, inv_freq, neox, eps)
+            _head_norm_rope(k, t, h, hd, n_rot, k_norm, has_norm, cos, sin, neox, eps)
         slot = slot_mapping[t]
         if slot >= 0:
             for g in range(n_kv):
