@@ -19,6 +19,8 @@ from edge_infer.cli_run import (
     SAMPLING_HELP,
     add_model_args,
     add_sampling_args,
+    add_spec_args,
+    engine_options,
     load_llm,
     print_figures,
     sampling_params,
@@ -98,6 +100,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--template", metavar="NAME",
                    help="use a built-in template (chatml) instead of the model's; needed for models without one")  # fmt: skip
     add_sampling_args(p, default_n=-1)
+    add_spec_args(p)
     p.set_defaults(func=chat)
 
 
@@ -105,6 +108,7 @@ def chat(args: argparse.Namespace) -> int:
     from edge_infer import hub
 
     params = sampling_params(args)
+    engine_options(args)  # fail on a bad -t/--seed/--spec before opening the model
     path = hub.resolve_model(args.model)
     encoder = ChatEncoder.for_model(path, args.template)  # fail before the slow load
     params = encoder.params(params)

@@ -1,8 +1,9 @@
 """`edge-infer run`: complete one prompt, streaming the text to stdout as it is generated.
 
 Also the pieces `chat` and `perplexity` share: model options (-m, -t, --max-model-len),
-sampling options with llama-cli's defaults, and number parsing that fails as one-line
-InvalidRequest errors (exit 1) rather than argparse usage errors.
+sampling options with llama-cli's defaults, speculative decoding options (`serve` has them too),
+and number parsing that fails as one-line InvalidRequest errors (exit 1) rather than argparse
+usage errors.
 """
 
 from __future__ import annotations
@@ -48,6 +49,51 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", metavar="N", help="context length (default: the model's, capped by the KV budget)")  # fmt: skip
 
 
+SPEC_K_MAX = 16  # as SpecConfig allows
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    """--spec, --draft-model, --spec-k (run, chat and serve); read them with spec_options()."""
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--spec", choices=("ngram", "draft"),
+                   help="speculative decoding: n-gram prompt lookup, or a draft model; greedy output is "
+                   "unchanged and sampled output keeps the model's distribution")  # fmt: skip
+    g.add_argument("--draft-model", metavar="M",
+                   help="with --spec draft: the draft model (a known name or a .gguf path with the same vocabulary)")  # fmt: skip
+    g.add_argument("--spec-k", metavar="K", help=f"tokens proposed per step (1-{SPEC_K_MAX}), or 'auto' to adapt (default 4)")  # fmt: skip
+
+
+def spec_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `speculative` engine option from --spec/--draft-model/--spec-k; None when off.
+    Mistakes are InvalidRequest errors naming the flag."""
+    if args.spec is None:
+        if args.draft_model is not None or args.spec_k is not None:
+            raise InvalidRequest("--draft-model and --spec-k need --spec ngram|draft")
+        return None
+    spec: dict[str, Any] = {"method": args.spec}
+    if args.spec_k is not None:
+        spec["k"] = _spec_k(args.spec_k)
+    if args.spec == "draft":
+        if not args.draft_model:
+            raise InvalidRequest("--spec draft needs --draft-model")
+        spec["model"] = args.draft_model
+    elif args.draft_model is not None:
+        raise InvalidRequest("--draft-model is only for --spec draft")
+    return spec
+
+
+def _spec_k(value: str) -> int | str:
+    if value.strip().lower() == "auto":
+        return "auto"
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= SPEC_K_MAX:
+        raise InvalidRequest(f"--spec-k must be an integer in 1..{SPEC_K_MAX} or 'auto', got {value!r}")
+    return k
+
+
 def add_sampling_args(p: argparse.ArgumentParser, default_n: int) -> None:
     g = p.add_argument_group("sampling")
     until = "until EOS or the context is full" if default_n < 0 else f"default {default_n}"
@@ -85,7 +131,8 @@ def number(value: Any, flag: str, kind: type = int) -> Any:
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    """LLM keyword options from -t/--max-model-len (and --seed, when the command has it)."""
+    """LLM keyword options from -t/--max-model-len (and --seed and --spec..., when the command
+    has them)."""
     opts: dict[str, Any] = {}
     if args.threads is not None:
         opts["n_threads"] = number(args.threads, "-t/--threads")
@@ -95,6 +142,10 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["max_model_len"] = number(args.max_model_len, "--max-model-len")
     if hasattr(args, "seed"):
         opts["seed"] = resolve_seed(args)
+    if hasattr(args, "spec"):
+        spec = spec_options(args)
+        if spec is not None:
+            opts["speculative"] = spec
     return opts
 
 
@@ -144,9 +195,13 @@ def load_llm(args: argparse.Namespace, model: str | os.PathLike[str] | None = No
     t0 = time.perf_counter()
     llm = LLM(str(model or args.model), **opts)
     if args.verbose:
-        seed = f", seed {opts['seed']}" if "seed" in opts else ""
+        extra = f", seed {opts['seed']}" if "seed" in opts else ""
+        spec = opts.get("speculative")
+        if spec is not None:
+            draft = f" {Path(spec['model']).name}" if "model" in spec else ""
+            extra += f", speculative {spec['method']}{draft} k {spec.get('k', 4)}"
         print(f"edge-infer: loaded {Path(llm.plan.model_path).name} in {time.perf_counter() - t0:.2f} s "
-              f"({llm.plan.n_threads} threads, context {llm.plan.max_model_len}{seed})", file=sys.stderr)  # fmt: skip
+              f"({llm.plan.n_threads} threads, context {llm.plan.max_model_len}{extra})", file=sys.stderr)  # fmt: skip
     return llm
 
 
@@ -195,6 +250,17 @@ def print_figures(out: RequestOutput) -> None:
         print(f"edge-infer: {line}", file=sys.stderr)
 
 
+def print_spec_figures(llm: LLM) -> None:
+    """Speculative decoding's acceptance rate and tokens per step so far, on stderr (nothing
+    when speculation is off)."""
+    m = llm.metrics()
+    if "spec_proposed_tokens" not in m:
+        return
+    print(f"edge-infer: speculative: {m['spec_accepted_tokens']:.0f} of {m['spec_proposed_tokens']:.0f} "
+          f"proposed tokens accepted ({m['spec_acceptance_rate']:.0%}), "
+          f"{m['spec_tokens_per_step']:.2f} tokens per step", file=sys.stderr)  # fmt: skip
+
+
 # -- run -----------------------------------------------------------------------------------
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -202,13 +268,15 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Complete a prompt with a model and stream the generated text (not the prompt) "
         "to stdout. The prompt is PROMPT, -p, the file of -f, or stdin (PROMPT '-' or piped input). "
         "The default model is pulled on first use. -v prints load time, prompt tokens, time to "
-        "first token and decode speed on stderr. " + SAMPLING_HELP,
+        "first token and decode speed on stderr (and, with --spec, the acceptance rate and tokens per "
+        "step). " + SAMPLING_HELP,
     )  # fmt: skip
     p.add_argument("prompt_arg", nargs="?", metavar="PROMPT", help="the prompt text, or - to read stdin")
     p.add_argument("-p", "--prompt", help="the prompt text")
     p.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE (UTF-8)")
     add_model_args(p)
     add_sampling_args(p, default_n=128)
+    add_spec_args(p)
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt as one user message in the model's chat template"
     )
@@ -290,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if args.verbose and final:
             print_figures(final[0])
+            print_spec_figures(llm)
     finally:
         llm.close()
     return 0

@@ -1,0 +1,67 @@
+"""CPU kernels (numba). Kernel signatures: the backend boundary; kernels_cuda implements the same.
+
+Every kernel writes into preallocated arrays and returns nothing. Arrays are C-contiguous, and
+inputs never overlap outputs (the kernels are compiled with noalias arguments) except where a
+kernel works in place. Integer scalars (qtype, n_threads, n_rot, window) are Python ints; eps,
+scale and factor are np.float32. T/N tokens, K input width, R weight rows, D model width,
+F FFN width, hd head_dim, n_kv KV heads (n_heads a multiple: head h reads kv head
+h // (n_heads / n_kv)), S sequences.
+
+Weights: uint8 [R, row_bytes], a row's GGUF blocks as in the file; qtype is the GGML type id
+(dequant.KERNEL_TYPES; BLOCK_SHAPE[qtype] = (elements, bytes) per block).
+
+  matmul_kernel(x f32 [T, K], w, qtype, out f32 [T, R], n_threads)
+      out[t, r] = sum_k x[t, k] * W[r, k]; n_threads row ranges (set numba's thread count too).
+  matmul3_kernel(x, wa, qa, oa, wb, qb, ob, wc, qc, oc, n_threads)
+      up to three matmuls of one x in one launch (Q/K/V, gate/up); a matrix with zero rows
+      (uint8 [0, 1], out f32 [T, 0]) is skipped; each out equals matmul_kernel's bit for bit.
+  embed_rows_kernel(ids i32 [N], w, qtype, out f32 [N, K])      out[i] = decoded row ids[i].
+  decode_rows(qtype, w, r, out f32 [M, K], i)                    out[i] = decoded row r of w.
+  decode_row(qtype, row u8 [row_bytes], out f32 [K])
+      bit-exact with formats.quants.dequantize; an unknown qtype raises ValueError.
+
+KV pool of one layer: k_cache, v_cache [num_blocks, block_size, n_kv, hd] of uint16 (IEEE half
+bits: numba has no float16), float32, or int8 with float32 scales k_scale, v_scale
+[num_blocks, block_size, n_kv] (value = q * s, s = max|x| / 127 per token and head); for f16
+and f32 pools pass empty scales (shape (0, 0, 0)). Token j of sequence s lives in block
+block_tables[s, j // block_size] at offset j % block_size; its slot = block * block_size +
+offset. block_tables: int32 [S, max_blocks]; slot_mapping: int64 [N] (negative = not stored);
+positions: int32 [N]; token_seq: int32 [N], the block_tables row of each token.
+
+  store_kv_kernel(k f32 [N, n_kv*hd], v f32 [N, n_kv*hd], slot_mapping, k_cache, k_scale,
+                  v_cache, v_scale)
+      writes each token's K and V (rounded to the pool's type) at its slot.
+  qkv_finish_kernel(q f32 [N, n_heads*hd], k, v f32 [N, n_kv*hd], bq, bk, bv, q_norm, k_norm,
+                    n_rot, positions, inv_freq f64 [n_rot/2], neox, eps, slot_mapping,
+                    k_cache, k_scale, v_cache, v_scale)
+      in place on q, k, v: + biases (bq, bk, bv f32 [C], or empty [0]); RMSNorm of each head of
+      q and k (q_norm, k_norm f32 [hd], or empty: no norm); RoPE of q and k on the first n_rot
+      dims (angle = position * inv_freq[i]; neox: pairs (i, i + n_rot/2), else (2i, 2i + 1));
+      then stores k, v like store_kv_kernel.
+  paged_attention_kernel(q f32 [N, n_heads*hd], k_cache, k_scale, v_cache, v_scale,
+                         block_tables, token_seq, positions, scale, window,
+                         out f32 [N, n_heads*hd], n_threads)
+      causal softmax(scale * q.K) V over keys 0..p of the token's own sequence (window > 0:
+      only keys j with p - j < window). A sequence's tokens are consecutive in the batch with
+      increasing positions. K/V are read from the pool, including this step's (store first).
+
+Per-row ops, float32, rows independent:
+  rmsnorm_kernel(x [T, D], w [D], eps, out [T, D])   out = x / sqrt(mean(x^2) + eps) * w
+                                                     (sum of squares in float64, index order)
+  add_rmsnorm_kernel(h [T, D], delta [T, D], w [D], eps, out [T, D])
+      h += delta in place (the residual stream), then out = rmsnorm(h) * w.
+  silu_mul_kernel(gate [T, F], up [T, F], out [T, F])    out = silu(gate) * up
+  gelu_mul_kernel(gate [T, F], up [T, F], out [T, F])    out = gelu_tanh(gate) * up
+  scale_kernel(x [T, D], factor)                         x *= factor in place
+
+Batch invariance (every kernel, every backend): a token's outputs depend only on its own
+inputs, the weights and its sequence's cached K/V, never on the rest of the batch, its place in
+it, chunking or n_threads. Each output has one fixed accumulation order; threads split output
+rows or work items, never a reduction; a GEMV row is bit-identical to the same GEMM row; and
+attention reads this step's K/V back from the pool, so a token's output is the same whether its
+context was computed in this chunk or an earlier one.
+
+Modules: dequant, matmul, attention, ops, fastmath (vectorizable exp/tanh/silu/gelu), reference
+(the NumPy twins), _jit (codegen settings, the kernel decorator, f16/bf16 bit helpers). This file
+imports nothing: importing the package stays cheap.
+"""

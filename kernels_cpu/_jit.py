@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import numba
+import numpy as np
 from llvmlite import ir
 from numba.core import config, types
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
@@ -59,7 +60,7 @@ def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False, inline: b
 
 
 @intrinsic
-def f16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
+def _hw_f16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
     """float32 value of IEEE half bits (a uint16); one vcvtph2ps on F16C/AVX-512 machines."""
     if not isinstance(bits, types.Integer):
         return None
@@ -76,7 +77,7 @@ def f16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def f32_to_f16(typingctx, value):  # type: ignore[no-untyped-def]
+def _hw_f32_to_f16(typingctx, value):  # type: ignore[no-untyped-def]
     """IEEE half bits (uint16) of a float32, rounded to nearest even (what numpy's astype does)."""
     if not isinstance(value, types.Float):
         return None
@@ -135,6 +136,83 @@ def bit_at(typingctx, word, k):  # type: ignore[no-untyped-def]
         return builder.and_(builder.lshr(w, s), ir.Constant(i32, 1))
 
     return types.int32(word, k), codegen
+
+
+@intrinsic
+def f32_to_bits(typingctx, value):  # type: ignore[no-untyped-def]
+    """The 32 bits of a float32 as an int32 (no conversion)."""
+    if not isinstance(value, types.Float) or value.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(value), codegen
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _soft_f16_to_f32(h):  # type: ignore[no-untyped-def]
+    # Integer-only conversion for targets without F16C: there LLVM would call compiler-rt's
+    # __extendhfsf2, which numba's JIT cannot resolve.
+    h = np.int32(h) & 0xFFFF
+    sign = np.int32((h & 0x8000) << 16)
+    exp = (h >> 10) & 0x1F
+    mant = h & 0x3FF
+    if exp == 0:  # zero or subnormal: mant * 2^-24 is exact in float32
+        v = np.float32(mant) * np.float32(5.9604644775390625e-08)
+        return -v if sign else v
+    if exp == 31:
+        return bits_to_f32(np.int32(sign | 0x7F800000 | (mant << 13)))
+    return bits_to_f32(np.int32(sign | ((exp + 112) << 23) | (mant << 13)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _soft_f32_to_f16(x):  # type: ignore[no-untyped-def]
+    # Round to nearest even, with numpy's handling of overflow (inf), NaN and subnormals.
+    bits = f32_to_bits(np.float32(x))
+    sign = (bits >> 16) & 0x8000
+    e8 = (bits >> 23) & 0xFF
+    m = bits & 0x7FFFFF
+    if e8 == 0xFF:
+        return np.uint16(sign | 0x7C00 | (0x200 if m != 0 else 0))
+    e = e8 - 127 + 15
+    if e >= 31:
+        return np.uint16(sign | 0x7C00)
+    if e <= 0:
+        if e < -10:
+            return np.uint16(sign)
+        m = m | 0x800000
+        shift = 14 - e
+        r = m >> shift
+        rem = m & ((1 << shift) - 1)
+        half = 1 << (shift - 1)
+        if rem > half or (rem == half and (r & 1)):
+            r += 1
+        return np.uint16(sign | r)
+    r = (e << 10) | (m >> 13)
+    rem = m & 0x1FFF
+    if rem > 0x1000 or (rem == 0x1000 and (r & 1)):
+        r += 1  # a carry into the exponent is the right result (up to inf)
+    return np.uint16(sign | r)
+
+
+def _target_has_f16c() -> bool:
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True  # other targets (aarch64) convert halves natively
+    if (config.CPU_NAME or "").lower() == "generic" and not config.CPU_FEATURES:
+        return False
+    if config.CPU_FEATURES is not None:
+        return "+f16c" in config.CPU_FEATURES
+    from numba.core.codegen import get_host_cpu_features
+
+    return "+f16c" in get_host_cpu_features()
+
+
+HAS_F16C = _target_has_f16c()
+f16_to_f32 = _hw_f16_to_f32 if HAS_F16C else _soft_f16_to_f32
+f32_to_f16 = _hw_f32_to_f16 if HAS_F16C else _soft_f32_to_f16
 
 
 def threading_layer_name() -> str:

@@ -64,6 +64,23 @@ def test_run_streams_greedy_text_in_process_and_as_a_process(
     )
 
 
+@pytest.mark.slow
+def test_run_with_speculation_prints_the_plain_greedy_text(
+    capsys: pytest.CaptureFixture[str], smollm2_path: Path
+) -> None:
+    model = ["-m", str(smollm2_path), "-t", "1"]
+    prompt = "The cat sat on the mat. The dog sat on the log. The cat sat on the"  # some accepted, some not
+    rc, plain, err = run(capsys, "run", *model, *GREEDY, prompt)
+    assert rc == 0, err
+    rc, out, err = run(capsys, "run", "-v", *model, "--spec", "ngram", "--spec-k", "3", *GREEDY, prompt)
+    assert rc == 0, err
+    assert out == plain
+    assert "speculative ngram k 3" in err, err
+    assert re.search(
+        r"speculative: \d+ of \d+ proposed tokens accepted \(\d+%\), [\d.]+ tokens per step", err
+    ), err
+
+
 def parse_run(*argv: str) -> object:
     return cli.build_parser().parse_args(["run", *argv])
 
@@ -99,6 +116,18 @@ def test_prompt_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         (["run", "-p", "a", "b"], ["give the prompt once"]),
         (["run", "--system", "s", "hi"], ["--system and --template need --chat"]),
         (["chat", "--template", "nope"], ["unknown --template 'nope'", "chatml"]),
+        (
+            ["run", "--spec", "ngram", "--spec-k", "0", "hi"],
+            ["--spec-k must be an integer in 1..16 or 'auto'", "'0'"],
+        ),
+        (["run", "--spec", "ngram", "--spec-k", "many", "hi"], ["--spec-k must be", "'many'"]),
+        (["run", "--spec", "draft", "hi"], ["--spec draft needs --draft-model"]),
+        (
+            ["run", "--spec", "ngram", "--draft-model", "m.gguf", "hi"],
+            ["--draft-model is only for --spec draft"],
+        ),
+        (["run", "--spec-k", "3", "hi"], ["--draft-model and --spec-k need --spec ngram|draft"]),
+        (["chat", "--spec", "draft"], ["--spec draft needs --draft-model"]),
         (["perplexity", "-f", "/no/such/text.txt"], ["no such file"]),
         (["perplexity", "-f", "x", "--ctx", "big"], ["--ctx must be an integer"]),
     ],

@@ -17,6 +17,7 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
+from edge_infer.cli_run import add_spec_args, spec_options
 from edge_infer.errors import InvalidRequest
 from edge_infer.hub import DEFAULT_MODEL
 
@@ -42,11 +43,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--kv-cache-memory", metavar="SIZE", help="KV cache budget, e.g. 512MiB (default: a share of free memory)")  # fmt: skip
     p.add_argument("--max-queue", metavar="N", default="256",
                    help="requests that may wait beyond the running batch; more are refused with 429 (default 256)")  # fmt: skip
-    p.add_argument("--spec", choices=("ngram", "draft"), help="speculative decoding method")
-    p.add_argument(
-        "--draft-model", metavar="M", help="with --spec draft: the draft model (name or .gguf path)"
-    )
-    p.add_argument("--spec-k", metavar="K", help="speculative tokens per step, or 'auto' (default 4)")
+    add_spec_args(p)
     p.add_argument("--chat-template", metavar="NAME", choices=("chatml",),
                    help="built-in chat template for a model that has none (chatml); the model's own wins")  # fmt: skip
     p.add_argument("--cors-origin", action="append", metavar="ORIGIN",
@@ -78,20 +75,9 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
             opts["n_threads" if key == "threads" else key] = v
     if args.kv_cache_memory is not None:
         opts["kv_cache_memory"] = args.kv_cache_memory
-    if args.spec is None:
-        if args.draft_model or args.spec_k:
-            raise InvalidRequest("--draft-model and --spec-k need --spec ngram|draft")
-        return opts
-    spec: dict[str, Any] = {"method": args.spec}
-    if args.spec_k is not None:
-        spec["k"] = "auto" if args.spec_k == "auto" else _int(args.spec_k, "--spec-k", 1)
-    if args.spec == "draft":
-        if not args.draft_model:
-            raise InvalidRequest("--spec draft needs --draft-model")
-        spec["model"] = args.draft_model
-    elif args.draft_model:
-        raise InvalidRequest("--draft-model is only for --spec draft")
-    opts["speculative"] = spec
+    spec = spec_options(args)
+    if spec is not None:
+        opts["speculative"] = spec
     return opts
 
 

@@ -1,0 +1,95 @@
+"""The generated code of the hot loops: full-width vectors (zmm on AVX-512 hosts, ymm on AVX2
+ones), vectorized int -> float conversion in the decoders, FMAs in the matmul loop, no gathers
+(numba wraps an index it cannot prove non-negative, and LLVM then gathers), and one instruction
+per fp16 conversion on F16C hosts.
+
+numba's inspect_asm has nothing for code loaded from the on-disk cache, so each function is
+compiled afresh here from its Python source, with the flags of its kernel decorator.
+Skipped where the target is not the host (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES set) or the host
+has neither AVX-512 nor AVX2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numba
+import pytest
+from llvmlite import binding as llvm
+from numba import types as nt
+from numba.core import config
+
+from edge_infer.kernels_cpu import dequant as dq
+from edge_infer.kernels_cpu import matmul as mm
+from edge_infer.kernels_cpu._jit import NoAliasCompiler, f16_to_f32, f32_to_f16
+
+HOST = set(llvm.get_host_cpu_features().flatten().split(","))
+OVERRIDDEN = any(
+    k in os.environ for k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "EDGE_INFER_NUMBA_DEFAULTS")
+)
+VREG = "zmm" if "+avx512f" in HOST else "ymm" if "+avx2" in HOST else None
+
+pytestmark = pytest.mark.skipif(
+    OVERRIDDEN or VREG is None, reason="code generation target is not an AVX2/AVX-512 host"
+)
+
+U8 = nt.Array(nt.uint8, 2, "C")
+F32 = nt.Array(nt.float32, 2, "C")
+DECODER_SIG = (U8, nt.int64, F32, nt.int64)
+ROW_GROUPS_SIG = (F32, U8, nt.int64, F32, nt.int64, nt.int64, F32)
+
+
+def asm_of(dispatcher, sig: tuple, fastmath: bool = False) -> str:  # type: ignore[no-untyped-def]
+    """Assembly of a kernel compiled afresh (no cache) the way its decorator compiles it."""
+    fn = numba.njit(nogil=True, error_model="numpy", fastmath=fastmath, pipeline_class=NoAliasCompiler)(
+        dispatcher.py_func
+    )
+    fn.compile(sig)
+    return fn.inspect_asm(sig)
+
+
+def uses(asm: str, mnemonic: str, reg: str) -> bool:
+    """Some instruction starting with `mnemonic` has a `reg` operand (e.g. vfmadd, zmm)."""
+    return re.search(rf"^\s*{mnemonic}\w*\s[^\n]*\b%?{reg}\d+", asm, re.MULTILINE) is not None
+
+
+def test_avx512_codegen_is_on() -> None:
+    """_jit lifts LLVM's 256-bit preference on AVX-512 hosts (zmm below depends on it)."""
+    if VREG == "zmm":
+        assert "-prefer-256-bit" in (config.CPU_FEATURES or "")
+
+
+@pytest.mark.parametrize("name", ["decode_q4_1", "decode_q8_0", "decode_q4_k", "decode_q6_k"])
+def test_decoders_vectorize(name: str) -> None:
+    asm = asm_of(getattr(dq, name), DECODER_SIG)
+    assert uses(asm, "vcvtdq2ps", VREG), f"{name}: no {VREG} int->float conversion"
+    assert "gather" not in asm, f"{name}: gathers (an index numba cannot prove non-negative?)"
+
+
+def test_matmul_loop_uses_full_width_fma() -> None:
+    asm = asm_of(mm._row_groups, ROW_GROUPS_SIG, fastmath=True)
+    assert uses(asm, "vfmadd", VREG), f"_row_groups: no {VREG} FMA"
+    assert uses(asm, "vcvtdq2ps", VREG)  # the decoders linked into it
+    assert "gather" not in asm
+
+
+@numba.njit(nogil=True)
+def _to_f32(bits):  # type: ignore[no-untyped-def]
+    return f16_to_f32(bits)
+
+
+@numba.njit(nogil=True)
+def _to_f16(x):  # type: ignore[no-untyped-def]
+    return f32_to_f16(x)
+
+
+@pytest.mark.skipif("+f16c" not in HOST, reason="no F16C")
+def test_f16_conversions_are_single_instructions() -> None:
+    _to_f32.compile((nt.uint16,))
+    _to_f16.compile((nt.float32,))
+    up, down = _to_f32.inspect_asm((nt.uint16,)), _to_f16.inspect_asm((nt.float32,))
+    assert re.search(r"vcvt(ph2ps|sh2ss)", up), up
+    assert re.search(r"vcvt(ps2ph|ss2sh)", down), down
+    assert "__extendhfsf2" not in up and "__truncsfhf2" not in down  # no library calls
+    assert uses(asm_of(dq.decode_f16, DECODER_SIG), "vcvtph2ps", VREG)
