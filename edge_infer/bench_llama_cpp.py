@@ -18,54 +18,68 @@ import time
 import numpy as np
 
 
-def main(argv: list[str]) -> int:
-    import llama_cpp as lc
+class LlamaCppGreedy:
+    """One llama.cpp model and context (low-level API): decode() feeds tokens at positions and
+    returns the argmax of the last token's logits. extra_buffers lets llama.cpp repack weights."""
 
+    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, extra_buffers: bool) -> None:
+        import llama_cpp as lc
+
+        self.lc = lc
+        self._quiet = lc.llama_log_callback(lambda level, text, user: None)  # C keeps calling it
+        lc.llama_log_set(self._quiet, None)
+        lc.llama_backend_init()
+        mp = lc.llama_model_default_params()
+        mp.use_extra_bufts = extra_buffers
+        self.model = lc.llama_model_load_from_file(path.encode(), mp)
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = cp.n_ubatch = max(n_batch, 1)
+        cp.n_threads = cp.n_threads_batch = threads
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        self.batch = lc.llama_batch_init(cp.n_batch, 0, 1)
+
+    def clear(self) -> None:
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+
+    def decode(self, tokens: list[int], pos0: int) -> int:
+        b = self.batch
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i] = t, pos0 + i, 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = i == len(tokens) - 1
+        b.n_tokens = len(tokens)
+        if self.lc.llama_decode(self.ctx, b) != 0:
+            raise RuntimeError("llama_decode failed")
+        logits = np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        return int(np.argmax(logits))
+
+    def close(self) -> None:
+        self.lc.llama_batch_free(self.batch)
+        self.lc.llama_free(self.ctx)
+        self.lc.llama_model_free(self.model)
+
+
+def main(argv: list[str]) -> int:
     from edge_infer.bench import bench_prompt
 
     path, threads, n_prompt, n_gen, reps, seed, vocab, extra = argv
-    threads_i, n_prompt_i, n_gen_i = int(threads), int(n_prompt), int(n_gen)
+    n_prompt_i, n_gen_i = int(n_prompt), int(n_gen)
     prompt = bench_prompt(int(vocab), n_prompt_i, int(seed))
-    quiet = lc.llama_log_callback(lambda level, text, user: None)  # keep a reference: C calls it later
-    lc.llama_log_set(quiet, None)
-    lc.llama_backend_init()
-    mp = lc.llama_model_default_params()
-    mp.use_extra_bufts = extra == "1"
-    model = lc.llama_model_load_from_file(path.encode(), mp)
-    cp = lc.llama_context_default_params()
-    cp.n_ctx = n_prompt_i + n_gen_i + 16
-    cp.n_batch = cp.n_ubatch = max(n_prompt_i, 1)
-    cp.n_threads = cp.n_threads_batch = threads_i
-    ctx = lc.llama_init_from_model(model, cp)
-    nv = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
-    batch = lc.llama_batch_init(max(n_prompt_i, 1), 0, 1)
-
-    def decode(tokens: list[int], pos0: int) -> int:
-        for i, t in enumerate(tokens):
-            batch.token[i] = t
-            batch.pos[i] = pos0 + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == len(tokens) - 1
-        batch.n_tokens = len(tokens)
-        if lc.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-        return int(np.argmax(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, -1), shape=(nv,))))
-
+    ll = LlamaCppGreedy(path, int(threads), n_prompt_i + n_gen_i + 16, n_prompt_i, extra == "1")
     pp, tg = [], []
-    decode(prompt[:16], 0)  # warm-up
+    ll.decode(prompt[:16], 0)  # warm-up
     for _ in range(int(reps)):
-        lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
+        ll.clear()
         t0 = time.perf_counter()
-        tok = decode(prompt, 0)
+        tok = ll.decode(prompt, 0)
         pp.append(n_prompt_i / (time.perf_counter() - t0))
         t0 = time.perf_counter()
         for i in range(n_gen_i):
-            tok = decode([tok], n_prompt_i + i)
+            tok = ll.decode([tok], n_prompt_i + i)
         tg.append(n_gen_i / (time.perf_counter() - t0))
-    lc.llama_batch_free(batch)
-    lc.llama_free(ctx)
-    lc.llama_model_free(model)
+    ll.close()
     print(json.dumps({"pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg), "pp_all": pp, "tg_all": tg}))
     return 0
 

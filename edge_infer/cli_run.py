@@ -208,23 +208,8 @@ def load_llm(args: argparse.Namespace, model: str | os.PathLike[str] | None = No
 # -- streaming -----------------------------------------------------------------------------
 def stream_request(llm: LLM, prompt: str | list[int], params: SamplingParams,
                    final: list[RequestOutput]) -> Iterator[str]:  # fmt: skip
-    """Text deltas of one request; the last RequestOutput is appended to `final`. Closing the
-    iterator early (or Ctrl-C) aborts the request in the engine."""
-    handle = llm.worker.submit(prompt, params)
-    sent = 0
-    try:
-        while True:
-            out = handle.get()
-            text = out.outputs[0].text
-            if len(text) > sent:
-                yield text[sent:]
-                sent = len(text)
-            if out.finished:
-                final.append(out)
-                return
-    finally:
-        if not handle.finished:
-            llm.worker.abort(handle.request_id)
+    """Text deltas of one request; the last RequestOutput is appended to `final`."""
+    return llm.stream(prompt, params, final=final)
 
 
 def print_figures(out: RequestOutput) -> None:

@@ -51,12 +51,15 @@ class LLM:
                     self._worker.abort(h.request_id)
             raise
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
-        """Text deltas of one completion as they are generated (sample 0 when n > 1)."""
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+               final: list[RequestOutput] | None = None) -> Iterator[str]:
+        """Text deltas of one completion as they are generated (sample 0 when n > 1). The last
+        RequestOutput is appended to `final` when a list is given. Closing the iterator early
+        (or Ctrl-C) aborts the request in the engine."""
         handle = self._worker.submit(prompt, params or SamplingParams())
-        return self._deltas(handle)
+        return self._deltas(handle, final)
 
-    def _deltas(self, handle: RequestHandle) -> Iterator[str]:
+    def _deltas(self, handle: RequestHandle, final: list[RequestOutput] | None) -> Iterator[str]:
         sent = 0
         try:
             while True:
@@ -66,6 +69,8 @@ class LLM:
                     yield text[sent:]
                     sent = len(text)
                 if out.finished:
+                    if final is not None:
+                        final.append(out)
                     return
         finally:
             if not handle.finished:
