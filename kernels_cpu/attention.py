@@ -30,7 +30,7 @@ def load_row(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def
     raise NotImplementedError  # only called from jitted code
 
 
-@overload(load_row, jit_options={"cache": True})
+@overload(load_row, inline="always", jit_options={"cache": True})
 def _ov_load_row(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
     dt = cache.dtype
     if isinstance(dt, types.Integer) and dt.bitwidth == 16:
@@ -57,7 +57,7 @@ def store_row(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def
     raise NotImplementedError
 
 
-@overload(store_row, jit_options={"cache": True})
+@overload(store_row, inline="always", jit_options={"cache": True})
 def _ov_store_row(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
     dt = cache.dtype
     if isinstance(dt, types.Integer) and dt.bitwidth == 16:
@@ -108,14 +108,14 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):  # 
 QUERY_TILE = 16  # queries of one sequence that share each converted K/V block
 
 
-@kernel
+@kernel(inline=True)
 def _load_tile(cache, scale, blk, g, n, tile):  # type: ignore[no-untyped-def]
     """tile[j, :] = values of cache row j of block blk, kv head g, for j < n."""
     for j in range(n):
         load_row(cache, scale, blk, j, g, tile, j)
 
 
-@kernel
+@kernel(inline=True)
 def _transpose(tile, n, tile_t):  # type: ignore[no-untyped-def]
     for d in range(tile.shape[1]):
         for j in range(n):
@@ -240,8 +240,8 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
     int32 [N]; window: 0 = full attention, else a key at position j is visible to a query at p
     only if p - j < window (sliding-window layers); out: float32 [N, n_heads * head_dim].
     Work items (chunk of up to QUERY_TILE queries of one sequence, kv-head) are dealt to the
-    n_threads threads round-robin; when there are too few of them to keep the threads busy
-    (decoding one sequence of a model with one kv-head), each query head is an item of its own.
+    n_threads threads round-robin; when there are fewer of them than threads (decoding one
+    sequence of a model with one kv-head), each query head is an item of its own.
     """
     N = q.shape[0]
     n_kv, bs, hd = k_cache.shape[2], k_cache.shape[1], k_cache.shape[3]
@@ -257,7 +257,7 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
             j += 1
         i = j
     starts[n_chunks] = N
-    split = n_rep if n_chunks * n_kv < 2 * n_threads else 1
+    split = n_rep if n_chunks * n_kv < n_threads else 1
     items = n_chunks * n_kv * split
     for tid in numba.prange(n_threads):
         ktile = np.zeros((bs, hd), np.float32)  # zeros: lanes past a short block stay finite
