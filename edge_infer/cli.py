@@ -97,16 +97,14 @@ _COMMANDS: tuple[Register, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # -v is accepted before or after the subcommand; SUPPRESS keeps a subparser's default
-    # from overwriting a -v given before it.
+    # -v is accepted before or after the subcommand. The two places count into different
+    # names (a subparser's namespace overwrites the parent's values on some Python versions);
+    # main() adds them up.
     verbose = argparse.ArgumentParser(add_help=False)
-    verbose.add_argument(
-        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-vv: debug)"
-    )
-    parser = argparse.ArgumentParser(
-        prog="edge-infer", description="CPU-first LLM inference for GGUF models.", parents=[verbose]
-    )
-    parser.set_defaults(verbose=0)
+    verbose.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    parser = argparse.ArgumentParser(prog="edge-infer", description="CPU-first LLM inference for GGUF models.")
+    parser.add_argument("-v", "--verbose", dest="verbose_before", action="count", default=0,
+                        help="log more (-vv: debug)")
     parser.add_argument("--version", action="version", version=f"edge-infer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in _COMMANDS:
@@ -120,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, usage errors: argparse already printed them
         return e.code if isinstance(e.code, int) else 2
+    args.verbose = getattr(args, "verbose", 0) + getattr(args, "verbose_before", 0)
     level = logging.WARNING if not args.verbose else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="edge-infer: %(levelname)s: %(name)s: %(message)s")
     logging.getLogger("edge_infer").setLevel(level)

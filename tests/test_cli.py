@@ -210,3 +210,12 @@ def test_broken_pipe_is_quiet(smollm2_path: Path) -> None:
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141
     assert err == ""
+
+
+def test_verbose_counts_before_and_after_the_subcommand() -> None:
+    from edge_infer.cli import build_parser
+
+    p = build_parser()
+    for argv, want in ((["-vv", "models"], 2), (["models", "-vv"], 2), (["-v", "models", "-v"], 2), (["models"], 0)):
+        a = p.parse_args(argv)
+        assert a.verbose + a.verbose_before == want, argv
