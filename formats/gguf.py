@@ -362,6 +362,21 @@ class GGUFFile:
         except KeyError:
             raise GGUFError(f"{self.path}: no tensor named {name!r}") from None
 
+    def drop_pages(self, t: TensorInfo) -> None:
+        """Tell the OS it may drop the resident pages of t's data (after a repacked copy was
+        made): they are read back from the file if t is used again. No-op where unsupported."""
+        mm = self._mm
+        if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = -(-(self.data_offset + t.offset) // page) * page
+        end = (self.data_offset + t.offset + t.nbytes) // page * page
+        if end > start:
+            try:
+                mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            except (OSError, ValueError):
+                pass
+
     def close(self) -> None:
         """Release the mapping. If tensor views are still alive the OS mapping lives on
         until they are garbage-collected (numpy holds its own reference)."""

@@ -196,18 +196,24 @@ def _soft_f32_to_f16(x):  # type: ignore[no-untyped-def]
     return np.uint16(sign | r)
 
 
+def target_has(feature: str) -> bool:
+    """Whether numba compiles for a CPU with `feature` (e.g. "+f16c"): the configured target
+    (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES) if any, else this host."""
+    if (config.CPU_NAME or "").lower() == "generic" and not config.CPU_FEATURES:
+        return False
+    if config.CPU_FEATURES is not None:
+        return feature in config.CPU_FEATURES.split(",")
+    from numba.core.codegen import get_host_cpu_features
+
+    return feature in get_host_cpu_features().split(",")
+
+
 def _target_has_f16c() -> bool:
     import platform
 
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
         return True  # other targets (aarch64) convert halves natively
-    if (config.CPU_NAME or "").lower() == "generic" and not config.CPU_FEATURES:
-        return False
-    if config.CPU_FEATURES is not None:
-        return "+f16c" in config.CPU_FEATURES
-    from numba.core.codegen import get_host_cpu_features
-
-    return "+f16c" in get_host_cpu_features()
+    return target_has("+f16c")
 
 
 HAS_F16C = _target_has_f16c()

@@ -11,6 +11,7 @@ import numpy as np
 
 from edge_infer.kernels_cpu import attention as attn_k
 from edge_infer.kernels_cpu import matmul as mm_k
+from edge_infer.kernels_cpu import matmul_i8 as i8_k
 from edge_infer.kernels_cpu import ops
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.weights import ModelWeights, QMatrix
@@ -72,6 +73,23 @@ class Transformer:
         mm_k.matmul3_kernel(x, *args, self.n_threads)
         return outs
 
+    def output_logits(self, x: np.ndarray) -> np.ndarray:
+        """x [M, d_model] -> logits [M, vocab]. A Q8_0 output matrix (the tied embeddings of
+        SmolLM2 and Gemma 3, Qwen's head) goes through the int8 kernel: activations quantized
+        per 32-block like llama.cpp does, integer dot products, several times the float path's
+        speed on the largest matrix of these models."""
+        if self.w.output_i8 is None:
+            return self.matmul(x, self.w.output)
+        wi, wd = self.w.output_i8
+        m, k = x.shape
+        xq4 = np.empty((m, k // 4), np.int32)
+        xd = np.empty((m, k // 32), np.float32)
+        xsum = np.empty((m, k // 32), np.int32)
+        i8_k.quantize_rows_q8(x, xq4, xd, xsum)
+        out = np.empty((m, self.w.output.rows), np.float32)
+        i8_k.matmul_i8_kernel(xq4, xd, xsum, wi, wd, out, self.n_threads)
+        return out
+
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         emb = self.w.token_embd
         h = np.empty((tokens.shape[0], self.cfg.d_model), np.float32)
@@ -128,7 +146,7 @@ class Transformer:
             next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
             ops.add_rmsnorm_kernel(h, down, next_norm, eps, xn)
         rows = xn if xn.shape[0] == len(inp.logits_rows) else np.ascontiguousarray(xn[inp.logits_rows])
-        logits = self.matmul(rows, self.w.output)
+        logits = self.output_logits(rows)
         if cfg.final_logit_softcap:
             cap = np.float32(cfg.final_logit_softcap)
             np.multiply(np.tanh(logits / cap), cap, out=logits)

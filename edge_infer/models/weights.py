@@ -9,7 +9,7 @@ import numpy as np
 
 from edge_infer.errors import UnsupportedModelError, UnsupportedTensorType
 from edge_infer.formats.gguf import GGUFFile, TensorInfo
-from edge_infer.kernels_cpu.dequant import BLOCK_SHAPE, KERNEL_TYPES, decode_row
+from edge_infer.kernels_cpu.dequant import BLOCK_SHAPE, KERNEL_TYPES, Q8_0, decode_row
 from edge_infer.models.config import ModelConfig
 
 
@@ -50,6 +50,9 @@ class ModelWeights:
     output_norm: np.ndarray
     output: QMatrix  # token_embd itself when the embeddings are tied
     layers: list[LayerWeights]
+    # The output matrix repacked for the int8 kernel (kernels_cpu.matmul_i8) when it is Q8_0:
+    # (interleaved u8 weights [G, nb, 512], float32 scales [G, nb, 16]).
+    output_i8: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def qmatrix(f: GGUFFile, name: str, rows: int, cols: int) -> QMatrix:
@@ -122,4 +125,19 @@ def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
             lw.post_attn_norm = vector(f, p + "post_attention_norm.weight", d)
             lw.post_ffn_norm = vector(f, p + "post_ffw_norm.weight", d)
         layers.append(lw)
-    return ModelWeights(emb, vector(f, "output_norm.weight", d), output, layers)
+    mw = ModelWeights(emb, vector(f, "output_norm.weight", d), output, layers)
+    if output.qtype == Q8_0 and d % 32 == 0:
+        mw.output_i8 = repack_output(output)
+        f.drop_pages(f.tensors[output.name])  # the copy replaces them (lookups fault rows back in)
+    return mw
+
+
+def repack_output(w: QMatrix) -> tuple[np.ndarray, np.ndarray]:
+    """A Q8_0 matrix in the int8 kernel's row-interleaved layout (see kernels_cpu.matmul_i8)."""
+    from edge_infer.kernels_cpu.matmul_i8 import GROUP, repack_q8_0
+
+    groups, nb = -(-w.rows // GROUP), w.cols // 32
+    wi = np.zeros((groups, nb, 512), np.uint8)
+    wd = np.zeros((groups, nb, GROUP), np.float32)
+    repack_q8_0(w.data, wi, wd)
+    return wi, wd

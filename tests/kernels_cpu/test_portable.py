@@ -101,6 +101,11 @@ SCRIPT = textwrap.dedent(
     gelu_mul_kernel(g, u, out)
     np.testing.assert_allclose(out, ref.gelu_mul(g, u), rtol=1e-5, atol=1e-6)
 
+    # the int8 matmul (Q8_0 output matrices): the plain-IR stand-in for vpdpbusd
+    from check_i8 import check_i8
+
+    check_i8(rng)
+
     # the target took effect: widest vector registers in the matmul loop (compiled just now:
     # the private cache was empty, so the assembly is available)
     from edge_infer.kernels_cpu.matmul import _row_groups

@@ -1,0 +1,141 @@
+"""Integer matmul for Q8_0 weights: activations quantized to int8 per 32-block, u8 x s8 dot
+products (AVX-512 VNNI `vpdpbusd`, or plain vector IR that LLVM lowers anywhere), one float
+scale per (row, block).
+
+Weights are repacked once at load into a row-interleaved layout: for each group of 16 rows and
+each 32-column block, 8 "quads" of 64 bytes, quad q holding columns 4q..4q+3 of the 16 rows
+(row l at bytes 4l..4l+3), stored as u8 = q8 + 128. One vpdpbusd then adds 4 products into each
+of 16 row lanes, so a block needs no horizontal sums. Per row lane and block:
+    isum = sum(u8 * xq) - 128 * sum(xq)        (exact integers)
+    acc += float(isum) * (d_w * d_x)           (blocks in order: a fixed float sequence)
+The same per-lane arithmetic runs for every token whatever the batch, so GEMV and GEMM rows
+are bit-identical (batch invariance) and the thread count changes nothing.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from ._jit import f16_to_f32, kernel, target_has
+
+GROUP = 16  # rows per interleaved group (one 512-bit vector of int32 lanes)
+HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
+
+
+def _dot_block_ir(builder, a, wbase, xbase, xoff, vnni):  # type: ignore[no-untyped-def]
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    v16, v64i8, v64i32 = ir.VectorType(i32, 16), ir.VectorType(ir.IntType(8), 64), ir.VectorType(i32, 64)
+    fn = None
+    if vnni:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(v16, [v16, v16, v16]))
+    for q in range(8):
+        wp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * q)]), v16.as_pointer())
+        wv = builder.load(wp, align=1)
+        xs = builder.load(builder.gep(xbase, [builder.add(xoff, ir.Constant(i64, q))]))
+        xv = builder.insert_element(ir.Constant(v16, None), xs, ir.Constant(i32, 0))
+        xv = builder.shuffle_vector(xv, ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
+        if vnni:
+            a = builder.call(fn, [a, wv, xv])
+            continue
+        # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
+        w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
+        x32 = builder.sext(builder.bitcast(xv, v64i8), v64i32)
+        p = builder.mul(w32, x32)
+        for k in range(4):
+            a = builder.add(a, builder.shuffle_vector(p, p, ir.Constant(v16, [4 * j + k for j in range(16)])))
+    return a
+
+
+@intrinsic
+def dot_block(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-def]
+    """iacc[0:16] = sum over quads q of 4-byte dot products u8 w[w_off + 64q + 4l + k] x s8 of
+    x4[x_off + q] (4 packed int8), for the 16 row lanes l. iacc: int32 [16]; w: uint8 [...];
+    x4: int32 [...]. Overwrites iacc."""
+    if not (isinstance(iacc, types.Array) and isinstance(w, types.Array) and isinstance(x4, types.Array)):
+        return None
+    sig = types.void(iacc, w, w_off, x4, x_off)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        acc_a = context.make_array(signature.args[0])(context, builder, value=args[0])
+        w_a = context.make_array(signature.args[1])(context, builder, value=args[1])
+        x_a = context.make_array(signature.args[3])(context, builder, value=args[3])
+        v16 = ir.VectorType(ir.IntType(32), 16)
+        accp = builder.bitcast(acc_a.data, v16.as_pointer())
+        a = _dot_block_ir(builder, ir.Constant(v16, None), builder.gep(w_a.data, [args[2]]), x_a.data,
+                          args[4], HAS_VNNI)
+        builder.store(a, accp, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@kernel(parallel=True)
+def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
+    """Per token and 32-block: d = max|x| / 127, q = rint(x / d) (int8, packed 4 per int32 in
+    xq4 [T, K/4]), xd [T, K/32] = d, xsum [T, K/32] = sum of q (int32)."""
+    T, K = x.shape
+    xq = xq4.view(np.int8).reshape(T, K)
+    for t in numba.prange(T):
+        for b in range(K // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[t, b * 32 + j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
+            s = np.int32(0)
+            for j in range(32):
+                v = np.int32(np.rint(x[t, b * 32 + j] * inv))
+                xq[t, b * 32 + j] = np.int8(v)
+                s += v
+            xd[t, b] = d
+            xsum[t, b] = s
+
+
+@kernel(parallel=True)
+def matmul_i8_kernel(xq4, xd, xsum, wi, wd, out, n_threads):  # type: ignore[no-untyped-def]
+    """out[t, r] for r < out.shape[1]: xq4/xd/xsum from quantize_rows_q8; wi: uint8 [G, nb,
+    512] interleaved weights; wd: float32 [G, nb, 16] block scales (rows past R are padding)."""
+    T, R = out.shape
+    G, nb = wi.shape[0], wi.shape[1]
+    k4 = xq4.shape[1]
+    wflat = wi.reshape(-1)  # flat views: offsets instead of a row view per block
+    xflat = xq4.reshape(-1)
+    per = (G + n_threads - 1) // n_threads
+    for tid in numba.prange(n_threads):
+        iacc = np.zeros(GROUP, np.int32)
+        facc = np.zeros(GROUP, np.float32)
+        for g in range(tid * per, min(G, (tid + 1) * per)):
+            for t in range(T):
+                for ln in range(GROUP):
+                    facc[ln] = 0.0
+                for b in range(nb):
+                    dot_block(iacc, wflat, (g * nb + b) * 512, xflat, t * k4 + b * 8)
+                    corr = np.int32(128) * xsum[t, b]
+                    dx = xd[t, b]
+                    for ln in range(GROUP):
+                        facc[ln] += np.float32(np.int32(iacc[ln] - corr)) * (wd[g, b, ln] * dx)
+                for ln in range(min(GROUP, R - g * GROUP)):
+                    out[t, g * GROUP + ln] = facc[ln]
+
+
+@kernel(parallel=True)
+def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
+    """Q8_0 rows (uint8 [R, nb * 34]) -> interleaved u8 = q + 128 (wi [G, nb, 512]) and float32
+    scales (wd [G, nb, 16]); rows past R stay zero."""
+    R = w.shape[0]
+    nb = w.shape[1] // 34
+    for g in numba.prange(wi.shape[0]):
+        for ln in range(GROUP):
+            r = g * GROUP + ln
+            if r >= R:
+                break
+            for b in range(nb):
+                o = b * 34
+                wd[g, b, ln] = f16_to_f32(np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8)))
+                for j in range(32):
+                    q, k = j // 4, j % 4
+                    wi[g, b, q * 64 + ln * 4 + k] = np.uint8((np.int32(np.int8(w[r, o + 2 + j])) + 128) & 255)
