@@ -23,8 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from edge_infer import LLM, SamplingParams, hub  # noqa: E402
 
-CODE_PROMPT = '''<|im_start|>user
-Here is a Python function:
+CODE_TASK = '''Here is a Python function:
 
 ```python
 def moving_average(values, window):
@@ -42,9 +41,9 @@ def moving_average(values, window):
     return result
 ```
 
-Rewrite it exactly as it is, but rename the function to rolling_mean. Output only the code.<|im_end|>
-<|im_start|>assistant
-'''
+Rewrite it exactly as it is, but rename the function to rolling_mean. Output only the code.'''
+# chatml, qwen2.5-coder's template; also the task of tests/test_spec_real.py
+CODE_PROMPT = f"<|im_start|>user\n{CODE_TASK}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def decode_tps(out) -> float:  # type: ignore[no-untyped-def]

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import assert_one_line_error, run
 from gguf import GGUFWriter
 
-from edge_infer import cli, hub
+from edge_infer import hub
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}\n" + "{{ message['content'] }} " * 40 + "{% endfor %}END-OF-TEMPLATE"
@@ -43,20 +44,6 @@ def tiny_gguf(tmp_path: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc: int, err: str, *needles: str) -> None:
-    assert rc == 1
-    assert err.startswith("edge-infer: error: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in err
 
 
 def test_models_lists_known_models_and_cache(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:

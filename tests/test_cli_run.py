@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_one_line_error, run
 
 from edge_infer import cli
 from edge_infer.cli_run import read_prompt
@@ -19,20 +20,6 @@ from edge_infer.errors import InvalidRequest
 
 PROMPT = "The capital of France is"
 GREEDY = ["--temp", "0", "-n", "8"]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc: int, err: str, *needles: str) -> None:
-    assert rc == 1
-    assert err.startswith("edge-infer: error: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in err, err
 
 
 # -- run on the real model -----------------------------------------------------------------

@@ -20,30 +20,18 @@ import pytest
 
 from edge_infer import LLM, SamplingParams
 
+# The benchmark's task and F16 writer (benchmarks/ is not a package): one definition of each.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_spec import CODE_TASK  # noqa: E402
+from make_f16_copy import write_copy  # noqa: E402
+
+sys.path.pop(0)
+
 pytestmark = pytest.mark.slow
 
 THREADS = 1
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
 
-CODE_TASK = '''Here is a Python function:
-
-```python
-def moving_average(values, window):
-    """Return the moving averages of `values` over `window` items."""
-    if window <= 0:
-        raise ValueError("window must be positive")
-    result = []
-    total = 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        if i >= window - 1:
-            result.append(total / window)
-    return result
-```
-
-Rewrite it exactly as it is, but rename the function to rolling_mean. Output only the code.'''
 OTHER_PROMPTS = ["def is_prime(n):", "The three primary colors are"]
 Prompts = list[str | list[int]]
 DRAFT_PROMPTS: Prompts = [
@@ -93,12 +81,6 @@ def test_ngram_greedy_equals_plain(qwen2_path: Path, qwen_plain: tuple[Prompts, 
 @pytest.fixture(scope="module")
 def f16_target(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """An F16 copy of smollm2 (about 270 MB, a few seconds to write), deleted after the module."""
-    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
-    sys.path.insert(0, bench)
-    try:
-        from make_f16_copy import write_copy
-    finally:
-        sys.path.remove(bench)
     path = write_copy(str(smollm2_path), str(tmp_path_factory.mktemp("f16") / "smollm2-135m-f16.gguf"), "F16")
     yield path
     path.unlink(missing_ok=True)

@@ -56,6 +56,13 @@ def apply_penalties(logits: np.ndarray, seq: Sequence, stop_ids: Seq[int]) -> np
     return x
 
 
+def changes_logits(seq: Sequence) -> bool:
+    """Whether apply_penalties would change anything for seq's next token."""
+    p = seq.params
+    return bool(p.logit_bias or seq.num_output_tokens < p.min_tokens or p.repetition_penalty != 1.0
+                or ((p.frequency_penalty or p.presence_penalty) and seq.output_token_ids))
+
+
 def sampling_probs(x: np.ndarray, p: SamplingParams) -> np.ndarray:
     """The distribution a non-greedy request samples from: temperature, min_p, top_k, top_p
     applied to penalised logits x; float64 [V] summing to 1."""
@@ -103,7 +110,8 @@ class Sampler:
     def sample_row(self, logits: np.ndarray, seq: Sequence) -> tuple[int, dict[int, float] | None]:
         """(token, logprobs dict or None) for one sequence's next token."""
         p = seq.params
-        x = apply_penalties(logits, seq, self.stop_ids(p))
+        # the common greedy request needs no copy of the (up to 262k-entry) logits per token
+        x = apply_penalties(logits, seq, self.stop_ids(p)) if changes_logits(seq) else logits
         if p.greedy:
             tok = int(np.argmax(x))
         else:
