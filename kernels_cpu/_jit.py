@@ -150,6 +150,26 @@ def f32_to_bits(typingctx, value):  # type: ignore[no-untyped-def]
     return types.int32(value), codegen
 
 
+@intrinsic
+def prefetch(typingctx, arr, index):  # type: ignore[no-untyped-def]
+    """Hint the CPU to bring the cache line of arr.flat[index] (a C-contiguous array; index may
+    run past the end: a prefetch never faults) into cache for reading. Streaming kernels issue
+    it a few KB ahead, where the hardware prefetcher alone leaves them waiting on memory."""
+    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        a = context.make_array(signature.args[0])(context, builder, value=args[0])
+        i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
+        idx = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(a.data, [idx]), i8p)
+        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, index), codegen
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _soft_f16_to_f32(h):  # type: ignore[no-untyped-def]
     # Integer-only conversion for targets without F16C: there LLVM would call compiler-rt's

@@ -25,30 +25,20 @@ from ._jit import f16_to_f32, f32_to_f16, kernel
 from .fastmath import fast_exp
 
 
-def load_row(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
-    """tile[t, :] = float32 values of cache[blk, off, g, :] (overloaded per cache dtype)."""
+def value_at(cache, blk, off, g, d):  # type: ignore[no-untyped-def]
+    """float32 value of cache[blk, off, g, d] before its q8_0 scale (overloaded per dtype)."""
     raise NotImplementedError  # only called from jitted code
 
 
-@overload(load_row, inline="always", jit_options={"cache": True})
-def _ov_load_row(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
+@overload(value_at, inline="always", jit_options={"cache": True})
+def _ov_value_at(cache, blk, off, g, d):  # type: ignore[no-untyped-def]
     dt = cache.dtype
     if isinstance(dt, types.Integer) and dt.bitwidth == 16:
-        def f16(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
-            for d in range(tile.shape[1]):
-                tile[t, d] = f16_to_f32(cache[blk, off, g, d])
-        return f16
+        return lambda cache, blk, off, g, d: f16_to_f32(cache[blk, off, g, d])
     if isinstance(dt, types.Integer) and dt.bitwidth == 8:
-        def q8(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
-            s = scale[blk, off, g]
-            for d in range(tile.shape[1]):
-                tile[t, d] = np.float32(cache[blk, off, g, d]) * s
-        return q8
+        return lambda cache, blk, off, g, d: np.float32(cache[blk, off, g, d])
     if isinstance(dt, types.Float):
-        def f32(cache, scale, blk, off, g, tile, t):  # type: ignore[no-untyped-def]
-            for d in range(tile.shape[1]):
-                tile[t, d] = cache[blk, off, g, d]
-        return f32
+        return lambda cache, blk, off, g, d: cache[blk, off, g, d]
     return None
 
 
@@ -105,130 +95,71 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):  # 
             store_row(v, i, g, v_cache, v_scale, b, o)
 
 
-QUERY_TILE = 16  # queries of one sequence that share each converted K/V block
+@kernel(fastmath=True)
+def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
+                  window, sc, qh, acc, out):  # type: ignore[no-untyped-def]
+    """Heads r0..r1-1 of kv group g for query token i of sequence s (block_tables row).
 
-
-@kernel(inline=True)
-def _load_tile(cache, scale, blk, g, n, tile):  # type: ignore[no-untyped-def]
-    """tile[j, :] = values of cache row j of block blk, kv head g, for j < n."""
-    for j in range(n):
-        load_row(cache, scale, blk, j, g, tile, j)
-
-
-@kernel(inline=True)
-def _transpose(tile, n, tile_t):  # type: ignore[no-untyped-def]
-    for d in range(tile.shape[1]):
-        for j in range(n):
-            tile_t[d, j] = tile[j, d]
-
-
-@kernel
-def _attend_chunk(q, i0, nq, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
-                  window, ktile, kt, vtile, sc, m, den, acc, out):  # type: ignore[no-untyped-def]
-    """Queries i0..i0+nq-1 (one sequence, increasing positions) x heads r0..r1-1 of group g.
-
-    Online softmax over the key blocks in ascending order: per query and head, keep the running
-    max m, denominator den and weighted sum acc, rescaled when the max grows. The scores of a
-    block are one matrix-vector product against the transposed K tile (lane j = key j, summed
-    over d in order), so each score has a fixed summation order. Each query sees exactly the
-    blocks and keys its own position (and window) selects, in the same order, whatever else is
-    in the chunk: sharing converted K/V tiles changes no result."""
+    Per head, three passes over the visible keys lo..p: scores (one dot product per key, the
+    key row converted on load), softmax (max, then exp and sum), then the weighted sum of the
+    value rows. Each query is computed on its own by this one function, whatever else is in the
+    batch, so every result has one fixed operation order (fastmath lets LLVM vectorize the dot
+    products and sums, in the same way each time)."""
     bs, hd = k_cache.shape[1], k_cache.shape[3]
     n_rep = q.shape[1] // (k_cache.shape[2] * hd)
-    lo_all, hi = positions[i0], positions[i0 + nq - 1]
-    lo_all = max(0, lo_all - window + 1) if window > 0 else 0
-    for qi in range(nq):
-        for r in range(r0, r1):
-            m[qi, r] = -np.inf
-            den[qi, r] = 0.0
-            for d in range(hd):
-                acc[qi, r, d] = 0.0
-    for b in range(lo_all // bs, hi // bs + 1):
-        j0 = b * bs
-        n = min(bs, hi + 1 - j0)
-        blk = block_tables[s, b]
-        _load_tile(k_cache, k_scale, blk, g, n, ktile)
-        _transpose(ktile, n, kt)
-        _load_tile(v_cache, v_scale, blk, g, n, vtile)
-        for qi in range(nq):
-            p = positions[i0 + qi]
-            lo = max(0, p - window + 1) if window > 0 else 0
-            a, e = max(j0, lo) - j0, min(j0 + n, p + 1) - j0
-            if a >= e:
-                continue
-            for r in range(r0, r1):
-                qoff = (g * n_rep + r) * hd
-                if bs == 16:
-                    # Sixteen named accumulators (each summed over d in order) stay in one
-                    # vector register; a loop over the keys would send them through memory
-                    # at every step of d.
-                    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-                    s8 = s9 = s10 = s11 = s12 = s13 = s14 = s15 = np.float32(0.0)
-                    for d in range(hd):
-                        qd = q[i0 + qi, qoff + d]
-                        s0 += qd * kt[d, 0]
-                        s1 += qd * kt[d, 1]
-                        s2 += qd * kt[d, 2]
-                        s3 += qd * kt[d, 3]
-                        s4 += qd * kt[d, 4]
-                        s5 += qd * kt[d, 5]
-                        s6 += qd * kt[d, 6]
-                        s7 += qd * kt[d, 7]
-                        s8 += qd * kt[d, 8]
-                        s9 += qd * kt[d, 9]
-                        s10 += qd * kt[d, 10]
-                        s11 += qd * kt[d, 11]
-                        s12 += qd * kt[d, 12]
-                        s13 += qd * kt[d, 13]
-                        s14 += qd * kt[d, 14]
-                        s15 += qd * kt[d, 15]
-                    sc[0] = s0
-                    sc[1] = s1
-                    sc[2] = s2
-                    sc[3] = s3
-                    sc[4] = s4
-                    sc[5] = s5
-                    sc[6] = s6
-                    sc[7] = s7
-                    sc[8] = s8
-                    sc[9] = s9
-                    sc[10] = s10
-                    sc[11] = s11
-                    sc[12] = s12
-                    sc[13] = s13
-                    sc[14] = s14
-                    sc[15] = s15
-                else:
-                    for j in range(n):
-                        sc[j] = 0.0
-                    for d in range(hd):
-                        qd = q[i0 + qi, qoff + d]
-                        for j in range(n):
-                            sc[j] += qd * kt[d, j]
-                bm = -np.inf
-                for j in range(a, e):
-                    sc[j] *= scale
-                    bm = max(bm, sc[j])
-                m_new = max(m[qi, r], bm)
-                for j in range(a, e):
-                    sc[j] = fast_exp(sc[j] - m_new)
-                corr = fast_exp(m[qi, r] - m_new)
-                tot = den[qi, r] * corr
-                for j in range(a, e):
-                    tot += sc[j]
-                den[qi, r] = tot
-                m[qi, r] = m_new
+    quant = k_scale.shape[0] > 0
+    p = positions[i]
+    lo = max(0, p - window + 1) if window > 0 else 0
+    n = p + 1 - lo
+    for r in range(r0, r1):
+        qoff = (g * n_rep + r) * hd
+        for d in range(hd):  # a contiguous copy: q[i, qoff + d] would be a gather (qoff's sign is unknown)
+            qh[d] = q[i, qoff + d]
+        j = 0
+        for b in range(lo // bs, p // bs + 1):
+            blk = block_tables[s, b]
+            for off in range(max(lo, b * bs) - b * bs, min(bs, p + 1 - b * bs)):
+                dot = np.float32(0.0)
                 for d in range(hd):
-                    acc[qi, r, d] *= corr
-                for j in range(a, e):
-                    w = sc[j]
-                    for d in range(hd):
-                        acc[qi, r, d] += w * vtile[j, d]
-    for qi in range(nq):
-        for r in range(r0, r1):
-            inv = np.float32(1.0) / den[qi, r]
-            for d in range(hd):
-                out[i0 + qi, (g * n_rep + r) * hd + d] = acc[qi, r, d] * inv
+                    dot += qh[d] * value_at(k_cache, blk, off, g, d)
+                if quant:
+                    dot *= k_scale[blk, off, g]
+                sc[j] = dot * scale
+                j += 1
+        mx = sc[0]
+        for j in range(1, n):
+            mx = max(mx, sc[j])
+        den = np.float32(0.0)
+        for j in range(n):
+            e = fast_exp(sc[j] - mx)
+            sc[j] = e
+            den += e
+        for d in range(hd):
+            acc[d] = 0.0
+        j = 0
+        for b in range(lo // bs, p // bs + 1):
+            blk = block_tables[s, b]
+            o0, o1 = max(lo, b * bs) - b * bs, min(bs, p + 1 - b * bs)
+            # two value rows per pass over acc: half the store-to-load chains through it
+            for off in range(o0, o1 - 1, 2):
+                w0, w1 = sc[j], sc[j + 1]
+                j += 2
+                if quant:
+                    w0 *= v_scale[blk, off, g]
+                    w1 *= v_scale[blk, off + 1, g]
+                for d in range(hd):
+                    acc[d] += w0 * value_at(v_cache, blk, off, g, d) + w1 * value_at(v_cache, blk, off + 1, g, d)
+            if (o1 - o0) & 1:
+                w0 = sc[j]
+                j += 1
+                if quant:
+                    w0 *= v_scale[blk, o1 - 1, g]
+                for d in range(hd):
+                    acc[d] += w0 * value_at(v_cache, blk, o1 - 1, g, d)
+        inv = np.float32(1.0) / den
+        orow = out[i, qoff : qoff + hd]
+        for d in range(hd):
+            orow[d] = acc[d] * inv
 
 
 @kernel(parallel=True)
@@ -236,44 +167,30 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
     """Causal attention of every query token against its own sequence's cached keys.
 
     q: float32 [N, n_heads * head_dim] (RoPE applied); token_seq: int32 [N] row of block_tables
-    for each token (a sequence's tokens are consecutive, positions increasing); positions:
-    int32 [N]; window: 0 = full attention, else a key at position j is visible to a query at p
-    only if p - j < window (sliding-window layers); out: float32 [N, n_heads * head_dim].
-    Work items (chunk of up to QUERY_TILE queries of one sequence, kv-head) are dealt to the
-    n_threads threads round-robin; when there are fewer of them than threads (decoding one
-    sequence of a model with one kv-head), each query head is an item of its own.
+    for each token; positions: int32 [N]; window: 0 = full attention, else a key at position j
+    is visible to a query at p only if p - j < window (sliding-window layers); out: float32
+    [N, n_heads * head_dim]. Work items (query token, kv-head) are dealt to the n_threads
+    threads round-robin; when there are fewer of them than threads (decoding one sequence of a
+    model with one kv-head), each query head is an item of its own.
     """
     N = q.shape[0]
-    n_kv, bs, hd = k_cache.shape[2], k_cache.shape[1], k_cache.shape[3]
+    n_kv, hd = k_cache.shape[2], k_cache.shape[3]
     n_rep = q.shape[1] // (n_kv * hd)
-    starts = np.empty(N + 1, np.int64)
-    n_chunks = 0
-    i = 0
-    while i < N:
-        starts[n_chunks] = i
-        n_chunks += 1
-        j = i + 1
-        while j < N and j - i < QUERY_TILE and token_seq[j] == token_seq[i]:
-            j += 1
-        i = j
-    starts[n_chunks] = N
-    split = n_rep if n_chunks * n_kv < n_threads else 1
-    items = n_chunks * n_kv * split
+    longest = 1
+    for t in range(N):
+        longest = max(longest, positions[t] + 1)
+    split = n_rep if N * n_kv < n_threads else 1
+    items = N * n_kv * split
     for tid in numba.prange(n_threads):
-        ktile = np.zeros((bs, hd), np.float32)  # zeros: lanes past a short block stay finite
-        kt = np.zeros((hd, bs), np.float32)
-        vtile = np.zeros((bs, hd), np.float32)
-        sc = np.empty(bs, np.float32)
-        m = np.empty((QUERY_TILE, n_rep), np.float32)
-        den = np.empty((QUERY_TILE, n_rep), np.float32)
-        acc = np.empty((QUERY_TILE, n_rep, hd), np.float32)
+        sc = np.empty(longest, np.float32)
+        acc = np.empty(hd, np.float32)
+        qh = np.empty(hd, np.float32)
         for it in range(tid, items, n_threads):
-            c, rest = it // (n_kv * split), it % (n_kv * split)
+            i, rest = it // (n_kv * split), it % (n_kv * split)
             g, part = rest // split, rest % split
             r0, r1 = part * n_rep // split, (part + 1) * n_rep // split
-            i0 = starts[c]
-            _attend_chunk(q, i0, starts[c + 1] - i0, g, r0, r1, token_seq[i0], block_tables, k_cache, k_scale,
-                          v_cache, v_scale, positions, scale, window, ktile, kt, vtile, sc, m, den, acc, out)
+            _attend_query(q, i, g, r0, r1, token_seq[i], block_tables, k_cache, k_scale, v_cache, v_scale,
+                          positions, scale, window, sc, qh, acc, out)
 
 
 @kernel(inline=True)

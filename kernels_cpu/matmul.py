@@ -15,7 +15,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._jit import kernel
+from ._jit import kernel, prefetch
 from .dequant import decode_rows
 
 ROW_GROUP = 4
@@ -79,6 +79,10 @@ def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
         for g in range(g0, g1):
             r0 = g * ROW_GROUP
             nvalid = min(ROW_GROUP, R - r0)
+            if t0 == 0 and g + 1 < g1:
+                nxt = (r0 + ROW_GROUP) * w.shape[1]
+                for line in range(0, ROW_GROUP * w.shape[1], 64):
+                    prefetch(w, nxt + line)
             for i in range(ROW_GROUP):
                 # a short last group decodes its last row again; only valid rows are written
                 decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, i)
