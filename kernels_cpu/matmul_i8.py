@@ -30,32 +30,72 @@ PREFETCH_SCALES = 128  # ahead of the block's scales, in floats (8 blocks)
 HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
 
 
-def _dot_block_ir(builder, a, wbase, xbase, xoff, vnni):  # type: ignore[no-untyped-def]
+TOKEN_TILE = 4  # tokens that share each weight load in the GEMM path
+
+
+def _dot_block_ir(builder, wbase, xbase, xoffs, vnni):  # type: ignore[no-untyped-def]
+    """int32 <16 x i32> sums of one block for each x offset in xoffs: every weight quad is
+    loaded once and meets each token's broadcast quad. Integer sums are exact, so how the
+    products are split into chains changes no result: one token uses two chains (even and odd
+    quads) to hide vpdpbusd's latency; several tokens are independent chains already."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
     v16, v64i8, v64i32 = ir.VectorType(i32, 16), ir.VectorType(ir.IntType(8), 64), ir.VectorType(i32, 64)
-    fn = None
+    zero = ir.Constant(v16, None)
+    chains = 2 if len(xoffs) == 1 else 1
+    accs = [[zero] * chains for _ in xoffs]
     pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
     for line in range(8):  # the block's 8 cache lines, PREFETCH_BYTES ahead (read, keep, data)
         ahead = builder.gep(wbase, [ir.Constant(i64, PREFETCH_BYTES + 64 * line)])
         builder.call(pf, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    fn = None
     if vnni:
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(v16, [v16, v16, v16]))
     for q in range(8):
         wp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * q)]), v16.as_pointer())
         wv = builder.load(wp, align=1)
-        xs = builder.load(builder.gep(xbase, [builder.add(xoff, ir.Constant(i64, q))]))
-        xv = builder.insert_element(ir.Constant(v16, None), xs, ir.Constant(i32, 0))
-        xv = builder.shuffle_vector(xv, ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
-        if vnni:
-            a = builder.call(fn, [a, wv, xv])
-            continue
-        # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
-        w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
-        x32 = builder.sext(builder.bitcast(xv, v64i8), v64i32)
-        p = builder.mul(w32, x32)
-        for k in range(4):
-            a = builder.add(a, builder.shuffle_vector(p, p, ir.Constant(v16, [4 * j + k for j in range(16)])))
-    return a
+        for u, xoff in enumerate(xoffs):
+            xs = builder.load(builder.gep(xbase, [builder.add(xoff, ir.Constant(i64, q))]))
+            xv = builder.insert_element(ir.Constant(v16, None), xs, ir.Constant(i32, 0))
+            xv = builder.shuffle_vector(xv, ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
+            a = accs[u][q % chains]
+            if vnni:
+                a = builder.call(fn, [a, wv, xv])
+            else:
+                # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
+                w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
+                x32 = builder.sext(builder.bitcast(xv, v64i8), v64i32)
+                p = builder.mul(w32, x32)
+                for k in range(4):
+                    a = builder.add(a, builder.shuffle_vector(p, p, ir.Constant(v16, [4 * j + k for j in range(16)])))
+            accs[u][q % chains] = a
+    out = []
+    for chain in accs:
+        a = chain[0]
+        for b in chain[1:]:
+            a = builder.add(a, b)
+        out.append(a)
+    return out
+
+
+def _dot_codegen(n_tokens):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        acc_a = context.make_array(signature.args[0])(context, builder, value=args[0])
+        w_a = context.make_array(signature.args[1])(context, builder, value=args[1])
+        x_a = context.make_array(signature.args[3])(context, builder, value=args[3])
+        v16 = ir.VectorType(ir.IntType(32), 16)
+        xoffs = [context.cast(builder, args[4 + u], signature.args[4 + u], types.int64) for u in range(n_tokens)]
+        woff = context.cast(builder, args[2], signature.args[2], types.int64)
+        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI)
+        for u, a in enumerate(sums):
+            dst = builder.gep(acc_a.data, [ir.Constant(ir.IntType(64), 16 * u)])
+            builder.store(a, builder.bitcast(dst, v16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _arrays(*ts) -> bool:  # type: ignore[no-untyped-def]
+    return all(isinstance(t, types.Array) for t in ts)
 
 
 @intrinsic
@@ -63,22 +103,18 @@ def dot_block(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-
     """iacc[0:16] = sum over quads q of 4-byte dot products u8 w[w_off + 64q + 4l + k] x s8 of
     x4[x_off + q] (4 packed int8), for the 16 row lanes l. iacc: int32 [16]; w: uint8 [...];
     x4: int32 [...]. Overwrites iacc."""
-    if not (isinstance(iacc, types.Array) and isinstance(w, types.Array) and isinstance(x4, types.Array)):
+    if not _arrays(iacc, w, x4):
         return None
-    sig = types.void(iacc, w, w_off, x4, x_off)
+    return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1)
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        acc_a = context.make_array(signature.args[0])(context, builder, value=args[0])
-        w_a = context.make_array(signature.args[1])(context, builder, value=args[1])
-        x_a = context.make_array(signature.args[3])(context, builder, value=args[3])
-        v16 = ir.VectorType(ir.IntType(32), 16)
-        accp = builder.bitcast(acc_a.data, v16.as_pointer())
-        a = _dot_block_ir(builder, ir.Constant(v16, None), builder.gep(w_a.data, [args[2]]), x_a.data,
-                          args[4], HAS_VNNI)
-        builder.store(a, accp, align=4)
-        return context.get_dummy_value()
 
-    return sig, codegen
+@intrinsic
+def dot_block4(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):  # type: ignore[no-untyped-def]
+    """dot_block for TOKEN_TILE = 4 tokens at once (x offsets xo0..xo3): iacc[16u:16u+16] is
+    token u's result, bit-identical to dot_block's. iacc: int32 [64]."""
+    if not _arrays(iacc, w, x4):
+        return None
+    return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4)
 
 
 @kernel(parallel=True)
@@ -103,10 +139,22 @@ def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
             xsum[t, b] = s
 
 
+@kernel(inline=True)
+def _block_epilogue(iacc, u, xsum, xd, t, b, wd, g, facc):  # type: ignore[no-untyped-def]
+    """facc[u, :] += float(isum - 128 * sum(xq)) * (d_w * d_x) for the 16 row lanes: the one
+    float sequence every (token, row) goes through, in the GEMV and the GEMM path alike."""
+    corr = np.int32(128) * xsum[t, b]
+    dx = xd[t, b]
+    for ln in range(GROUP):
+        facc[u, ln] += np.float32(np.int32(iacc[u * GROUP + ln] - corr)) * (wd[g, b, ln] * dx)
+
+
 @kernel(parallel=True)
 def matmul_i8_kernel(xq4, xd, xsum, wi, wd, out, n_threads):  # type: ignore[no-untyped-def]
     """out[t, r] for r < out.shape[1]: xq4/xd/xsum from quantize_rows_q8; wi: uint8 [G, nb,
-    512] interleaved weights; wd: float32 [G, nb, 16] block scales (rows past R are padding)."""
+    512] interleaved weights; wd: float32 [G, nb, 16] block scales (rows past R are padding).
+    Tokens go TOKEN_TILE at a time (each weight quad loaded once for all of them), the rest one
+    by one; both give the same integers and the same float epilogue, so the same bits."""
     T, R = out.shape
     G, nb = wi.shape[0], wi.shape[1]
     k4 = xq4.shape[1]
@@ -115,21 +163,29 @@ def matmul_i8_kernel(xq4, xd, xsum, wi, wd, out, n_threads):  # type: ignore[no-
     xflat = xq4.reshape(-1)
     per = (G + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
-        iacc = np.zeros(GROUP, np.int32)
-        facc = np.zeros(GROUP, np.float32)
+        iacc = np.zeros(TOKEN_TILE * GROUP, np.int32)
+        facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
         for g in range(tid * per, min(G, (tid + 1) * per)):
-            for t in range(T):
-                for ln in range(GROUP):
-                    facc[ln] = 0.0
+            t = 0
+            while t < T:
+                n = TOKEN_TILE if T - t >= TOKEN_TILE else 1
+                for u in range(n):
+                    for ln in range(GROUP):
+                        facc[u, ln] = 0.0
                 for b in range(nb):
                     prefetch(dflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
-                    dot_block(iacc, wflat, (g * nb + b) * 512, xflat, t * k4 + b * 8)
-                    corr = np.int32(128) * xsum[t, b]
-                    dx = xd[t, b]
-                    for ln in range(GROUP):
-                        facc[ln] += np.float32(np.int32(iacc[ln] - corr)) * (wd[g, b, ln] * dx)
-                for ln in range(min(GROUP, R - g * GROUP)):
-                    out[t, g * GROUP + ln] = facc[ln]
+                    wo = (g * nb + b) * 512
+                    if n == TOKEN_TILE:
+                        dot_block4(iacc, wflat, wo, xflat, t * k4 + b * 8, (t + 1) * k4 + b * 8,
+                                   (t + 2) * k4 + b * 8, (t + 3) * k4 + b * 8)
+                    else:
+                        dot_block(iacc, wflat, wo, xflat, t * k4 + b * 8)
+                    for u in range(n):
+                        _block_epilogue(iacc, u, xsum, xd, t + u, b, wd, g, facc)
+                for u in range(n):
+                    for ln in range(min(GROUP, R - g * GROUP)):
+                        out[t + u, g * GROUP + ln] = facc[u, ln]
+                t += n
 
 
 @kernel(parallel=True)
