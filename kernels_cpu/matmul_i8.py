@@ -139,14 +139,37 @@ def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
             xsum[t, b] = s
 
 
-@kernel(inline=True)
-def _block_epilogue(iacc, u, xsum, xd, t, b, wd, g, facc):  # type: ignore[no-untyped-def]
-    """facc[u, :] += float(isum - 128 * sum(xq)) * (d_w * d_x) for the 16 row lanes: the one
-    float sequence every (token, row) goes through, in the GEMV and the GEMM path alike."""
-    corr = np.int32(128) * xsum[t, b]
-    dx = xd[t, b]
-    for ln in range(GROUP):
-        facc[u, ln] += np.float32(np.int32(iacc[u * GROUP + ln] - corr)) * (wd[g, b, ln] * dx)
+@intrinsic
+def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: ignore[no-untyped-def]
+    """facc[fo + l] += float32(iacc[io + l] - corr) * (wd[wo + l] * dx) for the 16 lanes l, as
+    one vector sequence (fmul, fmul, fadd: never fused). facc, wd: float32 [...]; iacc: int32
+    [...]; corr: int32; dx: float32. LLVM left the same lines of numba code scalar."""
+    if not _arrays(facc, iacc, wd):
+        return None
+    sig = types.void(facc, fo, iacc, io, corr, wd, wo, dx)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i32, f32 = ir.IntType(32), ir.FloatType()
+        vi, vf = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
+
+        def ptr(k, off_arg, vt):  # type: ignore[no-untyped-def]
+            a = context.make_array(signature.args[k])(context, builder, value=args[k])
+            off = context.cast(builder, args[off_arg], signature.args[off_arg], types.int64)
+            return builder.bitcast(builder.gep(a.data, [off]), vt.as_pointer())
+
+        def splat(v, vt):  # type: ignore[no-untyped-def]
+            one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(i32, 0))
+            return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(vi, [0] * 16))
+
+        fp, ip, wp = ptr(0, 1, vf), ptr(2, 3, vi), ptr(5, 6, vf)
+        c = context.cast(builder, args[4], signature.args[4], types.int32)
+        d = context.cast(builder, args[7], signature.args[7], types.float32)
+        isum = builder.sub(builder.load(ip, align=4), splat(c, vi))
+        term = builder.fmul(builder.sitofp(isum, vf), builder.fmul(builder.load(wp, align=4), splat(d, vf)))
+        builder.store(builder.fadd(builder.load(fp, align=4), term), fp, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @kernel(parallel=True)
@@ -165,6 +188,7 @@ def matmul_i8_kernel(xq4, xd, xsum, wi, wd, out, n_threads):  # type: ignore[no-
     for tid in numba.prange(n_threads):
         iacc = np.zeros(TOKEN_TILE * GROUP, np.int32)
         facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
+        facc_flat = facc.reshape(-1)
         for g in range(tid * per, min(G, (tid + 1) * per)):
             t = 0
             while t < T:
@@ -180,8 +204,9 @@ def matmul_i8_kernel(xq4, xd, xsum, wi, wd, out, n_threads):  # type: ignore[no-
                                    (t + 2) * k4 + b * 8, (t + 3) * k4 + b * 8)
                     else:
                         dot_block(iacc, wflat, wo, xflat, t * k4 + b * 8)
-                    for u in range(n):
-                        _block_epilogue(iacc, u, xsum, xd, t + u, b, wd, g, facc)
+                    for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
+                        scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(128) * xsum[t + u, b],
+                                         dflat, (g * nb + b) * GROUP, xd[t + u, b])
                 for u in range(n):
                     for ln in range(min(GROUP, R - g * GROUP)):
                         out[t + u, g * GROUP + ln] = facc[u, ln]
