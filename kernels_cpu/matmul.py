@@ -63,6 +63,49 @@ def _dot_group(wg, x, out, t0, t1, r0, nvalid):  # type: ignore[no-untyped-def]
         out[t1, r0 + 3] = b3
 
 
+@kernel(inline=True)
+def _dot_rows8(wg, x, out, t, r0, nv0, r1, nv1):  # type: ignore[no-untyped-def]
+    """GEMV form of _dot_group: eight rows (two decoded row groups, at r0 and r1) times one
+    token. Each accumulator sees the very same sequence of products as in _dot_group (and the
+    loop has the same shape: eight accumulations, two-operand products), so LLVM vectorizes
+    both alike and a GEMV row equals the GEMM row bit for bit (the tests hold it to that); no
+    multiply-adds are spent on a duplicated token."""
+    n = x.shape[1]
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    a3 = np.float32(0.0)
+    b0 = np.float32(0.0)
+    b1 = np.float32(0.0)
+    b2 = np.float32(0.0)
+    b3 = np.float32(0.0)
+    for k in range(n):
+        xa = x[t, k]
+        a0 += wg[0, k] * xa
+        a1 += wg[1, k] * xa
+        a2 += wg[2, k] * xa
+        a3 += wg[3, k] * xa
+        b0 += wg[4, k] * xa
+        b1 += wg[5, k] * xa
+        b2 += wg[6, k] * xa
+        b3 += wg[7, k] * xa
+    out[t, r0] = a0
+    if nv0 > 1:
+        out[t, r0 + 1] = a1
+    if nv0 > 2:
+        out[t, r0 + 2] = a2
+    if nv0 > 3:
+        out[t, r0 + 3] = a3
+    if nv1 > 0:
+        out[t, r1] = b0
+    if nv1 > 1:
+        out[t, r1 + 1] = b1
+    if nv1 > 2:
+        out[t, r1 + 2] = b2
+    if nv1 > 3:
+        out[t, r1 + 3] = b3
+
+
 TILE_BYTES = 256 * 1024  # activations of one token tile stay in L2 while a row group meets them
 
 
@@ -72,6 +115,17 @@ def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
     activations fit in L2: each row group is decoded once per tile (a large batch would
     otherwise stream all of x from memory for every row group)."""
     R, T, K = w.shape[0], x.shape[0], x.shape[1]
+    if T == 1:  # GEMV: two row groups per pass, no duplicated token
+        for g in range(g0, g1, 2):
+            r0 = g * ROW_GROUP
+            nv0 = min(ROW_GROUP, R - r0)
+            nv1 = min(ROW_GROUP, R - r0 - ROW_GROUP) if g + 1 < g1 else 0
+            for i in range(2 * ROW_GROUP):
+                if i < ROW_GROUP + max(nv1, 0):
+                    rr = r0 + min(i, nv0 - 1) if i < ROW_GROUP else r0 + ROW_GROUP + min(i - ROW_GROUP, nv1 - 1)
+                    decode_rows(qtype, w, rr, wg, i)
+            _dot_rows8(wg, x, out, 0, r0, nv0, r0 + ROW_GROUP, nv1)
+        return
     tile = max(2, min(T, TILE_BYTES // (4 * K)))
     tile += tile & 1
     for t0 in range(0, T, tile):
@@ -106,7 +160,7 @@ def matmul3_kernel(x, wa, qa, oa, wb, qb, ob, wc, qc, oc, n_threads):  # type: i
     total = na + nb + nc
     per = (total + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
-        wg = np.empty((ROW_GROUP, K), np.float32)
+        wg = np.zeros((2 * ROW_GROUP, K), np.float32)
         lo, hi = tid * per, min(total, (tid + 1) * per)
         if lo < na:
             _row_groups(x, wa, qa, oa, lo, min(hi, na), wg)
@@ -123,7 +177,7 @@ def matmul_kernel(x, w, qtype, out, n_threads):  # type: ignore[no-untyped-def]
     n_groups = _groups(w)
     per = (n_groups + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
-        wg = np.empty((ROW_GROUP, x.shape[1]), np.float32)
+        wg = np.zeros((2 * ROW_GROUP, x.shape[1]), np.float32)
         _row_groups(x, w, qtype, out, tid * per, min(n_groups, (tid + 1) * per), wg)
 
 
