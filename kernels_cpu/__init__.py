@@ -16,6 +16,17 @@ Weights: uint8 [R, row_bytes], a row's GGUF blocks as in the file; qtype is the 
       up to three matmuls of one x in one launch (Q/K/V, gate/up); a matrix with zero rows
       (uint8 [0, 1], out f32 [T, 0]) is skipped; each out equals matmul_kernel's bit for bit.
   embed_rows_kernel(ids i32 [N], w, qtype, out f32 [N, K])      out[i] = decoded row ids[i].
+
+Int8 path (matmul_i8, repack_i8), for Q8_0 / Q4_0 / Q4_1 weights repacked once at load into a
+16-row-interleaved layout (G = ceil(R / 16) groups, nb = K / 32 blocks; see matmul_i8):
+  quantize_rows_q8(x f32 [T, K], xq4 i32 [T, K/4], xd f32 [T, K/32], xsum i32 [T, K/32])
+      per 32-block: d = max|x| / 127, int8 codes rint(x / d) packed 4 per int32, their sum.
+  matmul_i8_kernel(xq4, xd, xsum, wi u8 [G, nb, 512 | 256], wd f32 [G, nb, 16],
+                   wm f32 [G, nb, 16] or [0, 0, 0], w_offset, out f32 [T, R], n_threads)
+      out[t, r] = sum over blocks of float(sum(code * xq) - w_offset * xsum) * (d_w * d_x)
+      [+ m_w * (d_x * xsum)], blocks in order; integer sums exact, so GEMV rows equal GEMM
+      rows and any thread count gives the same bits.
+  repack_q8_0(w, wi, wd); repack_q4(w, has_min, wi, wd, wm)      GGUF rows -> that layout.
   decode_rows(qtype, w, r, out f32 [M, K], i)                    out[i] = decoded row r of w.
   decode_row(qtype, row u8 [row_bytes], out f32 [K])
       bit-exact with formats.quants.dequantize; an unknown qtype raises ValueError.
@@ -61,7 +72,7 @@ rows or work items, never a reduction; a GEMV row is bit-identical to the same G
 attention reads this step's K/V back from the pool, so a token's output is the same whether its
 context was computed in this chunk or an earlier one.
 
-Modules: dequant, matmul, attention, ops, fastmath (vectorizable exp/tanh/silu/gelu), reference
-(the NumPy twins), _jit (codegen settings, the kernel decorator, f16/bf16 bit helpers). This file
+Modules: dequant, matmul, matmul_i8, repack_i8, attention, ops, fastmath (vectorizable
+exp/tanh/silu/gelu), reference (the NumPy twins), _jit (codegen settings, the kernel decorator, f16/bf16 bit helpers). This file
 imports nothing: importing the package stays cheap.
 """

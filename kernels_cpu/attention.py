@@ -113,8 +113,9 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
     n = p + 1 - lo
     for r in range(r0, r1):
         qoff = (g * n_rep + r) * hd
-        for d in range(hd):  # a contiguous copy: q[i, qoff + d] would be a gather (qoff's sign is unknown)
-            qh[d] = q[i, qoff + d]
+        qrow = q[i, qoff : qoff + hd]  # a view: q[i, qoff + d] would be a gather (qoff's sign is unknown)
+        for d in range(hd):
+            qh[d] = qrow[d]
         j = 0
         for b in range(lo // bs, p // bs + 1):
             blk = block_tables[s, b]

@@ -1,13 +1,16 @@
-"""Integer matmul for Q8_0 weights: activations quantized to int8 per 32-block, u8 x s8 dot
-products (AVX-512 VNNI `vpdpbusd`, or plain vector IR that LLVM lowers anywhere), one float
-scale per (row, block).
+"""Integer matmul: activations quantized to int8 per 32-block, u8 x s8 dot products (AVX-512
+VNNI `vpdpbusd`, or plain vector IR that LLVM lowers anywhere), float scales per (row, block).
 
-Weights are repacked once at load into a row-interleaved layout: for each group of 16 rows and
-each 32-column block, 8 "quads" of 64 bytes, quad q holding columns 4q..4q+3 of the 16 rows
-(row l at bytes 4l..4l+3), stored as u8 = q8 + 128. One vpdpbusd then adds 4 products into each
-of 16 row lanes, so a block needs no horizontal sums. Per row lane and block:
-    isum = sum(u8 * xq) - 128 * sum(xq)        (exact integers)
-    acc += float(isum) * (d_w * d_x)           (blocks in order: a fixed float sequence)
+Weights are repacked once at load (kernels_cpu.repack_i8) into a row-interleaved layout: per
+group of 16 rows and 32-column block, 8 "quads", quad q holding columns 4q..4q+3 of the 16 rows
+(row l at bytes 4l..4l+3), so one vpdpbusd adds 4 products into each of 16 row lanes and a block
+needs no horizontal sums. Two byte formats:
+- 8-bit (Q8_0): 512 bytes per block, u8 = q + 128 (offset 128);
+- 4-bit (Q4_0, Q4_1): 256 bytes per block, quads 0-3 in the low nibbles, 4-7 in the high ones
+  (u8 = q, 0..15; offset 8 for Q4_0, a float min per (row, block) for Q4_1).
+Per row lane and block, with xq the token's int8 block, dx its scale:
+    isum = sum(u8 * xq) - offset * sum(xq)                       (exact integers)
+    acc += float(isum) * (d_w * dx) [+ m_w * (dx * sum(xq))]     (blocks in order)
 The same per-lane arithmetic runs for every token whatever the batch, so GEMV and GEMM rows
 are bit-identical (batch invariance) and the thread count changes nothing.
 """
@@ -20,7 +23,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from ._jit import f16_to_f32, kernel, prefetch, target_has
+from ._jit import kernel, prefetch, target_has
 
 GROUP = 16  # rows per interleaved group (one 512-bit vector of int32 lanes)
 # Software prefetch distances (measured on the 2-core AVX-512 VM: a streamed GEMV ran at 9 of
@@ -33,26 +36,36 @@ HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
 TOKEN_TILE = 4  # tokens that share each weight load in the GEMM path
 
 
-def _dot_block_ir(builder, wbase, xbase, xoffs, vnni):  # type: ignore[no-untyped-def]
+def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, nibbles):  # type: ignore[no-untyped-def]
     """int32 <16 x i32> sums of one block for each x offset in xoffs: every weight quad is
     loaded once and meets each token's broadcast quad. Integer sums are exact, so how the
     products are split into chains changes no result: one token uses two chains (even and odd
-    quads) to hide vpdpbusd's latency; several tokens are independent chains already."""
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    v16, v64i8, v64i32 = ir.VectorType(i32, 16), ir.VectorType(ir.IntType(8), 64), ir.VectorType(i32, 64)
+    quads) to hide vpdpbusd's latency; several tokens are independent chains already.
+    nibbles: the 4-bit format (4 loads, each giving quad q in its low and q + 4 in its high
+    nibbles)."""
+    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    v16, v64i8, v64i32 = ir.VectorType(i32, 16), ir.VectorType(i8, 64), ir.VectorType(i32, 64)
     zero = ir.Constant(v16, None)
     chains = 2 if len(xoffs) == 1 else 1
     accs = [[zero] * chains for _ in xoffs]
-    pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
-    for line in range(8):  # the block's 8 cache lines, PREFETCH_BYTES ahead (read, keep, data)
+    pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]))
+    for line in range(4 if nibbles else 8):  # the block's cache lines, PREFETCH_BYTES ahead (read, keep, data)
         ahead = builder.gep(wbase, [ir.Constant(i64, PREFETCH_BYTES + 64 * line)])
         builder.call(pf, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
     fn = None
     if vnni:
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(v16, [v16, v16, v16]))
+    high: list = []
     for q in range(8):
-        wp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * q)]), v16.as_pointer())
-        wv = builder.load(wp, align=1)
+        if nibbles and q >= 4:
+            wv = high[q - 4]
+        else:
+            wp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * q)]), v64i8.as_pointer())
+            wb = builder.load(wp, align=1)
+            if nibbles:
+                high.append(builder.bitcast(builder.lshr(wb, ir.Constant(v64i8, [4] * 64)), v16))
+                wb = builder.and_(wb, ir.Constant(v64i8, [15] * 64))
+            wv = builder.bitcast(wb, v16)
         for u, xoff in enumerate(xoffs):
             xs = builder.load(builder.gep(xbase, [builder.add(xoff, ir.Constant(i64, q))]))
             xv = builder.insert_element(ir.Constant(v16, None), xs, ir.Constant(i32, 0))
@@ -77,7 +90,7 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni):  # type: ignore[no-untype
     return out
 
 
-def _dot_codegen(n_tokens):  # type: ignore[no-untyped-def]
+def _dot_codegen(n_tokens, nibbles):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         acc_a = context.make_array(signature.args[0])(context, builder, value=args[0])
         w_a = context.make_array(signature.args[1])(context, builder, value=args[1])
@@ -85,7 +98,7 @@ def _dot_codegen(n_tokens):  # type: ignore[no-untyped-def]
         v16 = ir.VectorType(ir.IntType(32), 16)
         xoffs = [context.cast(builder, args[4 + u], signature.args[4 + u], types.int64) for u in range(n_tokens)]
         woff = context.cast(builder, args[2], signature.args[2], types.int64)
-        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI)
+        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, nibbles)
         for u, a in enumerate(sums):
             dst = builder.gep(acc_a.data, [ir.Constant(ir.IntType(64), 16 * u)])
             builder.store(a, builder.bitcast(dst, v16.as_pointer()), align=4)
@@ -100,12 +113,12 @@ def _arrays(*ts) -> bool:  # type: ignore[no-untyped-def]
 
 @intrinsic
 def dot_block(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-def]
-    """iacc[0:16] = sum over quads q of 4-byte dot products u8 w[w_off + 64q + 4l + k] x s8 of
-    x4[x_off + q] (4 packed int8), for the 16 row lanes l. iacc: int32 [16]; w: uint8 [...];
-    x4: int32 [...]. Overwrites iacc."""
+    """8-bit format: iacc[0:16] = sum over quads q of 4-byte dot products u8 w[w_off + 64q +
+    4l + k] x s8 of x4[x_off + q] (4 packed int8), for the 16 row lanes l. iacc: int32 [16]; w:
+    uint8 [...]; x4: int32 [...]. Overwrites iacc."""
     if not _arrays(iacc, w, x4):
         return None
-    return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1)
+    return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1, False)
 
 
 @intrinsic
@@ -114,7 +127,23 @@ def dot_block4(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):  # type: igno
     token u's result, bit-identical to dot_block's. iacc: int32 [64]."""
     if not _arrays(iacc, w, x4):
         return None
-    return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4)
+    return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4, False)
+
+
+@intrinsic
+def dot_block_q4(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-def]
+    """dot_block for the 4-bit format (256 bytes per block)."""
+    if not _arrays(iacc, w, x4):
+        return None
+    return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1, True)
+
+
+@intrinsic
+def dot_block4_q4(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):  # type: ignore[no-untyped-def]
+    """dot_block4 for the 4-bit format."""
+    if not _arrays(iacc, w, x4):
+        return None
+    return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4, True)
 
 
 @kernel(parallel=True)
@@ -139,15 +168,7 @@ def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
             xsum[t, b] = s
 
 
-@intrinsic
-def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: ignore[no-untyped-def]
-    """facc[fo + l] += float32(iacc[io + l] - corr) * (wd[wo + l] * dx) for the 16 lanes l, as
-    one vector sequence (fmul, fmul, fadd: never fused). facc, wd: float32 [...]; iacc: int32
-    [...]; corr: int32; dx: float32. LLVM left the same lines of numba code scalar."""
-    if not _arrays(facc, iacc, wd):
-        return None
-    sig = types.void(facc, fo, iacc, io, corr, wd, wo, dx)
-
+def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         i32, f32 = ir.IntType(32), ir.FloatType()
         vi, vf = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
@@ -157,32 +178,57 @@ def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: 
             off = context.cast(builder, args[off_arg], signature.args[off_arg], types.int64)
             return builder.bitcast(builder.gep(a.data, [off]), vt.as_pointer())
 
-        def splat(v, vt):  # type: ignore[no-untyped-def]
+        def splat(k, vt, ty):  # type: ignore[no-untyped-def]
+            v = context.cast(builder, args[k], signature.args[k], ty)
             one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(i32, 0))
             return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(vi, [0] * 16))
 
         fp, ip, wp = ptr(0, 1, vf), ptr(2, 3, vi), ptr(5, 6, vf)
-        c = context.cast(builder, args[4], signature.args[4], types.int32)
-        d = context.cast(builder, args[7], signature.args[7], types.float32)
-        isum = builder.sub(builder.load(ip, align=4), splat(c, vi))
-        term = builder.fmul(builder.sitofp(isum, vf), builder.fmul(builder.load(wp, align=4), splat(d, vf)))
+        isum = builder.sub(builder.load(ip, align=4), splat(4, vi, types.int32))
+        term = builder.fmul(builder.sitofp(isum, vf), builder.fmul(builder.load(wp, align=4), splat(7, vf, types.float32)))
+        if with_min:
+            mp = ptr(8, 6, vf)
+            term = builder.fadd(term, builder.fmul(builder.load(mp, align=4), splat(9, vf, types.float32)))
         builder.store(builder.fadd(builder.load(fp, align=4), term), fp, align=4)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+@intrinsic
+def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: ignore[no-untyped-def]
+    """facc[fo + l] += float32(iacc[io + l] - corr) * (wd[wo + l] * dx) for the 16 lanes l, as
+    one vector sequence (fmul, fmul, fadd: never fused). facc, wd: float32 [...]; iacc: int32
+    [...]; corr: int32; dx: float32. LLVM left the same lines of numba code scalar."""
+    if not _arrays(facc, iacc, wd):
+        return None
+    return types.void(facc, fo, iacc, io, corr, wd, wo, dx), _accumulate_codegen(False)
+
+
+@intrinsic
+def scale_min_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx, wm, mx):  # type: ignore[no-untyped-def]
+    """scale_accumulate plus a per-row min term: facc[fo + l] += (float32(iacc[io + l] - corr)
+    * (wd[wo + l] * dx) + wm[wo + l] * mx); mx = dx * float32(sum of the token's block)."""
+    if not _arrays(facc, iacc, wd, wm):
+        return None
+    return types.void(facc, fo, iacc, io, corr, wd, wo, dx, wm, mx), _accumulate_codegen(True)
 
 
 @kernel(parallel=True)
-def matmul_i8_kernel(xq4, xd, xsum, wi, wd, out, n_threads):  # type: ignore[no-untyped-def]
+def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):  # type: ignore[no-untyped-def]
     """out[t, r] for r < out.shape[1]: xq4/xd/xsum from quantize_rows_q8; wi: uint8 [G, nb,
-    512] interleaved weights; wd: float32 [G, nb, 16] block scales (rows past R are padding).
-    Tokens go TOKEN_TILE at a time (each weight quad loaded once for all of them), the rest one
-    by one; both give the same integers and the same float epilogue, so the same bits."""
+    512] (8-bit format) or [G, nb, 256] (4-bit); wd: float32 [G, nb, 16] block scales; wm:
+    float32 [G, nb, 16] block mins, or empty [0, 0, 0]; w_offset: int, the u8 value of a zero
+    weight (rows past R are padding). Tokens go TOKEN_TILE at a time (each weight quad loaded
+    once for all of them), the rest one by one; both give the same integers and the same float
+    epilogue, so the same bits."""
     T, R = out.shape
-    G, nb = wi.shape[0], wi.shape[1]
+    G, nb, bb = wi.shape[0], wi.shape[1], wi.shape[2]
+    nibbles, with_min = bb == 256, wm.shape[0] > 0
     k4 = xq4.shape[1]
     wflat = wi.reshape(-1)  # flat views: offsets instead of a row view per block
     dflat = wd.reshape(-1)
+    mflat = wm.reshape(-1)
     xflat = xq4.reshape(-1)
     per = (G + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
@@ -198,35 +244,29 @@ def matmul_i8_kernel(xq4, xd, xsum, wi, wd, out, n_threads):  # type: ignore[no-
                         facc[u, ln] = 0.0
                 for b in range(nb):
                     prefetch(dflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
-                    wo = (g * nb + b) * 512
-                    if n == TOKEN_TILE:
-                        dot_block4(iacc, wflat, wo, xflat, t * k4 + b * 8, (t + 1) * k4 + b * 8,
-                                   (t + 2) * k4 + b * 8, (t + 3) * k4 + b * 8)
+                    if with_min:
+                        prefetch(mflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
+                    wo = (g * nb + b) * bb
+                    x0 = t * k4 + b * 8
+                    if n == TOKEN_TILE and nibbles:
+                        dot_block4_q4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+                    elif n == TOKEN_TILE:
+                        dot_block4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+                    elif nibbles:
+                        dot_block_q4(iacc, wflat, wo, xflat, x0)
                     else:
-                        dot_block(iacc, wflat, wo, xflat, t * k4 + b * 8)
+                        dot_block(iacc, wflat, wo, xflat, x0)
+                    so = (g * nb + b) * GROUP
                     for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
-                        scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(128) * xsum[t + u, b],
-                                         dflat, (g * nb + b) * GROUP, xd[t + u, b])
+                        xs = xsum[t + u, b]
+                        dx = xd[t + u, b]
+                        if with_min:
+                            scale_min_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
+                                                 dflat, so, dx, mflat, dx * np.float32(xs))
+                        else:
+                            scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
+                                             dflat, so, dx)
                 for u in range(n):
                     for ln in range(min(GROUP, R - g * GROUP)):
                         out[t + u, g * GROUP + ln] = facc[u, ln]
                 t += n
-
-
-@kernel(parallel=True)
-def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
-    """Q8_0 rows (uint8 [R, nb * 34]) -> interleaved u8 = q + 128 (wi [G, nb, 512]) and float32
-    scales (wd [G, nb, 16]); rows past R stay zero."""
-    R = w.shape[0]
-    nb = w.shape[1] // 34
-    for g in numba.prange(wi.shape[0]):
-        for ln in range(GROUP):
-            r = g * GROUP + ln
-            if r >= R:
-                break
-            for b in range(nb):
-                o = b * 34
-                wd[g, b, ln] = f16_to_f32(np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8)))
-                for j in range(32):
-                    q, k = j // 4, j % 4
-                    wi[g, b, q * 64 + ln * 4 + k] = np.uint8((np.int32(np.int8(w[r, o + 2 + j])) + 128) & 255)

@@ -8,6 +8,8 @@ from gguf import GGMLQuantizationType
 
 from edge_infer.formats.quants import dequantize_blocks
 
+from .dequant import Q4_1, Q8_0
+
 
 def decode_rows(w: np.ndarray, qtype: int) -> np.ndarray:
     """uint8 [R, row_bytes] -> float32 [R, K] with the reference dequantizer."""
@@ -91,3 +93,38 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_c
             e = np.exp(s - s.max())
             out[i, h * hd : (h + 1) * hd] = (e / e.sum()) @ vals[:, g, :]
     return out.astype(np.float32)
+
+
+def i8_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """The integer view of a Q8_0 / Q4_0 / Q4_1 matrix the int8 kernel computes with: u8 codes
+    int64 [R, nb, 32] in column order, scales d float32 [R, nb], mins m float32 [R, nb] (Q4_1)
+    or None, and the code of zero (weight = d * (code - offset) [+ m])."""
+    rows = w.shape[0]
+    if qtype == Q8_0:
+        blk = w.reshape(rows, -1, 34)
+        codes = blk[:, :, 2:].view(np.int8).astype(np.int64) + 128
+        return codes, blk[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32), None, 128
+    head = 4 if qtype == Q4_1 else 2
+    blk = w.reshape(rows, -1, head + 16)
+    qs = blk[:, :, head:].astype(np.int64)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=-1)
+    d = blk[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if qtype == Q4_1:
+        return codes, d, blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32), 0
+    return codes, d, None, 8
+
+
+def matmul_i8(xq: np.ndarray, xd: np.ndarray, xsum: np.ndarray, w: np.ndarray, qtype: int) -> np.ndarray:
+    """The int8 kernel's exact arithmetic: xq int8 [T, K], xd float32 [T, nb], xsum int32
+    [T, nb] (quantized activations) times w -> float32 [T, R]; per block in order, exact integer
+    sums, then acc += float32(isum - offset * xsum) * (d * dx) [+ m * (dx * xsum)]."""
+    codes, d, m, offset = i8_codes(w, qtype)
+    acc = np.zeros((xq.shape[0], w.shape[0]), np.float32)
+    for b in range(codes.shape[1]):
+        isum = xq[:, b * 32 : (b + 1) * 32].astype(np.int64) @ codes[:, b, :].T - offset * xsum[:, b : b + 1]
+        dx = xd[:, b : b + 1]
+        term = isum.astype(np.float32) * (d[None, :, b] * dx)
+        if m is not None:
+            term = term + m[None, :, b] * (dx * xsum[:, b : b + 1].astype(np.float32))
+        acc = acc + term
+    return acc

@@ -24,6 +24,17 @@ def _or_empty(v: np.ndarray | None) -> np.ndarray:
     return _EMPTY if v is None else v
 
 
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [T, K] -> the int8 kernel's activations: xq4 int32 [T, K/4] (int8 codes packed
+    4 per int32), xd float32 [T, K/32] block scales, xsum int32 [T, K/32] block sums."""
+    t, k = x.shape
+    xq4 = np.empty((t, k // 4), np.int32)
+    xd = np.empty((t, k // 32), np.float32)
+    xsum = np.empty((t, k // 32), np.int32)
+    i8_k.quantize_rows_q8(x, xq4, xd, xsum)
+    return xq4, xd, xsum
+
+
 @dataclass(slots=True)
 class StepInputs:
     """One forward's token-level arguments (N tokens, S sequences, M logit rows).
@@ -58,12 +69,18 @@ class Transformer:
         return base ** (-2.0 * i / cfg.n_rot) * scale
 
     def matmul(self, x: np.ndarray, w: QMatrix) -> np.ndarray:
+        if w.i8 is not None:
+            return self._matmul_i8(quantize_rows(x), w)
         out = np.empty((x.shape[0], w.rows), np.float32)
         mm_k.matmul_kernel(x, w.data, w.qtype, out, self.n_threads)
         return out
 
     def matmuls(self, x: np.ndarray, *ws: QMatrix) -> list[np.ndarray]:
-        """Two or three matmuls of the same input in one parallel launch."""
+        """Two or three matmuls of the same input: one parallel launch on the float path; on
+        the int8 path the input is quantized once for all of them."""
+        if any(w.i8 is not None for w in ws):
+            xq = quantize_rows(x)
+            return [self._matmul_i8(xq, w) if w.i8 is not None else self.matmul(x, w) for w in ws]
         outs = [np.empty((x.shape[0], w.rows), np.float32) for w in ws]
         args: list[object] = []
         for w, o in zip(ws, outs, strict=True):
@@ -73,22 +90,16 @@ class Transformer:
         mm_k.matmul3_kernel(x, *args, self.n_threads)
         return outs
 
-    def output_logits(self, x: np.ndarray) -> np.ndarray:
-        """x [M, d_model] -> logits [M, vocab]. A Q8_0 output matrix (the tied embeddings of
-        SmolLM2 and Gemma 3, Qwen's head) goes through the int8 kernel: activations quantized
-        per 32-block like llama.cpp does, integer dot products, several times the float path's
-        speed on the largest matrix of these models."""
-        if self.w.output_i8 is None:
-            return self.matmul(x, self.w.output)
-        wi, wd = self.w.output_i8
-        m, k = x.shape
-        xq4 = np.empty((m, k // 4), np.int32)
-        xd = np.empty((m, k // 32), np.float32)
-        xsum = np.empty((m, k // 32), np.int32)
-        i8_k.quantize_rows_q8(x, xq4, xd, xsum)
-        out = np.empty((m, self.w.output.rows), np.float32)
-        i8_k.matmul_i8_kernel(xq4, xd, xsum, wi, wd, out, self.n_threads)
+    def _matmul_i8(self, xq: tuple[np.ndarray, np.ndarray, np.ndarray], w: QMatrix) -> np.ndarray:
+        iw = w.i8
+        assert iw is not None
+        out = np.empty((xq[0].shape[0], w.rows), np.float32)
+        i8_k.matmul_i8_kernel(*xq, iw.wi, iw.wd, iw.wm, iw.offset, out, self.n_threads)
         return out
+
+    def output_logits(self, x: np.ndarray) -> np.ndarray:
+        """x [M, d_model] -> logits [M, vocab]."""
+        return self.matmul(x, self.w.output)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         emb = self.w.token_embd

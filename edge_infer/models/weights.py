@@ -3,25 +3,29 @@ GGUF blocks (uint8 [rows, row_bytes] plus the GGML type id); norms and biases be
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from edge_infer.errors import UnsupportedModelError, UnsupportedTensorType
 from edge_infer.formats.gguf import GGUFFile, TensorInfo
-from edge_infer.kernels_cpu.dequant import BLOCK_SHAPE, KERNEL_TYPES, Q8_0, decode_row
+from edge_infer.kernels_cpu.dequant import BLOCK_SHAPE, KERNEL_TYPES, Q4_0, Q4_1, Q8_0, decode_row
+from edge_infer.kernels_cpu.repack_i8 import I8Weights, repack
 from edge_infer.models.config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
 class QMatrix:
-    """A [rows, cols] weight in GGUF block layout: data is uint8 [rows, row_bytes]."""
+    """A [rows, cols] weight in GGUF block layout: data is uint8 [rows, row_bytes]. i8: the
+    same weights repacked for the int8 kernel (kernels_cpu.matmul_i8), which then computes
+    every product with this matrix; data is kept only for row lookups (tied embeddings)."""
 
     name: str
     data: np.ndarray
     qtype: int
     rows: int
     cols: int
+    i8: I8Weights | None = None
 
 
 @dataclass(slots=True)
@@ -48,11 +52,8 @@ class LayerWeights:
 class ModelWeights:
     token_embd: QMatrix
     output_norm: np.ndarray
-    output: QMatrix  # token_embd itself when the embeddings are tied
+    output: QMatrix  # token_embd's data when the embeddings are tied
     layers: list[LayerWeights]
-    # The output matrix repacked for the int8 kernel (kernels_cpu.matmul_i8) when it is Q8_0:
-    # (interleaved u8 weights [G, nb, 512], float32 scales [G, nb, 16]).
-    output_i8: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def qmatrix(f: GGUFFile, name: str, rows: int, cols: int) -> QMatrix:
@@ -125,19 +126,20 @@ def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
             lw.post_attn_norm = vector(f, p + "post_attention_norm.weight", d)
             lw.post_ffn_norm = vector(f, p + "post_ffw_norm.weight", d)
         layers.append(lw)
-    mw = ModelWeights(emb, vector(f, "output_norm.weight", d), output, layers)
-    if output.qtype == Q8_0 and d % 32 == 0:
-        mw.output_i8 = repack_output(output)
-        f.drop_pages(f.tensors[output.name])  # the copy replaces them (lookups fault rows back in)
-    return mw
+    # Int8 kernel (activations quantized per 32-block, integer dot products): Q4_0/Q4_1 layer
+    # matrices and a Q8_0 output matrix, the types whose codes it takes as they are. Other
+    # layer types keep the float path (decoded blocks, float32 products).
+    for lw in layers:
+        for field in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            setattr(lw, field, with_i8(f, getattr(lw, field), (Q4_0, Q4_1)))
+    return ModelWeights(emb, vector(f, "output_norm.weight", d), with_i8(f, output, (Q8_0,)), layers)
 
 
-def repack_output(w: QMatrix) -> tuple[np.ndarray, np.ndarray]:
-    """A Q8_0 matrix in the int8 kernel's row-interleaved layout (see kernels_cpu.matmul_i8)."""
-    from edge_infer.kernels_cpu.matmul_i8 import GROUP, repack_q8_0
-
-    groups, nb = -(-w.rows // GROUP), w.cols // 32
-    wi = np.zeros((groups, nb, 512), np.uint8)
-    wd = np.zeros((groups, nb, GROUP), np.float32)
-    repack_q8_0(w.data, wi, wd)
-    return wi, wd
+def with_i8(f: GGUFFile, w: QMatrix, types: tuple[int, ...]) -> QMatrix:
+    """w repacked for the int8 kernel when its type is in `types`; the repacked copy replaces
+    the tensor's mmap'd pages (dropped here; a row lookup faults its page back in)."""
+    if w.qtype not in types or w.cols % 32:
+        return w
+    packed = replace(w, i8=repack(w.data, w.qtype, w.rows, w.cols))
+    f.drop_pages(f.tensors[w.name])
+    return packed

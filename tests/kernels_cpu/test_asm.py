@@ -93,3 +93,33 @@ def test_f16_conversions_are_single_instructions() -> None:
     assert re.search(r"vcvt(ps2ph|ss2sh)", down), down
     assert "__extendhfsf2" not in up and "__truncsfhf2" not in down  # no library calls
     assert uses(asm_of(dq.decode_f16, DECODER_SIG), "vcvtph2ps", VREG)
+
+
+@pytest.mark.skipif("+avx512vnni" not in HOST, reason="no AVX-512 VNNI")
+def test_int8_matmul_uses_vpdpbusd() -> None:
+    """Both weight formats (8-bit and 4-bit) reach the kernel's dot products as zmm vpdpbusd,
+    and the per-block float epilogue is vector code."""
+    from edge_infer.kernels_cpu import matmul_i8 as m8
+
+    i32_2, f32_2 = nt.Array(nt.int32, 2, "C"), nt.Array(nt.float32, 2, "C")
+    sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), nt.Array(nt.float32, 3, "C"),
+           nt.Array(nt.float32, 3, "C"), nt.int64, f32_2, nt.int64)
+    asm = asm_of(m8.matmul_i8_kernel, sig)
+    assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 4 * 8, "fewer vpdpbusd than one block of each path"
+    assert uses(asm, "vcvtdq2ps", "zmm")
+    assert "gather" not in asm
+
+
+def test_attention_has_no_gathers() -> None:
+    """The per-query attention loops (dot products over the head dimension, the weighted value
+    sum) read contiguous rows: vector FMAs on f16 rows converted on load, never gathers."""
+    from edge_infer.kernels_cpu import attention as at
+
+    q_t, cache = nt.Array(nt.float32, 2, "C"), nt.Array(nt.uint16, 4, "C")
+    scales, tables = nt.Array(nt.float32, 3, "C"), nt.Array(nt.int32, 2, "C")
+    vec, i32 = nt.Array(nt.float32, 1, "C"), nt.Array(nt.int32, 1, "C")
+    sig = (q_t, nt.int64, nt.int64, nt.int64, nt.int64, nt.int32, tables, cache, scales, cache, scales, i32,
+           nt.float32, nt.int64, vec, vec, vec, q_t)
+    asm = asm_of(at._attend_query, sig, fastmath=True)
+    assert uses(asm, "vfmadd", VREG) and uses(asm, "vcvtph2ps", VREG)
+    assert "gather" not in asm

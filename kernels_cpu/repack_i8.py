@@ -1,0 +1,97 @@
+"""One-time repacking of GGUF weight rows into the int8 kernel's row-interleaved layout (drawn
+in kernels_cpu.matmul_i8): Q8_0 -> 8-bit format, Q4_0 / Q4_1 -> 4-bit format.
+
+The repacked copy replaces the mmap'd pages of the tensor (the caller drops them), so memory
+stays near the file size: 8-bit 1.125 bytes per weight (file 1.0625), 4-bit 0.625 (Q4_0, file
+0.5625) or 0.75 (Q4_1, file 0.625): the scales are float32 so that no conversion runs in the
+kernel. Weight values are carried over exactly (quant codes as they are, scales as the
+reference dequantizer reads them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from ._jit import f16_to_f32, kernel
+from .dequant import Q4_0, Q4_1, Q8_0
+from .matmul_i8 import GROUP
+
+# qtype -> (bytes per 32-block in the repacked layout, u8 value of a zero weight offset)
+I8_FORMATS = {Q8_0: (512, 128), Q4_0: (256, 8), Q4_1: (256, 0)}
+
+
+@dataclass(frozen=True, slots=True)
+class I8Weights:
+    """A matrix in matmul_i8's layout: wi uint8 [G, nb, 512 | 256], wd float32 [G, nb, 16]
+    scales, wm float32 [G, nb, 16] mins (Q4_1) or [0, 0, 0], offset the u8 code of zero."""
+
+    wi: np.ndarray
+    wd: np.ndarray
+    wm: np.ndarray
+    offset: int
+
+
+@kernel(inline=True)
+def _half(w, r, o):  # type: ignore[no-untyped-def]
+    return f16_to_f32(np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8)))
+
+
+@kernel(parallel=True)
+def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
+    """Q8_0 rows (uint8 [R, nb * 34]) -> interleaved u8 = q + 128 (wi [G, nb, 512]) and float32
+    scales (wd [G, nb, 16]); rows past R stay zero."""
+    R = w.shape[0]
+    nb = w.shape[1] // 34
+    for g in numba.prange(wi.shape[0]):
+        for ln in range(GROUP):
+            r = g * GROUP + ln
+            if r >= R:
+                break
+            for b in range(nb):
+                o = b * 34
+                wd[g, b, ln] = _half(w, r, o)
+                for j in range(32):
+                    q, k = j // 4, j % 4
+                    wi[g, b, q * 64 + ln * 4 + k] = np.uint8((np.int32(np.int8(w[r, o + 2 + j])) + 128) & 255)
+
+
+@kernel(parallel=True)
+def repack_q4(w, has_min, wi, wd, wm):  # type: ignore[no-untyped-def]
+    """Q4_0 (has_min False, 18-byte blocks) or Q4_1 (20-byte blocks: d, m, codes) rows ->
+    4-bit format. A block's byte j holds column j in its low and j + 16 in its high nibble,
+    which is what the layout wants of quad byte (q, l, k) for j = 4q + k: the bytes move, the
+    nibbles stay. wd [G, nb, 16] = d, wm [G, nb, 16] = m (Q4_1 only); rows past R stay zero."""
+    R = w.shape[0]
+    bsz = 20 if has_min else 18
+    head = 4 if has_min else 2
+    nb = w.shape[1] // bsz
+    for g in numba.prange(wi.shape[0]):
+        for ln in range(GROUP):
+            r = g * GROUP + ln
+            if r >= R:
+                break
+            for b in range(nb):
+                o = b * bsz
+                wd[g, b, ln] = _half(w, r, o)
+                if has_min:
+                    wm[g, b, ln] = _half(w, r, o + 2)
+                for j in range(16):
+                    q, k = j // 4, j % 4
+                    wi[g, b, q * 64 + ln * 4 + k] = w[r, o + head + j]
+
+
+def repack(data: np.ndarray, qtype: int, rows: int, cols: int) -> I8Weights:
+    """data: uint8 [rows, row_bytes] of a Q8_0 / Q4_0 / Q4_1 matrix with cols % 32 == 0."""
+    block_bytes, offset = I8_FORMATS[qtype]
+    groups, nb = -(-rows // GROUP), cols // 32
+    wi = np.zeros((groups, nb, block_bytes), np.uint8)
+    wd = np.zeros((groups, nb, GROUP), np.float32)
+    wm = np.zeros((groups, nb, GROUP) if qtype == Q4_1 else (0, 0, 0), np.float32)
+    if qtype == Q8_0:
+        repack_q8_0(data, wi, wd)
+    else:
+        repack_q4(data, qtype == Q4_1, wi, wd, wm)
+    return I8Weights(wi, wd, wm, offset)
