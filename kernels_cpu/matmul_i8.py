@@ -7,7 +7,9 @@ group of 16 rows and 32-column block, 8 "quads", quad q holding columns 4q..4q+3
 needs no horizontal sums. Two byte formats:
 - 8-bit (Q8_0): 512 bytes per block, u8 = q + 128 (offset 128);
 - 4-bit (Q4_0, Q4_1): 256 bytes per block, quads 0-3 in the low nibbles, 4-7 in the high ones
-  (u8 = q, 0..15; offset 8 for Q4_0, a float min per (row, block) for Q4_1).
+  (u8 = q, 0..15; offset 8 for Q4_0, a float min per (row, block) for Q4_1);
+- 5-bit (Q5_0, Q5_1): the 4-bit bytes plus 64 bytes of fifth bits, one 64-bit mask per quad
+  (u8 = q, 0..31; offset 16 for Q5_0, a float min for Q5_1).
 Per row lane and block, with xq the token's int8 block, dx its scale:
     isum = sum(u8 * xq) - offset * sum(xq)                       (exact integers)
     acc += float(isum) * (d_w * dx) [+ m_w * (dx * sum(xq))]     (blocks in order)
@@ -34,22 +36,25 @@ HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
 
 
 TOKEN_TILE = 4  # tokens that share each weight load in the GEMM path
+BLOCK_BYTES = {8: 512, 4: 256, 5: 320}  # bytes of one 16-row x 32-column block, per format
 
 
-def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, nibbles):  # type: ignore[no-untyped-def]
+def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits):  # type: ignore[no-untyped-def]
     """int32 <16 x i32> sums of one block for each x offset in xoffs: every weight quad is
     loaded once and meets each token's broadcast quad. Integer sums are exact, so how the
     products are split into chains changes no result: one token uses two chains (even and odd
     quads) to hide vpdpbusd's latency; several tokens are independent chains already.
-    nibbles: the 4-bit format (4 loads, each giving quad q in its low and q + 4 in its high
-    nibbles)."""
+    bits: the weight format, 8 (one byte per weight), 4 (4 loads, each giving quad q in its low
+    and q + 4 in its high nibbles) or 5 (the 4-bit nibbles plus, per quad, a 64-bit mask of
+    the fifth bits: bit 4l + k adds 16 to byte 4l + k)."""
+    nibbles = bits != 8
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     v16, v64i8, v64i32 = ir.VectorType(i32, 16), ir.VectorType(i8, 64), ir.VectorType(i32, 64)
     zero = ir.Constant(v16, None)
     chains = 2 if len(xoffs) == 1 else 1
     accs = [[zero] * chains for _ in xoffs]
     pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]))
-    for line in range(4 if nibbles else 8):  # the block's cache lines, PREFETCH_BYTES ahead (read, keep, data)
+    for line in range(BLOCK_BYTES[bits] // 64):  # the block's cache lines, PREFETCH_BYTES ahead (read, keep, data)
         ahead = builder.gep(wbase, [ir.Constant(i64, PREFETCH_BYTES + 64 * line)])
         builder.call(pf, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
     fn = None
@@ -58,14 +63,18 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, nibbles):  # type: ignore[
     high: list = []
     for q in range(8):
         if nibbles and q >= 4:
-            wv = high[q - 4]
+            wb = high[q - 4]
         else:
             wp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * q)]), v64i8.as_pointer())
             wb = builder.load(wp, align=1)
             if nibbles:
-                high.append(builder.bitcast(builder.lshr(wb, ir.Constant(v64i8, [4] * 64)), v16))
+                high.append(builder.lshr(wb, ir.Constant(v64i8, [4] * 64)))
                 wb = builder.and_(wb, ir.Constant(v64i8, [15] * 64))
-            wv = builder.bitcast(wb, v16)
+        if bits == 5:
+            mp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 256 + 8 * q)]), i64.as_pointer())
+            fifth = builder.bitcast(builder.load(mp, align=1), ir.VectorType(ir.IntType(1), 64))
+            wb = builder.or_(wb, builder.select(fifth, ir.Constant(v64i8, [16] * 64), ir.Constant(v64i8, None)))
+        wv = builder.bitcast(wb, v16)
         for u, xoff in enumerate(xoffs):
             xs = builder.load(builder.gep(xbase, [builder.add(xoff, ir.Constant(i64, q))]))
             xv = builder.insert_element(ir.Constant(v16, None), xs, ir.Constant(i32, 0))
@@ -90,7 +99,7 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, nibbles):  # type: ignore[
     return out
 
 
-def _dot_codegen(n_tokens, nibbles):  # type: ignore[no-untyped-def]
+def _dot_codegen(n_tokens, bits):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         acc_a = context.make_array(signature.args[0])(context, builder, value=args[0])
         w_a = context.make_array(signature.args[1])(context, builder, value=args[1])
@@ -98,7 +107,7 @@ def _dot_codegen(n_tokens, nibbles):  # type: ignore[no-untyped-def]
         v16 = ir.VectorType(ir.IntType(32), 16)
         xoffs = [context.cast(builder, args[4 + u], signature.args[4 + u], types.int64) for u in range(n_tokens)]
         woff = context.cast(builder, args[2], signature.args[2], types.int64)
-        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, nibbles)
+        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, bits)
         for u, a in enumerate(sums):
             dst = builder.gep(acc_a.data, [ir.Constant(ir.IntType(64), 16 * u)])
             builder.store(a, builder.bitcast(dst, v16.as_pointer()), align=4)
@@ -111,45 +120,45 @@ def _arrays(*ts) -> bool:  # type: ignore[no-untyped-def]
     return all(isinstance(t, types.Array) for t in ts)
 
 
-@intrinsic
-def dot_block(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-def]
-    """8-bit format: iacc[0:16] = sum over quads q of 4-byte dot products u8 w[w_off + 64q +
-    4l + k] x s8 of x4[x_off + q] (4 packed int8), for the 16 row lanes l. iacc: int32 [16]; w:
-    uint8 [...]; x4: int32 [...]. Overwrites iacc."""
-    if not _arrays(iacc, w, x4):
-        return None
-    return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1, False)
+def _dot1(bits, doc):  # type: ignore[no-untyped-def]
+    def dot(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-def]
+        if not _arrays(iacc, w, x4):
+            return None
+        return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1, bits)
+
+    dot.__doc__ = doc
+    return intrinsic(dot)
 
 
-@intrinsic
-def dot_block4(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):  # type: ignore[no-untyped-def]
-    """dot_block for TOKEN_TILE = 4 tokens at once (x offsets xo0..xo3): iacc[16u:16u+16] is
-    token u's result, bit-identical to dot_block's. iacc: int32 [64]."""
-    if not _arrays(iacc, w, x4):
-        return None
-    return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4, False)
+def _dot4(bits, doc):  # type: ignore[no-untyped-def]
+    def dot(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):  # type: ignore[no-untyped-def]
+        if not _arrays(iacc, w, x4):
+            return None
+        return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4, bits)
+
+    dot.__doc__ = doc
+    return intrinsic(dot)
 
 
-@intrinsic
-def dot_block_q4(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-def]
-    """dot_block for the 4-bit format (256 bytes per block)."""
-    if not _arrays(iacc, w, x4):
-        return None
-    return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1, True)
-
-
-@intrinsic
-def dot_block4_q4(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):  # type: ignore[no-untyped-def]
-    """dot_block4 for the 4-bit format."""
-    if not _arrays(iacc, w, x4):
-        return None
-    return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4, True)
+# dot_block*(iacc, w, w_off, x4, x_off): iacc[0:16] = sum over quads q of 4-byte dot products of
+# the block's u8 codes at w[w_off...] (quad q, row lane l, byte k) with s8 x4[x_off + q] (4 packed
+# int8), for the 16 row lanes. dot_block4*(iacc, w, w_off, x4, xo0, .., xo3): the same for
+# TOKEN_TILE = 4 tokens, token u in iacc[16u:16u+16], bit-identical to dot_block's. iacc: int32;
+# w: uint8; x4: int32 (flat arrays). One pair per weight format.
+dot_block = _dot1(8, "8-bit format, one token")
+dot_block4 = _dot4(8, "8-bit format, four tokens")
+dot_block_q4 = _dot1(4, "4-bit format, one token")
+dot_block4_q4 = _dot4(4, "4-bit format, four tokens")
+dot_block_q5 = _dot1(5, "5-bit format, one token")
+dot_block4_q5 = _dot4(5, "5-bit format, four tokens")
 
 
 @kernel(parallel=True)
 def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
     """Per token and 32-block: d = max|x| / 127, q = rint(x / d) (int8, packed 4 per int32 in
-    xq4 [T, K/4]), xd [T, K/32] = d, xsum [T, K/32] = sum of q (int32)."""
+    xq4 [T, K/4]), xd [T, K/32] = d, xsum [T, K/32] = sum of q (int32). (Rounding d to float16
+    and scaling by 127 / max|x|, as llama.cpp does, was tried: it agreed less with llama.cpp's
+    logits, not more, and moved ours further from exact math.)"""
     T, K = x.shape
     xq = xq4.view(np.int8).reshape(T, K)
     for t in numba.prange(T):
@@ -217,14 +226,15 @@ def scale_min_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx, wm, mx
 @kernel(parallel=True)
 def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):  # type: ignore[no-untyped-def]
     """out[t, r] for r < out.shape[1]: xq4/xd/xsum from quantize_rows_q8; wi: uint8 [G, nb,
-    512] (8-bit format) or [G, nb, 256] (4-bit); wd: float32 [G, nb, 16] block scales; wm:
+    512 | 256 | 320] (8-, 4- or 5-bit format); wd: float32 [G, nb, 16] block scales; wm:
     float32 [G, nb, 16] block mins, or empty [0, 0, 0]; w_offset: int, the u8 value of a zero
     weight (rows past R are padding). Tokens go TOKEN_TILE at a time (each weight quad loaded
     once for all of them), the rest one by one; both give the same integers and the same float
     epilogue, so the same bits."""
     T, R = out.shape
     G, nb, bb = wi.shape[0], wi.shape[1], wi.shape[2]
-    nibbles, with_min = bb == 256, wm.shape[0] > 0
+    bits = 8 if bb == 512 else (5 if bb == 320 else 4)
+    with_min = wm.shape[0] > 0
     k4 = xq4.shape[1]
     wflat = wi.reshape(-1)  # flat views: offsets instead of a row view per block
     dflat = wd.reshape(-1)
@@ -248,14 +258,19 @@ def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):  # ty
                         prefetch(mflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
                     wo = (g * nb + b) * bb
                     x0 = t * k4 + b * 8
-                    if n == TOKEN_TILE and nibbles:
-                        dot_block4_q4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                    elif n == TOKEN_TILE:
-                        dot_block4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                    elif nibbles:
+                    if n == TOKEN_TILE:
+                        if bits == 8:
+                            dot_block4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+                        elif bits == 4:
+                            dot_block4_q4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+                        else:
+                            dot_block4_q5(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+                    elif bits == 8:
+                        dot_block(iacc, wflat, wo, xflat, x0)
+                    elif bits == 4:
                         dot_block_q4(iacc, wflat, wo, xflat, x0)
                     else:
-                        dot_block(iacc, wflat, wo, xflat, x0)
+                        dot_block_q5(iacc, wflat, wo, xflat, x0)
                     so = (g * nb + b) * GROUP
                     for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
                         xs = xsum[t + u, b]

@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType
 
 from edge_infer.formats.quants import dequantize_blocks
 
-from .dequant import Q4_1, Q8_0
+from .dequant import Q4_1, Q5_0, Q5_1, Q8_0
 
 
 def decode_rows(w: np.ndarray, qtype: int) -> np.ndarray:
@@ -96,22 +96,28 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_c
 
 
 def i8_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """The integer view of a Q8_0 / Q4_0 / Q4_1 matrix the int8 kernel computes with: u8 codes
-    int64 [R, nb, 32] in column order, scales d float32 [R, nb], mins m float32 [R, nb] (Q4_1)
-    or None, and the code of zero (weight = d * (code - offset) [+ m])."""
+    """The integer view of a Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 matrix the int8 kernel computes
+    with: u8 codes int64 [R, nb, 32] in column order, scales d float32 [R, nb], mins m float32
+    [R, nb] (Q4_1, Q5_1) or None, and the code of zero (weight = d * (code - offset) [+ m])."""
     rows = w.shape[0]
+
+    def half(blk: np.ndarray, at: int) -> np.ndarray:
+        return blk[:, :, at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
     if qtype == Q8_0:
         blk = w.reshape(rows, -1, 34)
-        codes = blk[:, :, 2:].view(np.int8).astype(np.int64) + 128
-        return codes, blk[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32), None, 128
-    head = 4 if qtype == Q4_1 else 2
-    blk = w.reshape(rows, -1, head + 16)
-    qs = blk[:, :, head:].astype(np.int64)
+        return blk[:, :, 2:].view(np.int8).astype(np.int64) + 128, half(blk, 0), None, 128
+    with_min = qtype in (Q4_1, Q5_1)
+    head = 4 if with_min else 2
+    fifth = qtype in (Q5_0, Q5_1)
+    blk = w.reshape(rows, -1, head + 16 + (4 if fifth else 0))
+    qs = blk[:, :, head + (4 if fifth else 0) :].astype(np.int64)
     codes = np.concatenate([qs & 15, qs >> 4], axis=-1)
-    d = blk[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if qtype == Q4_1:
-        return codes, d, blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32), 0
-    return codes, d, None, 8
+    if fifth:
+        qh = blk[:, :, head : head + 4].copy().view(np.uint32)[..., 0].astype(np.int64)
+        codes = codes | (((qh[..., None] >> np.arange(32)) & 1) << 4)
+    offset = 0 if with_min else (16 if fifth else 8)
+    return codes, half(blk, 0), half(blk, 2) if with_min else None, offset
 
 
 def matmul_i8(xq: np.ndarray, xd: np.ndarray, xsum: np.ndarray, w: np.ndarray, qtype: int) -> np.ndarray:

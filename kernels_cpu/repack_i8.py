@@ -1,10 +1,10 @@
 """One-time repacking of GGUF weight rows into the int8 kernel's row-interleaved layout (drawn
-in kernels_cpu.matmul_i8): Q8_0 -> 8-bit format, Q4_0 / Q4_1 -> 4-bit format.
+in kernels_cpu.matmul_i8): Q8_0 -> 8-bit format, Q4_0 / Q4_1 -> 4-bit, Q5_0 / Q5_1 -> 5-bit.
 
 The repacked copy replaces the mmap'd pages of the tensor (the caller drops them), so memory
-stays near the file size: 8-bit 1.125 bytes per weight (file 1.0625), 4-bit 0.625 (Q4_0, file
-0.5625) or 0.75 (Q4_1, file 0.625): the scales are float32 so that no conversion runs in the
-kernel. Weight values are carried over exactly (quant codes as they are, scales as the
+stays near the file size: bytes per weight 1.125 for Q8_0 (file 1.0625), 0.625 / 0.75 for
+Q4_0 / Q4_1 (file 0.5625 / 0.625), 0.75 / 0.875 for Q5_0 / Q5_1 (file 0.6875 / 0.75): the
+scales are float32 so that no conversion runs in the kernel. Weight values are carried over exactly (quant codes as they are, scales as the
 reference dequantizer reads them).
 """
 
@@ -16,11 +16,12 @@ import numba
 import numpy as np
 
 from ._jit import f16_to_f32, kernel
-from .dequant import Q4_0, Q4_1, Q8_0
+from .dequant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .matmul_i8 import GROUP
 
 # qtype -> (bytes per 32-block in the repacked layout, u8 value of a zero weight offset)
-I8_FORMATS = {Q8_0: (512, 128), Q4_0: (256, 8), Q4_1: (256, 0)}
+I8_FORMATS = {Q8_0: (512, 128), Q4_0: (256, 8), Q4_1: (256, 0), Q5_0: (320, 16), Q5_1: (320, 0)}
+WITH_MIN = (Q4_1, Q5_1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +84,45 @@ def repack_q4(w, has_min, wi, wd, wm):  # type: ignore[no-untyped-def]
                     wi[g, b, q * 64 + ln * 4 + k] = w[r, o + head + j]
 
 
+@kernel(parallel=True)
+def repack_q5(w, has_min, wi, wd, wm):  # type: ignore[no-untyped-def]
+    """Q5_0 (22-byte blocks: d, qh, codes) or Q5_1 (24: d, m, qh, codes) rows -> 5-bit format:
+    the low nibbles as in repack_q4, then per quad q a 64-bit mask at bytes 256 + 8q whose bit
+    4l + k is the fifth bit of row l's column c = 4q + k (bit c of the block's qh)."""
+    R = w.shape[0]
+    bsz = 24 if has_min else 22
+    head = 4 if has_min else 2
+    nb = w.shape[1] // bsz
+    for g in numba.prange(wi.shape[0]):
+        for ln in range(GROUP):
+            r = g * GROUP + ln
+            if r >= R:
+                break
+            for b in range(nb):
+                o = b * bsz
+                wd[g, b, ln] = _half(w, r, o)
+                if has_min:
+                    wm[g, b, ln] = _half(w, r, o + 2)
+                for j in range(16):
+                    wi[g, b, (j // 4) * 64 + ln * 4 + j % 4] = w[r, o + head + 4 + j]
+                for c in range(32):
+                    if (w[r, o + head + c // 8] >> (c % 8)) & 1:
+                        bit = 4 * ln + c % 4
+                        at = 256 + 8 * (c // 4) + bit // 8
+                        wi[g, b, at] = wi[g, b, at] | np.uint8(1 << (bit % 8))
+
+
 def repack(data: np.ndarray, qtype: int, rows: int, cols: int) -> I8Weights:
-    """data: uint8 [rows, row_bytes] of a Q8_0 / Q4_0 / Q4_1 matrix with cols % 32 == 0."""
+    """data: uint8 [rows, row_bytes] of a Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 matrix, cols % 32 == 0."""
     block_bytes, offset = I8_FORMATS[qtype]
     groups, nb = -(-rows // GROUP), cols // 32
     wi = np.zeros((groups, nb, block_bytes), np.uint8)
     wd = np.zeros((groups, nb, GROUP), np.float32)
-    wm = np.zeros((groups, nb, GROUP) if qtype == Q4_1 else (0, 0, 0), np.float32)
+    wm = np.zeros((groups, nb, GROUP) if qtype in WITH_MIN else (0, 0, 0), np.float32)
     if qtype == Q8_0:
         repack_q8_0(data, wi, wd)
-    else:
+    elif qtype in (Q4_0, Q4_1):
         repack_q4(data, qtype == Q4_1, wi, wd, wm)
+    else:
+        repack_q5(data, qtype == Q5_1, wi, wd, wm)
     return I8Weights(wi, wd, wm, offset)

@@ -11,7 +11,7 @@ from edge_infer.kernels_cpu import matmul_i8 as m8
 from edge_infer.kernels_cpu import reference as ref
 from edge_infer.kernels_cpu.repack_i8 import I8Weights, repack
 
-I8_TYPES = (dq.Q8_0, dq.Q4_0, dq.Q4_1)
+I8_TYPES = (dq.Q8_0, dq.Q4_0, dq.Q4_1, dq.Q5_0, dq.Q5_1)
 
 
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ import numpy as np
 
 from edge_infer.errors import UnsupportedModelError, UnsupportedTensorType
 from edge_infer.formats.gguf import GGUFFile, TensorInfo
-from edge_infer.kernels_cpu.dequant import BLOCK_SHAPE, KERNEL_TYPES, Q4_0, Q4_1, Q8_0, decode_row
+from edge_infer.kernels_cpu.dequant import BLOCK_SHAPE, KERNEL_TYPES, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, decode_row
 from edge_infer.kernels_cpu.repack_i8 import I8Weights, repack
 from edge_infer.models.config import ModelConfig
 
@@ -126,12 +126,12 @@ def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
             lw.post_attn_norm = vector(f, p + "post_attention_norm.weight", d)
             lw.post_ffn_norm = vector(f, p + "post_ffw_norm.weight", d)
         layers.append(lw)
-    # Int8 kernel (activations quantized per 32-block, integer dot products): Q4_0/Q4_1 layer
-    # matrices and a Q8_0 output matrix, the types whose codes it takes as they are. Other
-    # layer types keep the float path (decoded blocks, float32 products).
+    # Int8 kernel (activations quantized per 32-block, integer dot products): Q4_0/Q4_1/Q5_0/
+    # Q5_1 layer matrices and a Q8_0 output matrix, the types whose codes it takes as they are.
+    # Other layer types keep the float path (decoded blocks, float32 products).
     for lw in layers:
         for field in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-            setattr(lw, field, with_i8(f, getattr(lw, field), (Q4_0, Q4_1)))
+            setattr(lw, field, with_i8(f, getattr(lw, field), (Q4_0, Q4_1, Q5_0, Q5_1)))
     return ModelWeights(emb, vector(f, "output_norm.weight", d), with_i8(f, output, (Q8_0,)), layers)
 
 
