@@ -26,7 +26,7 @@ Int8 path (matmul_i8, repack_i8), for Q8_0 / Q4_0 / Q4_1 weights repacked once a
       out[t, r] = sum over blocks of float(sum(code * xq) - w_offset * xsum) * (d_w * d_x)
       [+ m_w * (d_x * xsum)], blocks in order; integer sums exact, so GEMV rows equal GEMM
       rows and any thread count gives the same bits.
-  repack_q8_0(w, wi, wd); repack_q4(w, has_min, wi, wd, wm)      GGUF rows -> that layout.
+  repack_q8_0(w, wi, wd); repack_nibbles(w, has_min, fifth, wi, wd, wm)   GGUF rows -> it.
   decode_rows(qtype, w, r, out f32 [M, K], i)                    out[i] = decoded row r of w.
   decode_row(qtype, row u8 [row_bytes], out f32 [K])
       bit-exact with formats.quants.dequantize; an unknown qtype raises ValueError.

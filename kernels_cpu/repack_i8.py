@@ -60,14 +60,17 @@ def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
 
 
 @kernel(parallel=True)
-def repack_q4(w, has_min, wi, wd, wm):  # type: ignore[no-untyped-def]
-    """Q4_0 (has_min False, 18-byte blocks) or Q4_1 (20-byte blocks: d, m, codes) rows ->
-    4-bit format. A block's byte j holds column j in its low and j + 16 in its high nibble,
-    which is what the layout wants of quad byte (q, l, k) for j = 4q + k: the bytes move, the
-    nibbles stay. wd [G, nb, 16] = d, wm [G, nb, 16] = m (Q4_1 only); rows past R stay zero."""
+def repack_nibbles(w, has_min, fifth, wi, wd, wm):  # type: ignore[no-untyped-def]
+    """Q4_0 / Q4_1 (fifth False) or Q5_0 / Q5_1 (fifth True) rows -> 4- or 5-bit format.
+    Blocks: d, [m if has_min], [qh: 32 fifth bits if fifth], 16 code bytes. Code byte j holds
+    column j in its low and j + 16 in its high nibble, which is what the layout wants of quad
+    byte (q, l, k) for j = 4q + k: the bytes move, the nibbles stay. The 5-bit format adds, per
+    quad q, a 64-bit mask at bytes 256 + 8q whose bit 4l + k is the fifth bit of row l's column
+    4q + k. wd [G, nb, 16] = d, wm [G, nb, 16] = m (with mins only); rows past R stay zero."""
     R = w.shape[0]
-    bsz = 20 if has_min else 18
     head = 4 if has_min else 2
+    codes = head + (4 if fifth else 0)
+    bsz = codes + 16
     nb = w.shape[1] // bsz
     for g in numba.prange(wi.shape[0]):
         for ln in range(GROUP):
@@ -80,36 +83,13 @@ def repack_q4(w, has_min, wi, wd, wm):  # type: ignore[no-untyped-def]
                 if has_min:
                     wm[g, b, ln] = _half(w, r, o + 2)
                 for j in range(16):
-                    q, k = j // 4, j % 4
-                    wi[g, b, q * 64 + ln * 4 + k] = w[r, o + head + j]
-
-
-@kernel(parallel=True)
-def repack_q5(w, has_min, wi, wd, wm):  # type: ignore[no-untyped-def]
-    """Q5_0 (22-byte blocks: d, qh, codes) or Q5_1 (24: d, m, qh, codes) rows -> 5-bit format:
-    the low nibbles as in repack_q4, then per quad q a 64-bit mask at bytes 256 + 8q whose bit
-    4l + k is the fifth bit of row l's column c = 4q + k (bit c of the block's qh)."""
-    R = w.shape[0]
-    bsz = 24 if has_min else 22
-    head = 4 if has_min else 2
-    nb = w.shape[1] // bsz
-    for g in numba.prange(wi.shape[0]):
-        for ln in range(GROUP):
-            r = g * GROUP + ln
-            if r >= R:
-                break
-            for b in range(nb):
-                o = b * bsz
-                wd[g, b, ln] = _half(w, r, o)
-                if has_min:
-                    wm[g, b, ln] = _half(w, r, o + 2)
-                for j in range(16):
-                    wi[g, b, (j // 4) * 64 + ln * 4 + j % 4] = w[r, o + head + 4 + j]
-                for c in range(32):
-                    if (w[r, o + head + c // 8] >> (c % 8)) & 1:
-                        bit = 4 * ln + c % 4
-                        at = 256 + 8 * (c // 4) + bit // 8
-                        wi[g, b, at] = wi[g, b, at] | np.uint8(1 << (bit % 8))
+                    wi[g, b, (j // 4) * 64 + ln * 4 + j % 4] = w[r, o + codes + j]
+                if fifth:
+                    for c in range(32):
+                        if (w[r, o + head + c // 8] >> (c % 8)) & 1:
+                            bit = 4 * ln + c % 4
+                            at = 256 + 8 * (c // 4) + bit // 8
+                            wi[g, b, at] = wi[g, b, at] | np.uint8(1 << (bit % 8))
 
 
 def repack(data: np.ndarray, qtype: int, rows: int, cols: int) -> I8Weights:
@@ -121,8 +101,6 @@ def repack(data: np.ndarray, qtype: int, rows: int, cols: int) -> I8Weights:
     wm = np.zeros((groups, nb, GROUP) if qtype in WITH_MIN else (0, 0, 0), np.float32)
     if qtype == Q8_0:
         repack_q8_0(data, wi, wd)
-    elif qtype in (Q4_0, Q4_1):
-        repack_q4(data, qtype == Q4_1, wi, wd, wm)
     else:
-        repack_q5(data, qtype == Q5_1, wi, wd, wm)
+        repack_nibbles(data, qtype in WITH_MIN, qtype in (Q5_0, Q5_1), wi, wd, wm)
     return I8Weights(wi, wd, wm, offset)

@@ -10,21 +10,13 @@ from edge_infer.kernels_cpu import dequant as dq
 from edge_infer.kernels_cpu import matmul_i8 as m8
 from edge_infer.kernels_cpu import reference as ref
 from edge_infer.kernels_cpu.repack_i8 import I8Weights, repack
+from edge_infer.models.transformer import quantize_rows
 
 I8_TYPES = (dq.Q8_0, dq.Q4_0, dq.Q4_1, dq.Q5_0, dq.Q5_1)
 
 
-def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    t, k = x.shape
-    xq4 = np.empty((t, k // 4), np.int32)
-    xd = np.empty((t, k // 32), np.float32)
-    xsum = np.empty((t, k // 32), np.int32)
-    m8.quantize_rows_q8(x, xq4, xd, xsum)
-    return xq4, xd, xsum
-
-
 def prepare(w: np.ndarray, x: np.ndarray, qtype: int = dq.Q8_0) -> tuple:
-    return (repack(w, qtype, w.shape[0], x.shape[1]), *quantize(x))
+    return (repack(w, qtype, w.shape[0], x.shape[1]), *quantize_rows(x))
 
 
 def run(prep: tuple, rows: int, threads: int, t: slice | None = None) -> np.ndarray:
