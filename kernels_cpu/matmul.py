@@ -106,7 +106,7 @@ def _dot_rows8(wg, x, out, t, r0, nv0, r1, nv1):  # type: ignore[no-untyped-def]
         out[t, r1 + 3] = b3
 
 
-TILE_BYTES = 256 * 1024  # activations of one token tile stay in L2 while a row group meets them
+TILE_BYTES = 512 * 1024  # activations of one token tile stay in L2 while a row group meets them
 
 
 @kernel(fastmath=True)
