@@ -1,4 +1,4 @@
-"""The int8 (VNNI) matmul used for Q8_0 output matrices: exact against its twin on quantized
+"""The int8 (VNNI) matmul (Q4_0/Q4_1/Q5_0/Q5_1 layers, Q8_0 outputs): exact against its twin on quantized
 activations, batch- and thread-invariant, and close to the float matmul on real tensors."""
 
 from __future__ import annotations
@@ -27,3 +27,24 @@ def test_real_output_matrix_close_to_float(gemma3_path) -> None:  # type: ignore
         got = run(prepare(w, x), w.shape[0], 2)
         exact = x.astype(np.float64) @ ref.decode_rows(w, dq.Q8_0).astype(np.float64).T
         assert np.abs(got - exact).max() < 0.05 * exact.std()
+
+
+@pytest.mark.slow
+def test_real_tensors_bit_exact_with_twin(smollm2_path, gemma3_path) -> None:  # type: ignore[no-untyped-def]
+    """Real Q4_1 (smollm2), Q5_0 and Q8_0 (gemma3) matrices through repack and kernel equal the
+    NumPy twin of the integer arithmetic bit for bit (200 rows: 12 full groups and a short one)."""
+    rng = np.random.default_rng(8)
+    seen = set()
+    for path, name in ((smollm2_path, "blk.3.ffn_down.weight"), (gemma3_path, "blk.1.ffn_up.weight"),
+                       (gemma3_path, "token_embd.weight")):
+        with GGUFFile(path) as f:
+            t = f.tensors[name]
+            w = np.ascontiguousarray(t.data.reshape(t.shape[1], -1)[:200])
+            qtype = int(t.type)
+        seen.add(qtype)
+        x = rng.standard_normal((6, w.shape[1] * dq.BLOCK_SHAPE[qtype][0] // dq.BLOCK_SHAPE[qtype][1])).astype(np.float32)
+        prep = prepare(w, x, qtype)
+        got = run(prep, w.shape[0], 2)
+        want = ref.matmul_i8(prep[1].view(np.int8).reshape(6, -1), prep[2], prep[3], w, qtype)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    assert seen == {dq.Q4_1, dq.Q5_0, dq.Q8_0}
