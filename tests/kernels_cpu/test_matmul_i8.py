@@ -1,5 +1,6 @@
-"""The int8 (VNNI) matmul (Q4_0/Q4_1/Q5_0/Q5_1 layers, Q8_0 outputs): exact against its twin on quantized
-activations, batch- and thread-invariant, and close to the float matmul on real tensors."""
+"""The int8 (VNNI) matmul (Q4_0/Q4_1/Q5_0/Q5_1 layers, Q8_0 outputs): exact against its twin on
+quantized activations, random and real tensors, batch- and thread-invariant, and close to the
+float matmul on a real output matrix."""
 
 from __future__ import annotations
 
