@@ -106,6 +106,14 @@ def _dot_rows8(wg, x, out, t, r0, nv0, r1, nv1):  # type: ignore[no-untyped-def]
         out[t, r1 + 3] = b3
 
 
+@kernel(inline=True)
+def _decode_group(qtype, w, r0, nvalid, wg, at):  # type: ignore[no-untyped-def]
+    """Rows r0..r0+ROW_GROUP-1 of w into wg[at:at+ROW_GROUP]; a short last group (nvalid rows)
+    decodes its last row again, and only valid rows are ever written out."""
+    for i in range(ROW_GROUP):
+        decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, at + i)
+
+
 TILE_BYTES = 512 * 1024  # activations of one token tile stay in L2 while a row group meets them
 
 
@@ -120,10 +128,9 @@ def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
             r0 = g * ROW_GROUP
             nv0 = min(ROW_GROUP, R - r0)
             nv1 = min(ROW_GROUP, R - r0 - ROW_GROUP) if g + 1 < g1 else 0
-            for i in range(2 * ROW_GROUP):
-                if i < ROW_GROUP + max(nv1, 0):
-                    rr = r0 + min(i, nv0 - 1) if i < ROW_GROUP else r0 + ROW_GROUP + min(i - ROW_GROUP, nv1 - 1)
-                    decode_rows(qtype, w, rr, wg, i)
+            _decode_group(qtype, w, r0, nv0, wg, 0)
+            if nv1 > 0:  # else the second half of wg is computed on but never written out
+                _decode_group(qtype, w, r0 + ROW_GROUP, nv1, wg, ROW_GROUP)
             _dot_rows8(wg, x, out, 0, r0, nv0, r0 + ROW_GROUP, nv1)
         return
     tile = max(2, min(T, TILE_BYTES // (4 * K)))
@@ -137,9 +144,7 @@ def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
                 nxt = (r0 + ROW_GROUP) * w.shape[1]
                 for line in range(0, ROW_GROUP * w.shape[1], 64):
                     prefetch(w, nxt + line)
-            for i in range(ROW_GROUP):
-                # a short last group decodes its last row again; only valid rows are written
-                decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, i)
+            _decode_group(qtype, w, r0, nvalid, wg, 0)
             for t in range(t0, t1, 2):
                 _dot_group(wg, x, out, t, min(t + 1, t1 - 1), r0, nvalid)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from ._jit import f16_to_f32, kernel
-from .dequant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from ._jit import kernel
+from .dequant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, _half
 from .matmul_i8 import GROUP
 
 # qtype -> (bytes per 32-block in the repacked layout, u8 value of a zero weight offset)
@@ -33,11 +33,6 @@ class I8Weights:
     wd: np.ndarray
     wm: np.ndarray
     offset: int
-
-
-@kernel(inline=True)
-def _half(w, r, o):  # type: ignore[no-untyped-def]
-    return f16_to_f32(np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8)))
 
 
 @kernel(parallel=True)
