@@ -17,15 +17,17 @@ Weights: uint8 [R, row_bytes], a row's GGUF blocks as in the file; qtype is the 
       (uint8 [0, 1], out f32 [T, 0]) is skipped; each out equals matmul_kernel's bit for bit.
   embed_rows_kernel(ids i32 [N], w, qtype, out f32 [N, K])      out[i] = decoded row ids[i].
 
-Int8 path (matmul_i8, repack_i8), for Q8_0 / Q4_0 / Q4_1 weights repacked once at load into a
+Int8 path (matmul_i8, repack_i8), for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights repacked once at load into a
 16-row-interleaved layout (G = ceil(R / 16) groups, nb = K / 32 blocks; see matmul_i8):
   quantize_rows_q8(x f32 [T, K], xq4 i32 [T, K/4], xd f32 [T, K/32], xsum i32 [T, K/32])
       per 32-block: d = max|x| / 127, int8 codes rint(x / d) packed 4 per int32, their sum.
-  matmul_i8_kernel(xq4, xd, xsum, wi u8 [G, nb, 512 | 256], wd f32 [G, nb, 16],
-                   wm f32 [G, nb, 16] or [0, 0, 0], w_offset, out f32 [T, R], n_threads)
+  matmul_i8_kernel(xq4, xd, xsum, wi u8 [G, nb, 512 | 256 | 320], wd u16 [G, nb, 16] (f16 bits),
+                   wm u16 [G, nb, 16] or [0, 0, 0], w_offset, out f32 [T, R], n_threads)
       out[t, r] = sum over blocks of float(sum(code * xq) - w_offset * xsum) * (d_w * d_x)
       [+ m_w * (d_x * xsum)], blocks in order; integer sums exact, so GEMV rows equal GEMM
       rows and any thread count gives the same bits.
+  matmul3_i8_kernel(x f32 [T, K], xq4, xd, xsum, then (wi, wd, wm, w_offset, out) x 3, n_threads)
+      quantizes x, then up to three matmuls of it in one launch (zero-group matrices skipped).
   repack_q8_0(w, wi, wd); repack_nibbles(w, has_min, fifth, wi, wd, wm)   GGUF rows -> it.
   decode_rows(qtype, w, r, out f32 [M, K], i)                    out[i] = decoded row r of w.
   decode_row(qtype, row u8 [row_bytes], out f32 [K])

@@ -217,6 +217,37 @@ def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps): 
         x[t, b] = x0 * sin[i] + x1 * cos[i]
 
 
+@kernel
+def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps, slot_mapping,
+                      k_cache, k_scale, v_cache, v_scale, t):  # type: ignore[no-untyped-def]
+    hd = k_cache.shape[3]
+    n_heads, n_kv = q.shape[1] // hd, k.shape[1] // hd
+    has_bias, has_norm = bq.shape[0] > 0, q_norm.shape[0] > 0
+    bs = k_cache.shape[1]
+    if has_bias:
+        for c in range(q.shape[1]):
+            q[t, c] += bq[c]
+        for c in range(k.shape[1]):
+            k[t, c] += bk[c]
+            v[t, c] += bv[c]
+    p = np.float64(positions[t])
+    cos = np.empty(n_rot // 2, np.float32)  # the rotation angles of this position, once for all heads
+    sin = np.empty(n_rot // 2, np.float32)
+    for i in range(n_rot // 2):
+        th = p * inv_freq[i]
+        cos[i] = np.float32(np.cos(th))
+        sin[i] = np.float32(np.sin(th))
+    for h in range(n_heads):
+        _head_norm_rope(q, t, h, hd, n_rot, q_norm, has_norm, cos, sin, neox, eps)
+    for h in range(n_kv):
+        _head_norm_rope(k, t, h, hd, n_rot, k_norm, has_norm, cos, sin, neox, eps)
+    slot = slot_mapping[t]
+    if slot >= 0:
+        for g in range(n_kv):
+            store_row(k, t, g, k_cache, k_scale, slot // bs, slot % bs)
+            store_row(v, t, g, v_cache, v_scale, slot // bs, slot % bs)
+
+
 @kernel(parallel=True)
 def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps, slot_mapping,
                       k_cache, k_scale, v_cache, v_scale):  # type: ignore[no-untyped-def]
@@ -225,31 +256,12 @@ def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv
     of Q and K (inv_freq: float64 [n_rot / 2], base^(-2i / n_rot) times the position scale;
     neox: rotate pairs (i, i + n_rot / 2) instead of (2i, 2i + 1); dimensions past n_rot are left
     as they are), and the K/V store into the pool.
-    The same per-element arithmetic as the separate kernels, in one launch."""
-    hd = k_cache.shape[3]
-    n_heads, n_kv = q.shape[1] // hd, k.shape[1] // hd
-    has_bias, has_norm = bq.shape[0] > 0, q_norm.shape[0] > 0
-    bs = k_cache.shape[1]
-    for t in numba.prange(q.shape[0]):
-        if has_bias:
-            for c in range(q.shape[1]):
-                q[t, c] += bq[c]
-            for c in range(k.shape[1]):
-                k[t, c] += bk[c]
-                v[t, c] += bv[c]
-        p = np.float64(positions[t])
-        cos = np.empty(n_rot // 2, np.float32)  # the rotation angles of this position, once for all heads
-        sin = np.empty(n_rot // 2, np.float32)
-        for i in range(n_rot // 2):
-            th = p * inv_freq[i]
-            cos[i] = np.float32(np.cos(th))
-            sin[i] = np.float32(np.sin(th))
-        for h in range(n_heads):
-            _head_norm_rope(q, t, h, hd, n_rot, q_norm, has_norm, cos, sin, neox, eps)
-        for h in range(n_kv):
-            _head_norm_rope(k, t, h, hd, n_rot, k_norm, has_norm, cos, sin, neox, eps)
-        slot = slot_mapping[t]
-        if slot >= 0:
-            for g in range(n_kv):
-                store_row(k, t, g, k_cache, k_scale, slot // bs, slot % bs)
-                store_row(v, t, g, v_cache, v_scale, slot // bs, slot % bs)
+    The same per-element arithmetic as the separate kernels, in one launch (none for a single
+    token: the launch would cost more than the work)."""
+    if q.shape[0] == 1:
+        _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps,
+                          slot_mapping, k_cache, k_scale, v_cache, v_scale, 0)
+    else:
+        for t in numba.prange(q.shape[0]):
+            _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps,
+                              slot_mapping, k_cache, k_scale, v_cache, v_scale, t)

@@ -25,10 +25,9 @@ ROW_GROUP = 4
 def _dot_group(wg, x, out, t0, t1, r0, nvalid):  # type: ignore[no-untyped-def]
     """Rows r0.. (decoded in wg) times tokens t0 and t1: eight independent accumulations, each
     row load shared by two tokens and each token load by four rows (enough to keep both FMA
-    units busy). Tokens always go in pairs, an odd one paired with itself (its duplicate is not
-    written), so every output comes from this one loop: inlined into _row_groups, whose
-    fastmath flags let LLVM vectorize the reductions, all in the same fixed lane order, whatever
-    the batch size or the token's place in it."""
+    units busy). Inlined into _row_groups, whose fastmath flags let LLVM vectorize the
+    reductions, all in the same fixed lane order, whatever the batch size or the token's place
+    in it."""
     n = x.shape[1]
     a0 = np.float32(0.0)
     a1 = np.float32(0.0)
@@ -121,32 +120,32 @@ TILE_BYTES = 512 * 1024  # activations of one token tile stay in L2 while a row 
 def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
     """Row groups g0..g1-1 of one matrix for every token of x. Tokens go in tiles whose
     activations fit in L2: each row group is decoded once per tile (a large batch would
-    otherwise stream all of x from memory for every row group)."""
+    otherwise stream all of x from memory for every row group). Row groups go in pairs, so a
+    tile's odd last token takes the GEMV form (_dot_rows8, bit-identical to _dot_group) instead
+    of being paired with a duplicate of itself."""
     R, T, K = w.shape[0], x.shape[0], x.shape[1]
-    if T == 1:  # GEMV: two row groups per pass, no duplicated token
-        for g in range(g0, g1, 2):
-            r0 = g * ROW_GROUP
-            nv0 = min(ROW_GROUP, R - r0)
-            nv1 = min(ROW_GROUP, R - r0 - ROW_GROUP) if g + 1 < g1 else 0
-            _decode_group(qtype, w, r0, nv0, wg, 0)
-            if nv1 > 0:  # else the second half of wg is computed on but never written out
-                _decode_group(qtype, w, r0 + ROW_GROUP, nv1, wg, ROW_GROUP)
-            _dot_rows8(wg, x, out, 0, r0, nv0, r0 + ROW_GROUP, nv1)
-        return
     tile = max(2, min(T, TILE_BYTES // (4 * K)))
     tile += tile & 1
     for t0 in range(0, T, tile):
         t1 = min(T, t0 + tile)
-        for g in range(g0, g1):
+        odd = (t1 - t0) & 1  # the tile's last token, when alone, goes through the GEMV form
+        for g in range(g0, g1, 2):
             r0 = g * ROW_GROUP
-            nvalid = min(ROW_GROUP, R - r0)
-            if t0 == 0 and g + 1 < g1:
-                nxt = (r0 + ROW_GROUP) * w.shape[1]
-                for line in range(0, ROW_GROUP * w.shape[1], 64):
+            nv0 = min(ROW_GROUP, R - r0)
+            nv1 = min(ROW_GROUP, R - r0 - ROW_GROUP) if g + 1 < g1 else 0
+            if T > 1 and t0 == 0 and g + 2 < g1:  # the next pair's rows (GEMM only, as before)
+                nxt = (r0 + 2 * ROW_GROUP) * w.shape[1]
+                for line in range(0, min(2 * ROW_GROUP, R - r0 - 2 * ROW_GROUP) * w.shape[1], 64):
                     prefetch(w, nxt + line)
-            _decode_group(qtype, w, r0, nvalid, wg, 0)
-            for t in range(t0, t1, 2):
-                _dot_group(wg, x, out, t, min(t + 1, t1 - 1), r0, nvalid)
+            _decode_group(qtype, w, r0, nv0, wg, 0)
+            if nv1 > 0:  # else the second half of wg is computed on but never written out
+                _decode_group(qtype, w, r0 + ROW_GROUP, nv1, wg, ROW_GROUP)
+            for t in range(t0, t1 - odd, 2):
+                _dot_group(wg, x, out, t, t + 1, r0, nv0)
+                if nv1 > 0:
+                    _dot_group(wg[ROW_GROUP:], x, out, t, t + 1, r0 + ROW_GROUP, nv1)
+            if odd:
+                _dot_rows8(wg, x, out, t1 - 1, r0, nv0, r0 + ROW_GROUP, nv1)
 
 
 @kernel(inline=True)

@@ -25,7 +25,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from ._jit import kernel, prefetch, target_has
+from ._jit import HAS_F16C, f16_to_f32, kernel, prefetch, target_has
 
 GROUP = 16  # rows per interleaved group (one 512-bit vector of int32 lanes)
 # Software prefetch distances (measured on the 2-core AVX-512 VM: a streamed GEMV ran at 9 of
@@ -153,6 +153,26 @@ dot_block_q5 = _dot1(5, "5-bit format, one token")
 dot_block4_q5 = _dot4(5, "5-bit format, four tokens")
 
 
+@kernel(inline=True)
+def _quantize_row(x, t, xq, xd, xsum):  # type: ignore[no-untyped-def]
+    for b in range(x.shape[1] // 32):
+        amax = np.float32(0.0)
+        for j in range(32):
+            amax = max(amax, abs(x[t, b * 32 + j]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
+        s = np.int32(0)
+        for j in range(32):
+            v = np.int32(np.rint(x[t, b * 32 + j] * inv))
+            xq[t, b * 32 + j] = np.int8(v)
+            s += v
+        xd[t, b] = d
+        xsum[t, b] = s
+
+
+SERIAL_QUANTIZE_VALUES = 16384  # below this many activations a parallel launch costs more
+
+
 @kernel(parallel=True)
 def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
     """Per token and 32-block: d = max|x| / 127, q = rint(x / d) (int8, packed 4 per int32 in
@@ -161,20 +181,12 @@ def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
     logits, not more, and moved ours further from exact math.)"""
     T, K = x.shape
     xq = xq4.view(np.int8).reshape(T, K)
-    for t in numba.prange(T):
-        for b in range(K // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[t, b * 32 + j]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
-            s = np.int32(0)
-            for j in range(32):
-                v = np.int32(np.rint(x[t, b * 32 + j] * inv))
-                xq[t, b * 32 + j] = np.int8(v)
-                s += v
-            xd[t, b] = d
-            xsum[t, b] = s
+    if T * K < SERIAL_QUANTIZE_VALUES:
+        for t in range(T):
+            _quantize_row(x, t, xq, xd, xsum)
+    else:
+        for t in numba.prange(T):
+            _quantize_row(x, t, xq, xd, xsum)
 
 
 def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
@@ -192,12 +204,17 @@ def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
             one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(i32, 0))
             return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(vi, [0] * 16))
 
-        fp, ip, wp = ptr(0, 1, vf), ptr(2, 3, vi), ptr(5, 6, vf)
+        def scales(k):  # type: ignore[no-untyped-def]
+            if signature.args[k].dtype == types.float32:
+                return builder.load(ptr(k, 6, vf), align=4)
+            vh = ir.VectorType(ir.HalfType(), 16)  # f16 bits: one vcvtph2ps on F16C targets
+            return builder.fpext(builder.load(ptr(k, 6, vh), align=2), vf)
+
+        fp, ip = ptr(0, 1, vf), ptr(2, 3, vi)
         isum = builder.sub(builder.load(ip, align=4), splat(4, vi, types.int32))
-        term = builder.fmul(builder.sitofp(isum, vf), builder.fmul(builder.load(wp, align=4), splat(7, vf, types.float32)))
+        term = builder.fmul(builder.sitofp(isum, vf), builder.fmul(scales(5), splat(7, vf, types.float32)))
         if with_min:
-            mp = ptr(8, 6, vf)
-            term = builder.fadd(term, builder.fmul(builder.load(mp, align=4), splat(9, vf, types.float32)))
+            term = builder.fadd(term, builder.fmul(scales(8), splat(9, vf, types.float32)))
         builder.store(builder.fadd(builder.load(fp, align=4), term), fp, align=4)
         return context.get_dummy_value()
 
@@ -207,9 +224,10 @@ def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
 @intrinsic
 def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: ignore[no-untyped-def]
     """facc[fo + l] += float32(iacc[io + l] - corr) * (wd[wo + l] * dx) for the 16 lanes l, as
-    one vector sequence (fmul, fmul, fadd: never fused). facc, wd: float32 [...]; iacc: int32
-    [...]; corr: int32; dx: float32. LLVM left the same lines of numba code scalar."""
-    if not _arrays(facc, iacc, wd):
+    one vector sequence (fmul, fmul, fadd: never fused). facc: float32 [...]; wd: float32, or
+    uint16 f16 bits (F16C targets only: converted exactly on load); iacc: int32 [...]; corr:
+    int32; dx: float32. LLVM left the same lines of numba code scalar."""
+    if not _arrays(facc, iacc, wd) or wd.dtype not in (types.float32, types.uint16):
         return None
     return types.void(facc, fo, iacc, io, corr, wd, wo, dx), _accumulate_codegen(False)
 
@@ -218,21 +236,34 @@ def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: 
 def scale_min_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx, wm, mx):  # type: ignore[no-untyped-def]
     """scale_accumulate plus a per-row min term: facc[fo + l] += (float32(iacc[io + l] - corr)
     * (wd[wo + l] * dx) + wm[wo + l] * mx); mx = dx * float32(sum of the token's block)."""
-    if not _arrays(facc, iacc, wd, wm):
+    if not _arrays(facc, iacc, wd, wm) or wd.dtype not in (types.float32, types.uint16) or wm.dtype != wd.dtype:
         return None
     return types.void(facc, fo, iacc, io, corr, wd, wo, dx, wm, mx), _accumulate_codegen(True)
 
 
-@kernel(parallel=True)
-def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):  # type: ignore[no-untyped-def]
-    """out[t, r] for r < out.shape[1]: xq4/xd/xsum from quantize_rows_q8; wi: uint8 [G, nb,
-    512 | 256 | 320] (8-, 4- or 5-bit format); wd: float32 [G, nb, 16] block scales; wm:
-    float32 [G, nb, 16] block mins, or empty [0, 0, 0]; w_offset: int, the u8 value of a zero
-    weight (rows past R are padding). Tokens go TOKEN_TILE at a time (each weight quad loaded
-    once for all of them), the rest one by one; both give the same integers and the same float
-    epilogue, so the same bits."""
+@kernel(inline=True)
+def _scales_as_stored(flat, so, tmp):  # type: ignore[no-untyped-def]
+    return flat, so
+
+
+@kernel(inline=True)
+def _scales_converted(flat, so, tmp):  # type: ignore[no-untyped-def]
+    for ln in range(GROUP):
+        tmp[ln] = f16_to_f32(flat[so + ln])
+    return tmp, 0
+
+
+# (array, offset) of a block's 16 float scales for the epilogue intrinsics: the f16 bits as
+# they are stored where the vector epilogue converts them itself, else converted into tmp
+block_scales = _scales_as_stored if HAS_F16C else _scales_converted
+
+
+@kernel
+def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):  # type: ignore[no-untyped-def]
+    """Row groups g0..g1-1 of one matrix for every token (see matmul_i8_kernel); iacc: int32
+    [TOKEN_TILE * GROUP], facc: float32 [TOKEN_TILE, GROUP] scratch of the calling thread."""
     T, R = out.shape
-    G, nb, bb = wi.shape[0], wi.shape[1], wi.shape[2]
+    nb, bb = wi.shape[1], wi.shape[2]
     bits = 8 if bb == 512 else (5 if bb == 320 else 4)
     with_min = wm.shape[0] > 0
     k4 = xq4.shape[1]
@@ -240,48 +271,88 @@ def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):  # ty
     dflat = wd.reshape(-1)
     mflat = wm.reshape(-1)
     xflat = xq4.reshape(-1)
+    facc_flat = facc.reshape(-1)
+    dtmp = np.empty(GROUP, np.float32)  # converted scales where the target has no F16C
+    mtmp = np.empty(GROUP, np.float32)
+    for g in range(g0, g1):
+        t = 0
+        while t < T:
+            n = TOKEN_TILE if T - t >= TOKEN_TILE else 1
+            for u in range(n):
+                for ln in range(GROUP):
+                    facc[u, ln] = 0.0
+            for b in range(nb):
+                prefetch(dflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
+                if with_min:
+                    prefetch(mflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
+                wo = (g * nb + b) * bb
+                x0 = t * k4 + b * 8
+                if n == TOKEN_TILE:
+                    if bits == 8:
+                        dot_block4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+                    elif bits == 4:
+                        dot_block4_q4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+                    else:
+                        dot_block4_q5(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+                elif bits == 8:
+                    dot_block(iacc, wflat, wo, xflat, x0)
+                elif bits == 4:
+                    dot_block_q4(iacc, wflat, wo, xflat, x0)
+                else:
+                    dot_block_q5(iacc, wflat, wo, xflat, x0)
+                so = (g * nb + b) * GROUP
+                ds, do = block_scales(dflat, so, dtmp)
+                ms, mo = block_scales(mflat, so, mtmp) if with_min else (ds, do)
+                for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
+                    xs = xsum[t + u, b]
+                    dx = xd[t + u, b]
+                    if with_min:
+                        scale_min_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
+                                             ds, do, dx, ms, dx * np.float32(xs))
+                    else:
+                        scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
+                                         ds, do, dx)
+            for u in range(n):
+                for ln in range(min(GROUP, R - g * GROUP)):
+                    out[t + u, g * GROUP + ln] = facc[u, ln]
+            t += n
+
+
+@kernel(parallel=True)
+def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):  # type: ignore[no-untyped-def]
+    """out[t, r] for r < out.shape[1]: xq4/xd/xsum from quantize_rows_q8; wi: uint8 [G, nb,
+    512 | 256 | 320] (8-, 4- or 5-bit format); wd: uint16 [G, nb, 16] block scales (f16 bits);
+    wm: uint16 [G, nb, 16] block mins, or empty [0, 0, 0]; w_offset: int, the u8 value of a zero
+    weight (rows past R are padding). Tokens go TOKEN_TILE at a time (each weight quad loaded
+    once for all of them), the rest one by one; both give the same integers and the same float
+    epilogue, so the same bits."""
+    G = wi.shape[0]
     per = (G + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
         iacc = np.zeros(TOKEN_TILE * GROUP, np.int32)
         facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
-        facc_flat = facc.reshape(-1)
-        for g in range(tid * per, min(G, (tid + 1) * per)):
-            t = 0
-            while t < T:
-                n = TOKEN_TILE if T - t >= TOKEN_TILE else 1
-                for u in range(n):
-                    for ln in range(GROUP):
-                        facc[u, ln] = 0.0
-                for b in range(nb):
-                    prefetch(dflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
-                    if with_min:
-                        prefetch(mflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
-                    wo = (g * nb + b) * bb
-                    x0 = t * k4 + b * 8
-                    if n == TOKEN_TILE:
-                        if bits == 8:
-                            dot_block4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                        elif bits == 4:
-                            dot_block4_q4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                        else:
-                            dot_block4_q5(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                    elif bits == 8:
-                        dot_block(iacc, wflat, wo, xflat, x0)
-                    elif bits == 4:
-                        dot_block_q4(iacc, wflat, wo, xflat, x0)
-                    else:
-                        dot_block_q5(iacc, wflat, wo, xflat, x0)
-                    so = (g * nb + b) * GROUP
-                    for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
-                        xs = xsum[t + u, b]
-                        dx = xd[t + u, b]
-                        if with_min:
-                            scale_min_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
-                                                 dflat, so, dx, mflat, dx * np.float32(xs))
-                        else:
-                            scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
-                                             dflat, so, dx)
-                for u in range(n):
-                    for ln in range(min(GROUP, R - g * GROUP)):
-                        out[t + u, g * GROUP + ln] = facc[u, ln]
-                t += n
+        _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, tid * per, min(G, (tid + 1) * per), iacc, facc)
+
+
+@kernel(parallel=True)
+def matmul3_i8_kernel(x, xq4, xd, xsum, wia, wda, wma, offa, outa, wib, wdb, wmb, offb, outb,
+                      wic, wdc, wmc, offc, outc, n_threads):  # type: ignore[no-untyped-def]
+    """Up to three int8 matmuls of the same float input x [T, K] in one launch (Q, K and V; gate
+    and up; or one matrix): x is quantized into xq4/xd/xsum (as by quantize_rows_q8), then the
+    row groups of all the matrices are split evenly over n_threads, each computed exactly as by
+    matmul_i8_kernel. A matrix with zero groups is skipped. Per matrix m: wi_m, wd_m, wm_m,
+    off_m, out_m as matmul_i8_kernel's wi, wd, wm, w_offset, out."""
+    quantize_rows_q8(x, xq4, xd, xsum)  # serially when small: no second launch
+    na, nb, nc = wia.shape[0], wib.shape[0], wic.shape[0]
+    total = na + nb + nc
+    per = (total + n_threads - 1) // n_threads
+    for tid in numba.prange(n_threads):
+        iacc = np.zeros(TOKEN_TILE * GROUP, np.int32)
+        facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
+        lo, hi = tid * per, min(total, (tid + 1) * per)
+        if lo < na:
+            _i8_groups(xq4, xd, xsum, wia, wda, wma, offa, outa, lo, min(hi, na), iacc, facc)
+        if hi > na and lo < na + nb:
+            _i8_groups(xq4, xd, xsum, wib, wdb, wmb, offb, outb, max(lo, na) - na, min(hi, na + nb) - na, iacc, facc)
+        if hi > na + nb:
+            _i8_groups(xq4, xd, xsum, wic, wdc, wmc, offc, outc, max(lo, na + nb) - na - nb, hi - na - nb, iacc, facc)

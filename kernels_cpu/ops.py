@@ -2,7 +2,8 @@
 residual adds. Arrays are float32 and C-contiguous; every kernel writes a preallocated output.
 Rows are independent, so results never depend on the batch (per-row fixed order).
 
-Rows are split over the threads (a launch costs ~2 us with numba's OpenMP layer)."""
+Rows are split over the threads (a launch costs ~2 us with numba's OpenMP layer) unless there
+are too few of them to pay for it."""
 
 from __future__ import annotations
 
@@ -25,40 +26,75 @@ def _rms_scale(x, t, eps):  # type: ignore[no-untyped-def]
     return np.float32(1.0 / math.sqrt(s / x.shape[1] + eps))
 
 
+SERIAL_VALUES = 8192  # below this many elements a row loop runs on the calling thread
+
+
+@kernel(inline=True)
+def _rmsnorm_row(x, w, eps, out, t):  # type: ignore[no-untyped-def]
+    sc = _rms_scale(x, t, eps)
+    for k in range(x.shape[1]):
+        out[t, k] = np.float32(x[t, k] * sc) * w[k]
+
+
 @kernel(parallel=True)
 def rmsnorm_kernel(x, w, eps, out):  # type: ignore[no-untyped-def]
     """out[t] = x[t] / rms(x[t]) * w; x, out: [T, D]; w: [D]."""
-    for t in numba.prange(x.shape[0]):
-        sc = _rms_scale(x, t, eps)
-        for k in range(x.shape[1]):
-            out[t, k] = np.float32(x[t, k] * sc) * w[k]
+    if x.size < SERIAL_VALUES:
+        for t in range(x.shape[0]):
+            _rmsnorm_row(x, w, eps, out, t)
+    else:
+        for t in numba.prange(x.shape[0]):
+            _rmsnorm_row(x, w, eps, out, t)
+
+
+@kernel(inline=True)
+def _add_rmsnorm_row(h, delta, w, eps, out, t):  # type: ignore[no-untyped-def]
+    for k in range(h.shape[1]):
+        h[t, k] = h[t, k] + delta[t, k]
+    _rmsnorm_row(h, w, eps, out, t)
 
 
 @kernel(parallel=True)
 def add_rmsnorm_kernel(h, delta, w, eps, out):  # type: ignore[no-untyped-def]
     """h += delta (the residual stream, in place), then out = rmsnorm(h) * w; all [T, D]."""
-    for t in numba.prange(h.shape[0]):
-        for k in range(h.shape[1]):
-            h[t, k] = h[t, k] + delta[t, k]
-        sc = _rms_scale(h, t, eps)
-        for k in range(h.shape[1]):
-            out[t, k] = np.float32(h[t, k] * sc) * w[k]
+    if h.size < SERIAL_VALUES:
+        for t in range(h.shape[0]):
+            _add_rmsnorm_row(h, delta, w, eps, out, t)
+    else:
+        for t in numba.prange(h.shape[0]):
+            _add_rmsnorm_row(h, delta, w, eps, out, t)
 
 
-@kernel(parallel=True)
-def silu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
-    """out = silu(gate) * up (SwiGLU); all [T, F]."""
-    for t in numba.prange(gate.shape[0]):
+@kernel(inline=True)
+def _gated_row(gate, up, out, t, gelu):  # type: ignore[no-untyped-def]
+    if gelu:
+        for k in range(gate.shape[1]):
+            out[t, k] = gelu_tanh(gate[t, k]) * up[t, k]
+    else:
         for k in range(gate.shape[1]):
             out[t, k] = silu(gate[t, k]) * up[t, k]
 
 
 @kernel(parallel=True)
+def silu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
+    """out = silu(gate) * up (SwiGLU); all [T, F]."""
+    if gate.size < SERIAL_VALUES:
+        for t in range(gate.shape[0]):
+            _gated_row(gate, up, out, t, False)
+    else:
+        for t in numba.prange(gate.shape[0]):
+            _gated_row(gate, up, out, t, False)
+
+
+@kernel(parallel=True)
 def gelu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
     """out = gelu_tanh(gate) * up (GeGLU, the tanh approximation); all [T, F]."""
-    for t in numba.prange(gate.shape[0]):
-        for k in range(gate.shape[1]):
-            out[t, k] = gelu_tanh(gate[t, k]) * up[t, k]
+    if gate.size < SERIAL_VALUES:
+        for t in range(gate.shape[0]):
+            _gated_row(gate, up, out, t, True)
+    else:
+        for t in numba.prange(gate.shape[0]):
+            _gated_row(gate, up, out, t, True)
 
 
 @kernel

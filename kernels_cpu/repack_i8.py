@@ -2,10 +2,10 @@
 in kernels_cpu.matmul_i8): Q8_0 -> 8-bit format, Q4_0 / Q4_1 -> 4-bit, Q5_0 / Q5_1 -> 5-bit.
 
 The repacked copy replaces the mmap'd pages of the tensor (the caller drops them), so memory
-stays near the file size: bytes per weight 1.125 for Q8_0 (file 1.0625), 0.625 / 0.75 for
-Q4_0 / Q4_1 (file 0.5625 / 0.625), 0.75 / 0.875 for Q5_0 / Q5_1 (file 0.6875 / 0.75): the
-scales are float32 so that no conversion runs in the kernel. Weight values are carried over exactly (quant codes as they are, scales as the
-reference dequantizer reads them).
+stays at the file size: bytes per weight 1.0625 for Q8_0, 0.5625 / 0.625 for Q4_0 / Q4_1,
+0.6875 / 0.75 for Q5_0 / Q5_1. Weight values are carried over exactly: quant codes as they
+are, scales and mins as their f16 bits (the kernel converts 16 at once, exactly; storing them
+as float32 cost the 4-bit GEMV a sixth more bytes to stream).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from ._jit import kernel
-from .dequant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, _half
+from .dequant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .matmul_i8 import GROUP
 
 # qtype -> (bytes per 32-block in the repacked layout, u8 value of a zero weight offset)
@@ -26,8 +26,9 @@ WITH_MIN = (Q4_1, Q5_1)
 
 @dataclass(frozen=True, slots=True)
 class I8Weights:
-    """A matrix in matmul_i8's layout: wi uint8 [G, nb, 512 | 256], wd float32 [G, nb, 16]
-    scales, wm float32 [G, nb, 16] mins (Q4_1) or [0, 0, 0], offset the u8 code of zero."""
+    """A matrix in matmul_i8's layout: wi uint8 [G, nb, 512 | 256 | 320], wd uint16 [G, nb, 16]
+    scales (f16 bits), wm uint16 [G, nb, 16] mins (Q4_1, Q5_1) or [0, 0, 0], offset the u8
+    code of zero."""
 
     wi: np.ndarray
     wd: np.ndarray
@@ -35,10 +36,16 @@ class I8Weights:
     offset: int
 
 
+@kernel(inline=True)
+def _bits16(w, r, o):  # type: ignore[no-untyped-def]
+    """The little-endian uint16 at bytes o, o + 1 of row r (an f16 scale, as stored)."""
+    return np.uint16(w[r, o]) | np.uint16(np.uint16(w[r, o + 1]) << np.uint16(8))
+
+
 @kernel(parallel=True)
 def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
-    """Q8_0 rows (uint8 [R, nb * 34]) -> interleaved u8 = q + 128 (wi [G, nb, 512]) and float32
-    scales (wd [G, nb, 16]); rows past R stay zero."""
+    """Q8_0 rows (uint8 [R, nb * 34]) -> interleaved u8 = q + 128 (wi [G, nb, 512]) and the
+    scales' f16 bits (wd [G, nb, 16]); rows past R stay zero."""
     R = w.shape[0]
     nb = w.shape[1] // 34
     for g in numba.prange(wi.shape[0]):
@@ -48,7 +55,7 @@ def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
                 break
             for b in range(nb):
                 o = b * 34
-                wd[g, b, ln] = _half(w, r, o)
+                wd[g, b, ln] = _bits16(w, r, o)
                 for j in range(32):
                     q, k = j // 4, j % 4
                     wi[g, b, q * 64 + ln * 4 + k] = np.uint8((np.int32(np.int8(w[r, o + 2 + j])) + 128) & 255)
@@ -61,7 +68,7 @@ def repack_nibbles(w, has_min, fifth, wi, wd, wm):  # type: ignore[no-untyped-de
     column j in its low and j + 16 in its high nibble, which is what the layout wants of quad
     byte (q, l, k) for j = 4q + k: the bytes move, the nibbles stay. The 5-bit format adds, per
     quad q, a 64-bit mask at bytes 256 + 8q whose bit 4l + k is the fifth bit of row l's column
-    4q + k. wd [G, nb, 16] = d, wm [G, nb, 16] = m (with mins only); rows past R stay zero."""
+    4q + k. wd [G, nb, 16] = d, wm [G, nb, 16] = m (with mins only), as f16 bits; rows past R stay zero."""
     R = w.shape[0]
     head = 4 if has_min else 2
     codes = head + (4 if fifth else 0)
@@ -74,9 +81,9 @@ def repack_nibbles(w, has_min, fifth, wi, wd, wm):  # type: ignore[no-untyped-de
                 break
             for b in range(nb):
                 o = b * bsz
-                wd[g, b, ln] = _half(w, r, o)
+                wd[g, b, ln] = _bits16(w, r, o)
                 if has_min:
-                    wm[g, b, ln] = _half(w, r, o + 2)
+                    wm[g, b, ln] = _bits16(w, r, o + 2)
                 for j in range(16):
                     wi[g, b, (j // 4) * 64 + ln * 4 + j % 4] = w[r, o + codes + j]
                 if fifth:
@@ -92,8 +99,8 @@ def repack(data: np.ndarray, qtype: int, rows: int, cols: int) -> I8Weights:
     block_bytes, offset = I8_FORMATS[qtype]
     groups, nb = -(-rows // GROUP), cols // 32
     wi = np.zeros((groups, nb, block_bytes), np.uint8)
-    wd = np.zeros((groups, nb, GROUP), np.float32)
-    wm = np.zeros((groups, nb, GROUP) if qtype in WITH_MIN else (0, 0, 0), np.float32)
+    wd = np.zeros((groups, nb, GROUP), np.uint16)
+    wm = np.zeros((groups, nb, GROUP) if qtype in WITH_MIN else (0, 0, 0), np.uint16)
     if qtype == Q8_0:
         repack_q8_0(data, wi, wd)
     else:

@@ -16,7 +16,8 @@ from edge_infer.kernels_cpu import ops
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.weights import ModelWeights, QMatrix
 
-_NO_ROWS = np.empty((0, 1), np.uint8)  # the unused third matrix of a two-matmul launch
+_NO_ROWS = np.empty((0, 1), np.uint8)  # an unused matrix of a three-matmul launch
+_NO_I8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0)
 _EMPTY = np.empty(0, np.float32)
 
 
@@ -69,33 +70,31 @@ class Transformer:
         return base ** (-2.0 * i / cfg.n_rot) * scale
 
     def matmul(self, x: np.ndarray, w: QMatrix) -> np.ndarray:
-        if w.i8 is not None:
-            return self._matmul_i8(quantize_rows(x), w)
-        out = np.empty((x.shape[0], w.rows), np.float32)
-        mm_k.matmul_kernel(x, w.data, w.qtype, out, self.n_threads)
-        return out
+        return self.matmuls(x, w)[0]
 
     def matmuls(self, x: np.ndarray, *ws: QMatrix) -> list[np.ndarray]:
-        """Two or three matmuls of the same input: one parallel launch on the float path; on
-        the int8 path the input is quantized once for all of them."""
-        if any(w.i8 is not None for w in ws):
-            xq = quantize_rows(x)
-            return [self._matmul_i8(xq, w) if w.i8 is not None else self.matmul(x, w) for w in ws]
+        """One to three matmuls of the same input, out[m] = x @ ws[m].T: the int8 ones in one
+        launch that also quantizes x, the float ones in another."""
         outs = [np.empty((x.shape[0], w.rows), np.float32) for w in ws]
-        args: list[object] = []
-        for w, o in zip(ws, outs, strict=True):
-            args += [w.data, w.qtype, o]
-        if len(ws) == 2:
-            args += [_NO_ROWS, 0, np.empty((x.shape[0], 0), np.float32)]
-        mm_k.matmul3_kernel(x, *args, self.n_threads)
+        i8 = [(w.i8, o) for w, o in zip(ws, outs) if w.i8 is not None]
+        if i8:
+            t, k = x.shape
+            args: list[object] = [x, np.empty((t, k // 4), np.int32), np.empty((t, k // 32), np.float32),
+                                  np.empty((t, k // 32), np.int32)]
+            for iw, o in i8:
+                args += [iw.wi, iw.wd, iw.wm, iw.offset, o]
+            for _ in range(3 - len(i8)):
+                args += [*_NO_I8, np.empty((t, 0), np.float32)]
+            i8_k.matmul3_i8_kernel(*args, self.n_threads)
+        fl = [(w, o) for w, o in zip(ws, outs) if w.i8 is None]
+        if fl:
+            args = []
+            for w, o in fl:
+                args += [w.data, w.qtype, o]
+            for _ in range(3 - len(fl)):
+                args += [_NO_ROWS, 0, np.empty((x.shape[0], 0), np.float32)]
+            mm_k.matmul3_kernel(x, *args, self.n_threads)
         return outs
-
-    def _matmul_i8(self, xq: tuple[np.ndarray, np.ndarray, np.ndarray], w: QMatrix) -> np.ndarray:
-        iw = w.i8
-        assert iw is not None
-        out = np.empty((xq[0].shape[0], w.rows), np.float32)
-        i8_k.matmul_i8_kernel(*xq, iw.wi, iw.wd, iw.wm, iw.offset, out, self.n_threads)
-        return out
 
     def output_logits(self, x: np.ndarray) -> np.ndarray:
         """x [M, d_model] -> logits [M, vocab]."""

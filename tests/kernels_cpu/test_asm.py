@@ -98,15 +98,16 @@ def test_f16_conversions_are_single_instructions() -> None:
 @pytest.mark.skipif("+avx512vnni" not in HOST, reason="no AVX-512 VNNI")
 def test_int8_matmul_uses_vpdpbusd() -> None:
     """Both weight formats (8-bit and 4-bit) reach the kernel's dot products as zmm vpdpbusd,
-    and the per-block float epilogue is vector code."""
+    and the per-block float epilogue is vector code that converts the f16 scales 16 at once."""
     from edge_infer.kernels_cpu import matmul_i8 as m8
 
     i32_2, f32_2 = nt.Array(nt.int32, 2, "C"), nt.Array(nt.float32, 2, "C")
-    sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), nt.Array(nt.float32, 3, "C"),
-           nt.Array(nt.float32, 3, "C"), nt.int64, f32_2, nt.int64)
-    asm = asm_of(m8.matmul_i8_kernel, sig)
+    u16_3 = nt.Array(nt.uint16, 3, "C")
+    sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), u16_3, u16_3, nt.int64, f32_2, nt.int64, nt.int64,
+           nt.Array(nt.int32, 1, "C"), f32_2)
+    asm = asm_of(m8._i8_groups, sig)
     assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 4 * 8, "fewer vpdpbusd than one block of each path"
-    assert uses(asm, "vcvtdq2ps", "zmm")
+    assert uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
     assert "gather" not in asm
 
 
