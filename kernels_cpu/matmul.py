@@ -113,7 +113,17 @@ def _decode_group(qtype, w, r0, nvalid, wg, at):  # type: ignore[no-untyped-def]
         decode_rows(qtype, w, r0 + min(i, nvalid - 1), wg, at + i)
 
 
+# GEMM: the rows this many row groups ahead are prefetched, a slice per token, while a decoded
+# pair is multiplied, so memory keeps streaming during the multiply-adds (F16, T=9, matrices
+# streamed from memory: 266 -> 231 us per 1536 x 576 matrix on the 2-core VM)
+PREFETCH_GROUPS = 8
 TILE_BYTES = 512 * 1024  # activations of one token tile stay in L2 while a row group meets them
+
+
+@kernel(inline=True)
+def _prefetch_span(w, lo, hi):  # type: ignore[no-untyped-def]
+    for at in range(lo, hi, 64):
+        prefetch(w, at)
 
 
 @kernel(fastmath=True)
@@ -133,18 +143,19 @@ def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
             r0 = g * ROW_GROUP
             nv0 = min(ROW_GROUP, R - r0)
             nv1 = min(ROW_GROUP, R - r0 - ROW_GROUP) if g + 1 < g1 else 0
-            if T > 1 and t0 == 0 and g + 2 < g1:  # the next pair's rows (GEMM only, as before)
-                nxt = (r0 + 2 * ROW_GROUP) * w.shape[1]
-                for line in range(0, min(2 * ROW_GROUP, R - r0 - 2 * ROW_GROUP) * w.shape[1], 64):
-                    prefetch(w, nxt + line)
+            pf_lo = (r0 + PREFETCH_GROUPS * ROW_GROUP) * w.shape[1]
+            pf_hi = min(R, r0 + (PREFETCH_GROUPS + 2) * ROW_GROUP) * w.shape[1]
+            per_token = 64 * -(-(pf_hi - pf_lo) // (64 * (t1 - t0))) if T > 1 and t0 == 0 else 0
             _decode_group(qtype, w, r0, nv0, wg, 0)
             if nv1 > 0:  # else the second half of wg is computed on but never written out
                 _decode_group(qtype, w, r0 + ROW_GROUP, nv1, wg, ROW_GROUP)
             for t in range(t0, t1 - odd, 2):
+                _prefetch_span(w, pf_lo + (t - t0) * per_token, min(pf_hi, pf_lo + (t - t0 + 2) * per_token))
                 _dot_group(wg, x, out, t, t + 1, r0, nv0)
                 if nv1 > 0:
                     _dot_group(wg[ROW_GROUP:], x, out, t, t + 1, r0 + ROW_GROUP, nv1)
             if odd:
+                _prefetch_span(w, pf_lo + (t1 - 1 - t0) * per_token, pf_hi if per_token else 0)
                 _dot_rows8(wg, x, out, t1 - 1, r0, nv0, r0 + ROW_GROUP, nv1)
 
 
