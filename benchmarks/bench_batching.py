@@ -45,6 +45,15 @@ def run_llama_cpp_sequential(path: str, reqs: list[BenchRequest], threads: int) 
     return {"error": f"llama.cpp exited with code {p.returncode}"}
 
 
+def static_bound(lengths: list[int], batch: int) -> float:
+    """What no scheduler keeping `batch` sequences in flight can beat over padded static
+    batching of the same requests, when a padded row costs what a useful one does: the steps
+    static batching runs (each batch as long as its longest request) over the steps with every
+    slot always busy (total tokens / batch)."""
+    static_steps = sum(max(lengths[i : i + batch]) for i in range(0, len(lengths), batch))
+    return static_steps * batch / sum(lengths)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=hub.DEFAULT_MODEL)
@@ -75,9 +84,13 @@ def main() -> None:
         ref = run_llama_cpp_sequential(path, reqs, args.threads)
         if ref is not None:
             rows["llama.cpp sequential"] = ref
+    if args.static:
+        res_bound = static_bound([r.max_tokens for r in reqs], args.static)
     base = rows.get(f"edge c={concs[0]}", {}).get("tokens_per_s")
     res = {"model": args.model, "workload": args.workload, "requests": args.requests, "scale": args.scale,
            "threads": args.threads, "rows": rows}
+    if args.static:
+        res["static_bound"] = res_bound
     best = max((r["tokens_per_s"] for k, r in rows.items() if k.startswith("edge c=")), default=None)
     if base and best:
         res["ratios"] = {}
@@ -105,6 +118,9 @@ def main() -> None:
               f"{r.get('itl_p99_s', float('nan')) * 1000:>7.0f}ms")
     for k, v in res.get("ratios", {}).items():
         print(f"{k}: {v:.2f}x")
+    if args.static:
+        print(f"bound on any scheduler at {args.static} sequences vs padded static batching: "
+              f"{res['static_bound']:.2f}x (steps static runs / steps with every slot always busy)")
 
 
 if __name__ == "__main__":

@@ -170,7 +170,7 @@ def _quantize_row(x, t, xq, xd, xsum):  # type: ignore[no-untyped-def]
         xsum[t, b] = s
 
 
-SERIAL_QUANTIZE_VALUES = 16384  # below this many activations a parallel launch costs more
+SERIAL_QUANTIZE_VALUES = 4096  # below this many activations a parallel launch costs more
 
 
 @kernel(parallel=True)
