@@ -172,7 +172,8 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
     is visible to a query at p only if p - j < window (sliding-window layers); out: float32
     [N, n_heads * head_dim]. Work items (query token, kv-head) are dealt to the n_threads
     threads round-robin; when there are fewer of them than threads (decoding one sequence of a
-    model with one kv-head), each query head is an item of its own.
+    model with one kv-head), or a few that the threads cannot share evenly, each query head is an
+    item of its own.
     """
     N = q.shape[0]
     n_kv, hd = k_cache.shape[2], k_cache.shape[3]
@@ -180,7 +181,9 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
     longest = 1
     for t in range(N):
         longest = max(longest, positions[t] + 1)
-    split = n_rep if N * n_kv < n_threads else 1
+    # a few (query, kv-head) items that do not divide among the threads (one token of a model
+    # with 3 kv-heads on 2 threads) are split into query heads, which balance better
+    split = n_rep if N * n_kv < n_threads or (N * n_kv % n_threads and N * n_kv < 4 * n_threads) else 1
     items = N * n_kv * split
     for tid in numba.prange(n_threads):
         sc = np.empty(longest, np.float32)

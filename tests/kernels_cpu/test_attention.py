@@ -52,12 +52,14 @@ def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int) -> None
     paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), window, out, 2)
     want = ref.paged_attention(q, kc, ks, vc, vs, tables, token_seq, positions, 0.2, window)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
-    # batch invariance: each query alone gives the identical row
+    # batch invariance: each query alone gives the identical row, whether its kv-heads are
+    # work items (1 thread) or, split into query heads, share 3 threads
     for i in range(5):
-        alone = np.empty((1, q.shape[1]), np.float32)
-        paged_attention_kernel(q[i : i + 1], kc, ks, vc, vs, tables, token_seq[i : i + 1], positions[i : i + 1],
-                               np.float32(0.2), window, alone, 1)
-        np.testing.assert_array_equal(alone[0], out[i])
+        for threads in (1, 3):
+            alone = np.empty((1, q.shape[1]), np.float32)
+            paged_attention_kernel(q[i : i + 1], kc, ks, vc, vs, tables, token_seq[i : i + 1],
+                                   positions[i : i + 1], np.float32(0.2), window, alone, threads)
+            np.testing.assert_array_equal(alone[0], out[i])
 
 
 def test_store_skips_negative_slots_and_rounds_to_f16() -> None:
