@@ -204,17 +204,12 @@ def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
             one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(i32, 0))
             return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(vi, [0] * 16))
 
-        def scales(k):  # type: ignore[no-untyped-def]
-            if signature.args[k].dtype == types.float32:
-                return builder.load(ptr(k, 6, vf), align=4)
-            vh = ir.VectorType(ir.HalfType(), 16)  # f16 bits: one vcvtph2ps on F16C targets
-            return builder.fpext(builder.load(ptr(k, 6, vh), align=2), vf)
-
-        fp, ip = ptr(0, 1, vf), ptr(2, 3, vi)
+        fp, ip, wp = ptr(0, 1, vf), ptr(2, 3, vi), ptr(5, 6, vf)
         isum = builder.sub(builder.load(ip, align=4), splat(4, vi, types.int32))
-        term = builder.fmul(builder.sitofp(isum, vf), builder.fmul(scales(5), splat(7, vf, types.float32)))
+        term = builder.fmul(builder.sitofp(isum, vf), builder.fmul(builder.load(wp, align=4), splat(7, vf, types.float32)))
         if with_min:
-            term = builder.fadd(term, builder.fmul(scales(8), splat(9, vf, types.float32)))
+            mp = ptr(8, 6, vf)
+            term = builder.fadd(term, builder.fmul(builder.load(mp, align=4), splat(9, vf, types.float32)))
         builder.store(builder.fadd(builder.load(fp, align=4), term), fp, align=4)
         return context.get_dummy_value()
 
@@ -224,10 +219,9 @@ def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
 @intrinsic
 def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: ignore[no-untyped-def]
     """facc[fo + l] += float32(iacc[io + l] - corr) * (wd[wo + l] * dx) for the 16 lanes l, as
-    one vector sequence (fmul, fmul, fadd: never fused). facc: float32 [...]; wd: float32, or
-    uint16 f16 bits (F16C targets only: converted exactly on load); iacc: int32 [...]; corr:
-    int32; dx: float32. LLVM left the same lines of numba code scalar."""
-    if not _arrays(facc, iacc, wd) or wd.dtype not in (types.float32, types.uint16):
+    one vector sequence (fmul, fmul, fadd: never fused). facc, wd: float32 [...]; iacc: int32
+    [...]; corr: int32; dx: float32. LLVM left the same lines of numba code scalar."""
+    if not _arrays(facc, iacc, wd):
         return None
     return types.void(facc, fo, iacc, io, corr, wd, wo, dx), _accumulate_codegen(False)
 
@@ -236,26 +230,45 @@ def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: 
 def scale_min_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx, wm, mx):  # type: ignore[no-untyped-def]
     """scale_accumulate plus a per-row min term: facc[fo + l] += (float32(iacc[io + l] - corr)
     * (wd[wo + l] * dx) + wm[wo + l] * mx); mx = dx * float32(sum of the token's block)."""
-    if not _arrays(facc, iacc, wd, wm) or wd.dtype not in (types.float32, types.uint16) or wm.dtype != wd.dtype:
+    if not _arrays(facc, iacc, wd, wm):
         return None
     return types.void(facc, fo, iacc, io, corr, wd, wo, dx, wm, mx), _accumulate_codegen(True)
 
 
-@kernel(inline=True)
-def _scales_as_stored(flat, so, tmp):  # type: ignore[no-untyped-def]
-    return flat, so
+@intrinsic
+def _f16x16_to_f32(typingctx, dst, src, off):  # type: ignore[no-untyped-def]
+    """dst[0:16] = the f16 values whose bits are src.flat[off:off + 16] (one vcvtph2ps); dst:
+    float32, src: uint16."""
+    if not _arrays(dst, src) or dst.dtype != types.float32 or src.dtype != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        d = context.make_array(signature.args[0])(context, builder, value=args[0])
+        s = context.make_array(signature.args[1])(context, builder, value=args[1])
+        o = context.cast(builder, args[2], signature.args[2], types.int64)
+        vh, vf = ir.VectorType(ir.HalfType(), 16), ir.VectorType(ir.FloatType(), 16)
+        h = builder.load(builder.bitcast(builder.gep(s.data, [o]), vh.as_pointer()), align=2)
+        builder.store(builder.fpext(h, vf), builder.bitcast(d.data, vf.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(dst, src, off), codegen
 
 
 @kernel(inline=True)
-def _scales_converted(flat, so, tmp):  # type: ignore[no-untyped-def]
+def _scales_vector(flat, so, tmp):  # type: ignore[no-untyped-def]
+    _f16x16_to_f32(tmp, flat, so)
+
+
+@kernel(inline=True)
+def _scales_scalar(flat, so, tmp):  # type: ignore[no-untyped-def]
     for ln in range(GROUP):
         tmp[ln] = f16_to_f32(flat[so + ln])
-    return tmp, 0
 
 
-# (array, offset) of a block's 16 float scales for the epilogue intrinsics: the f16 bits as
-# they are stored where the vector epilogue converts them itself, else converted into tmp
-block_scales = _scales_as_stored if HAS_F16C else _scales_converted
+# block_scales(flat, so, tmp): tmp[0:16] = a block's 16 f16 scales (bits at flat[so:]) as float32,
+# once per block for all its tokens: one vector conversion on F16C targets (elsewhere LLVM would
+# call compiler-rt's __extendhfsf2, which numba's JIT cannot resolve)
+block_scales = _scales_vector if HAS_F16C else _scales_scalar
 
 
 @kernel
@@ -272,7 +285,7 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):  #
     mflat = wm.reshape(-1)
     xflat = xq4.reshape(-1)
     facc_flat = facc.reshape(-1)
-    dtmp = np.empty(GROUP, np.float32)  # converted scales where the target has no F16C
+    dtmp = np.empty(GROUP, np.float32)  # the block's scales and mins as float32
     mtmp = np.empty(GROUP, np.float32)
     for g in range(g0, g1):
         t = 0
@@ -301,17 +314,18 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):  #
                 else:
                     dot_block_q5(iacc, wflat, wo, xflat, x0)
                 so = (g * nb + b) * GROUP
-                ds, do = block_scales(dflat, so, dtmp)
-                ms, mo = block_scales(mflat, so, mtmp) if with_min else (ds, do)
+                block_scales(dflat, so, dtmp)
+                if with_min:
+                    block_scales(mflat, so, mtmp)
                 for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
                     xs = xsum[t + u, b]
                     dx = xd[t + u, b]
                     if with_min:
                         scale_min_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
-                                             ds, do, dx, ms, dx * np.float32(xs))
+                                             dtmp, 0, dx, mtmp, dx * np.float32(xs))
                     else:
                         scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
-                                         ds, do, dx)
+                                         dtmp, 0, dx)
             for u in range(n):
                 for ln in range(min(GROUP, R - g * GROUP)):
                     out[t + u, g * GROUP + ln] = facc[u, ln]
