@@ -220,7 +220,7 @@ def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps): 
         x[t, b] = x0 * sin[i] + x1 * cos[i]
 
 
-@kernel
+@kernel(inline=True)
 def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps, slot_mapping,
                       k_cache, k_scale, v_cache, v_scale, t):  # type: ignore[no-untyped-def]
     hd = k_cache.shape[3]
