@@ -2,7 +2,7 @@
 llama.cpp's prompt-lookup decoding (llama-cpp-python) on the same prompt.
 
     python benchmarks/bench_spec.py [--ngram-model qwen2.5-coder-0.5b] [--draft-target PATH_F16]
-        [--k 4] [--max-tokens 128] [--threads 2] [--json]
+        [--k 8] [--max-tokens 128] [--threads 2] [--json]
 
 - n-gram: an input-grounded task (reproduce a given function with a small change), greedy, at
   concurrency 1: plain vs prompt lookup.
@@ -89,7 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ngram-model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--draft-target", default=None, help="F16 copy of smollm2 (made if missing)")
-    ap.add_argument("--k", default="4", help="proposal length or 'auto'")
+    ap.add_argument("--k", default="8", help="proposal length or 'auto'")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-draft", action="store_true")
