@@ -1,10 +1,12 @@
 """Integer matmul: activations quantized to int8 per 32-block, u8 x s8 dot products (AVX-512
-VNNI `vpdpbusd`, or plain vector IR that LLVM lowers anywhere), float scales per (row, block).
+VNNI `vpdpbusd`, or plain vector IR that LLVM lowers anywhere; kernels_cpu.simd_i8), float
+scales per (row, block).
 
 Weights are repacked once at load (kernels_cpu.repack_i8) into a row-interleaved layout: per
 group of 16 rows and 32-column block, 8 "quads", quad q holding columns 4q..4q+3 of the 16 rows
 (row l at bytes 4l..4l+3), so one vpdpbusd adds 4 products into each of 16 row lanes and a block
-needs no horizontal sums. Two byte formats:
+needs no horizontal sums; block scales (and mins) stay f16, 16 per (group, block). Three byte
+formats:
 - 8-bit (Q8_0): 512 bytes per block, u8 = q + 128 (offset 128);
 - 4-bit (Q4_0, Q4_1): 256 bytes per block, quads 0-3 in the low nibbles, 4-7 in the high ones
   (u8 = q, 0..15; offset 8 for Q4_0, a float min per (row, block) for Q4_1);
@@ -21,136 +23,23 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
 
-from ._jit import HAS_F16C, f16_to_f32, kernel, prefetch, target_has
+from ._jit import kernel, prefetch
+from .simd_i8 import (
+    GROUP,
+    block_scales,
+    dot_block,
+    dot_block4,
+    dot_block4_q4,
+    dot_block4_q5,
+    dot_block_q4,
+    dot_block_q5,
+    scale_accumulate,
+    scale_min_accumulate,
+)
 
-GROUP = 16  # rows per interleaved group (one 512-bit vector of int32 lanes)
-# Software prefetch distances (measured on the 2-core AVX-512 VM: a streamed GEMV ran at 9 of
-# the core's 14 GB/s with the hardware prefetcher alone, 12-13 with these).
-PREFETCH_BYTES = 2048  # ahead of the quad being read, in the interleaved weights
-PREFETCH_SCALES = 128  # ahead of the block's scales, in floats (8 blocks)
-HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
-
-
+PREFETCH_SCALES = 128  # ahead of the block's scales, in scales (8 blocks); see simd_i8
 TOKEN_TILE = 4  # tokens that share each weight load in the GEMM path
-BLOCK_BYTES = {8: 512, 4: 256, 5: 320}  # bytes of one 16-row x 32-column block, per format
-
-
-def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits):  # type: ignore[no-untyped-def]
-    """int32 <16 x i32> sums of one block for each x offset in xoffs: every weight quad is
-    loaded once and meets each token's broadcast quad. Integer sums are exact, so how the
-    products are split into chains changes no result: one token uses two chains (even and odd
-    quads) to hide vpdpbusd's latency; several tokens are independent chains already.
-    bits: the weight format, 8 (one byte per weight), 4 (4 loads, each giving quad q in its low
-    and q + 4 in its high nibbles) or 5 (the 4-bit nibbles plus, per quad, a 64-bit mask of
-    the fifth bits: bit 4l + k adds 16 to byte 4l + k)."""
-    nibbles = bits != 8
-    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-    v16, v64i8, v64i32 = ir.VectorType(i32, 16), ir.VectorType(i8, 64), ir.VectorType(i32, 64)
-    zero = ir.Constant(v16, None)
-    chains = 2 if len(xoffs) == 1 else 1
-    accs = [[zero] * chains for _ in xoffs]
-    pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]))
-    for line in range(BLOCK_BYTES[bits] // 64):  # the block's cache lines, PREFETCH_BYTES ahead (read, keep, data)
-        ahead = builder.gep(wbase, [ir.Constant(i64, PREFETCH_BYTES + 64 * line)])
-        builder.call(pf, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-    fn = None
-    if vnni:
-        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(v16, [v16, v16, v16]))
-    high: list = []
-    for q in range(8):
-        if nibbles and q >= 4:
-            wb = high[q - 4]
-        else:
-            wp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * q)]), v64i8.as_pointer())
-            wb = builder.load(wp, align=1)
-            if nibbles:
-                high.append(builder.lshr(wb, ir.Constant(v64i8, [4] * 64)))
-                wb = builder.and_(wb, ir.Constant(v64i8, [15] * 64))
-        if bits == 5:
-            mp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 256 + 8 * q)]), i64.as_pointer())
-            fifth = builder.bitcast(builder.load(mp, align=1), ir.VectorType(ir.IntType(1), 64))
-            wb = builder.or_(wb, builder.select(fifth, ir.Constant(v64i8, [16] * 64), ir.Constant(v64i8, None)))
-        wv = builder.bitcast(wb, v16)
-        for u, xoff in enumerate(xoffs):
-            xs = builder.load(builder.gep(xbase, [builder.add(xoff, ir.Constant(i64, q))]))
-            xv = builder.insert_element(ir.Constant(v16, None), xs, ir.Constant(i32, 0))
-            xv = builder.shuffle_vector(xv, ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
-            a = accs[u][q % chains]
-            if vnni:
-                a = builder.call(fn, [a, wv, xv])
-            else:
-                # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
-                w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
-                x32 = builder.sext(builder.bitcast(xv, v64i8), v64i32)
-                p = builder.mul(w32, x32)
-                for k in range(4):
-                    a = builder.add(a, builder.shuffle_vector(p, p, ir.Constant(v16, [4 * j + k for j in range(16)])))
-            accs[u][q % chains] = a
-    out = []
-    for chain in accs:
-        a = chain[0]
-        for b in chain[1:]:
-            a = builder.add(a, b)
-        out.append(a)
-    return out
-
-
-def _dot_codegen(n_tokens, bits):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        acc_a = context.make_array(signature.args[0])(context, builder, value=args[0])
-        w_a = context.make_array(signature.args[1])(context, builder, value=args[1])
-        x_a = context.make_array(signature.args[3])(context, builder, value=args[3])
-        v16 = ir.VectorType(ir.IntType(32), 16)
-        xoffs = [context.cast(builder, args[4 + u], signature.args[4 + u], types.int64) for u in range(n_tokens)]
-        woff = context.cast(builder, args[2], signature.args[2], types.int64)
-        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, bits)
-        for u, a in enumerate(sums):
-            dst = builder.gep(acc_a.data, [ir.Constant(ir.IntType(64), 16 * u)])
-            builder.store(a, builder.bitcast(dst, v16.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return codegen
-
-
-def _arrays(*ts) -> bool:  # type: ignore[no-untyped-def]
-    return all(isinstance(t, types.Array) for t in ts)
-
-
-def _dot1(bits, doc):  # type: ignore[no-untyped-def]
-    def dot(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-def]
-        if not _arrays(iacc, w, x4):
-            return None
-        return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1, bits)
-
-    dot.__doc__ = doc
-    return intrinsic(dot)
-
-
-def _dot4(bits, doc):  # type: ignore[no-untyped-def]
-    def dot(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):  # type: ignore[no-untyped-def]
-        if not _arrays(iacc, w, x4):
-            return None
-        return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4, bits)
-
-    dot.__doc__ = doc
-    return intrinsic(dot)
-
-
-# dot_block*(iacc, w, w_off, x4, x_off): iacc[0:16] = sum over quads q of 4-byte dot products of
-# the block's u8 codes at w[w_off...] (quad q, row lane l, byte k) with s8 x4[x_off + q] (4 packed
-# int8), for the 16 row lanes. dot_block4*(iacc, w, w_off, x4, xo0, .., xo3): the same for
-# TOKEN_TILE = 4 tokens, token u in iacc[16u:16u+16], bit-identical to dot_block's. iacc: int32;
-# w: uint8; x4: int32 (flat arrays). One pair per weight format.
-dot_block = _dot1(8, "8-bit format, one token")
-dot_block4 = _dot4(8, "8-bit format, four tokens")
-dot_block_q4 = _dot1(4, "4-bit format, one token")
-dot_block4_q4 = _dot4(4, "4-bit format, four tokens")
-dot_block_q5 = _dot1(5, "5-bit format, one token")
-dot_block4_q5 = _dot4(5, "5-bit format, four tokens")
 
 
 @kernel(inline=True)
@@ -187,88 +76,6 @@ def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
     else:
         for t in numba.prange(T):
             _quantize_row(x, t, xq, xd, xsum)
-
-
-def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        i32, f32 = ir.IntType(32), ir.FloatType()
-        vi, vf = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
-
-        def ptr(k, off_arg, vt):  # type: ignore[no-untyped-def]
-            a = context.make_array(signature.args[k])(context, builder, value=args[k])
-            off = context.cast(builder, args[off_arg], signature.args[off_arg], types.int64)
-            return builder.bitcast(builder.gep(a.data, [off]), vt.as_pointer())
-
-        def splat(k, vt, ty):  # type: ignore[no-untyped-def]
-            v = context.cast(builder, args[k], signature.args[k], ty)
-            one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(i32, 0))
-            return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(vi, [0] * 16))
-
-        fp, ip, wp = ptr(0, 1, vf), ptr(2, 3, vi), ptr(5, 6, vf)
-        isum = builder.sub(builder.load(ip, align=4), splat(4, vi, types.int32))
-        term = builder.fmul(builder.sitofp(isum, vf), builder.fmul(builder.load(wp, align=4), splat(7, vf, types.float32)))
-        if with_min:
-            mp = ptr(8, 6, vf)
-            term = builder.fadd(term, builder.fmul(builder.load(mp, align=4), splat(9, vf, types.float32)))
-        builder.store(builder.fadd(builder.load(fp, align=4), term), fp, align=4)
-        return context.get_dummy_value()
-
-    return codegen
-
-
-@intrinsic
-def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: ignore[no-untyped-def]
-    """facc[fo + l] += float32(iacc[io + l] - corr) * (wd[wo + l] * dx) for the 16 lanes l, as
-    one vector sequence (fmul, fmul, fadd: never fused). facc, wd: float32 [...]; iacc: int32
-    [...]; corr: int32; dx: float32. LLVM left the same lines of numba code scalar."""
-    if not _arrays(facc, iacc, wd):
-        return None
-    return types.void(facc, fo, iacc, io, corr, wd, wo, dx), _accumulate_codegen(False)
-
-
-@intrinsic
-def scale_min_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx, wm, mx):  # type: ignore[no-untyped-def]
-    """scale_accumulate plus a per-row min term: facc[fo + l] += (float32(iacc[io + l] - corr)
-    * (wd[wo + l] * dx) + wm[wo + l] * mx); mx = dx * float32(sum of the token's block)."""
-    if not _arrays(facc, iacc, wd, wm):
-        return None
-    return types.void(facc, fo, iacc, io, corr, wd, wo, dx, wm, mx), _accumulate_codegen(True)
-
-
-@intrinsic
-def _f16x16_to_f32(typingctx, dst, src, off):  # type: ignore[no-untyped-def]
-    """dst[0:16] = the f16 values whose bits are src.flat[off:off + 16] (one vcvtph2ps); dst:
-    float32, src: uint16."""
-    if not _arrays(dst, src) or dst.dtype != types.float32 or src.dtype != types.uint16:
-        return None
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        d = context.make_array(signature.args[0])(context, builder, value=args[0])
-        s = context.make_array(signature.args[1])(context, builder, value=args[1])
-        o = context.cast(builder, args[2], signature.args[2], types.int64)
-        vh, vf = ir.VectorType(ir.HalfType(), 16), ir.VectorType(ir.FloatType(), 16)
-        h = builder.load(builder.bitcast(builder.gep(s.data, [o]), vh.as_pointer()), align=2)
-        builder.store(builder.fpext(h, vf), builder.bitcast(d.data, vf.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return types.void(dst, src, off), codegen
-
-
-@kernel(inline=True)
-def _scales_vector(flat, so, tmp):  # type: ignore[no-untyped-def]
-    _f16x16_to_f32(tmp, flat, so)
-
-
-@kernel(inline=True)
-def _scales_scalar(flat, so, tmp):  # type: ignore[no-untyped-def]
-    for ln in range(GROUP):
-        tmp[ln] = f16_to_f32(flat[so + ln])
-
-
-# block_scales(flat, so, tmp): tmp[0:16] = a block's 16 f16 scales (bits at flat[so:]) as float32,
-# once per block for all its tokens: one vector conversion on F16C targets (elsewhere LLVM would
-# call compiler-rt's __extendhfsf2, which numba's JIT cannot resolve)
-block_scales = _scales_vector if HAS_F16C else _scales_scalar
 
 
 @kernel
