@@ -18,7 +18,8 @@ Weights: uint8 [R, row_bytes], a row's GGUF blocks as in the file; qtype is the 
   embed_rows_kernel(ids i32 [N], w, qtype, out f32 [N, K])      out[i] = decoded row ids[i].
 
 Int8 path (matmul_i8, its vector intrinsics in simd_i8, repack_i8), for Q8_0 / Q4_0 / Q4_1 /
-Q5_0 / Q5_1 weights repacked once at load into a 16-row-interleaved layout (G = ceil(R / 16) groups, nb = K / 32 blocks; see matmul_i8):
+Q5_0 / Q5_1 weights repacked once at load into a 16-row-interleaved layout (G = ceil(R / 16)
+groups, nb = K / 32 blocks; see matmul_i8):
   quantize_rows_q8(x f32 [T, K], xq4 i32 [T, K/4], xd f32 [T, K/32], xsum i32 [T, K/32])
       per 32-block: d = max|x| / 127, int8 codes rint(x / d) packed 4 per int32, their sum.
   matmul_i8_kernel(xq4, xd, xsum, wi u8 [G, nb, 512 | 256 | 320], wd u16 [G, nb, 16] (f16 bits),
