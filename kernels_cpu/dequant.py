@@ -31,8 +31,14 @@ BLOCK_SHAPE = {
 
 
 @kernel(inline=True)
+def u16_at(w, r, o):  # type: ignore[no-untyped-def]
+    """The little-endian uint16 at bytes o, o + 1 of row r (an f16 scale's bits, as stored)."""
+    return np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8))
+
+
+@kernel(inline=True)
 def _half(w, r, o):  # type: ignore[no-untyped-def]
-    return f16_to_f32(np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8)))
+    return f16_to_f32(u16_at(w, r, o))
 
 
 @kernel

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from ._jit import kernel
-from .dequant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .dequant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, u16_at
 from .simd_i8 import GROUP
 
 # qtype -> (bytes per 32-block in the repacked layout, u8 value of a zero weight offset)
@@ -36,12 +36,6 @@ class I8Weights:
     offset: int
 
 
-@kernel(inline=True)
-def _bits16(w, r, o):  # type: ignore[no-untyped-def]
-    """The little-endian uint16 at bytes o, o + 1 of row r (an f16 scale, as stored)."""
-    return np.uint16(w[r, o]) | np.uint16(np.uint16(w[r, o + 1]) << np.uint16(8))
-
-
 @kernel(parallel=True)
 def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
     """Q8_0 rows (uint8 [R, nb * 34]) -> interleaved u8 = q + 128 (wi [G, nb, 512]) and the
@@ -49,13 +43,11 @@ def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
     R = w.shape[0]
     nb = w.shape[1] // 34
     for g in numba.prange(wi.shape[0]):
-        for ln in range(GROUP):
+        for ln in range(min(GROUP, R - g * GROUP)):
             r = g * GROUP + ln
-            if r >= R:
-                break
             for b in range(nb):
                 o = b * 34
-                wd[g, b, ln] = _bits16(w, r, o)
+                wd[g, b, ln] = u16_at(w, r, o)
                 for j in range(32):
                     q, k = j // 4, j % 4
                     wi[g, b, q * 64 + ln * 4 + k] = np.uint8((np.int32(np.int8(w[r, o + 2 + j])) + 128) & 255)
@@ -75,15 +67,13 @@ def repack_nibbles(w, has_min, fifth, wi, wd, wm):  # type: ignore[no-untyped-de
     bsz = codes + 16
     nb = w.shape[1] // bsz
     for g in numba.prange(wi.shape[0]):
-        for ln in range(GROUP):
+        for ln in range(min(GROUP, R - g * GROUP)):
             r = g * GROUP + ln
-            if r >= R:
-                break
             for b in range(nb):
                 o = b * bsz
-                wd[g, b, ln] = _bits16(w, r, o)
+                wd[g, b, ln] = u16_at(w, r, o)
                 if has_min:
-                    wm[g, b, ln] = _bits16(w, r, o + 2)
+                    wm[g, b, ln] = u16_at(w, r, o + 2)
                 for j in range(16):
                     wi[g, b, (j // 4) * 64 + ln * 4 + j % 4] = w[r, o + codes + j]
                 if fifth:

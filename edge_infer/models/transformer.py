@@ -25,15 +25,17 @@ def _or_empty(v: np.ndarray | None) -> np.ndarray:
     return _EMPTY if v is None else v
 
 
+def i8_activation_buffers(t: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Room for T x K activations in the int8 kernel's form: xq4 int32 [T, K/4] (int8 codes
+    packed 4 per int32), xd float32 [T, K/32] block scales, xsum int32 [T, K/32] block sums."""
+    return np.empty((t, k // 4), np.int32), np.empty((t, k // 32), np.float32), np.empty((t, k // 32), np.int32)
+
+
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x float32 [T, K] -> the int8 kernel's activations: xq4 int32 [T, K/4] (int8 codes packed
-    4 per int32), xd float32 [T, K/32] block scales, xsum int32 [T, K/32] block sums."""
-    t, k = x.shape
-    xq4 = np.empty((t, k // 4), np.int32)
-    xd = np.empty((t, k // 32), np.float32)
-    xsum = np.empty((t, k // 32), np.int32)
-    i8_k.quantize_rows_q8(x, xq4, xd, xsum)
-    return xq4, xd, xsum
+    """x float32 [T, K] -> the int8 kernel's activations (see i8_activation_buffers)."""
+    xq = i8_activation_buffers(*x.shape)
+    i8_k.quantize_rows_q8(x, *xq)
+    return xq
 
 
 @dataclass(slots=True)
@@ -78,13 +80,11 @@ class Transformer:
         outs = [np.empty((x.shape[0], w.rows), np.float32) for w in ws]
         i8 = [(w.i8, o) for w, o in zip(ws, outs) if w.i8 is not None]
         if i8:
-            t, k = x.shape
-            args: list[object] = [x, np.empty((t, k // 4), np.int32), np.empty((t, k // 32), np.float32),
-                                  np.empty((t, k // 32), np.int32)]
+            args: list[object] = [x, *i8_activation_buffers(*x.shape)]
             for iw, o in i8:
                 args += [iw.wi, iw.wd, iw.wm, iw.offset, o]
             for _ in range(3 - len(i8)):
-                args += [*_NO_I8, np.empty((t, 0), np.float32)]
+                args += [*_NO_I8, np.empty((x.shape[0], 0), np.float32)]
             i8_k.matmul3_i8_kernel(*args, self.n_threads)
         fl = [(w, o) for w, o in zip(ws, outs) if w.i8 is None]
         if fl:
