@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edge_infer.formats.quants import _k4_scale_min
+from edge_infer.formats.kscales import k4_scale_min
 
 __all__ = ["QUANTIZERS"]
 
@@ -316,7 +316,7 @@ def _q_k45(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarra
     av_x = np.sqrt(_seq_sum(xs * xs) / F32(32))
     scales, L, mins = _make_qkx2_quants(xs, av_x + np.abs(xs), nmax, rmin, 0.1, nstep, False)
     packed, dh, mh = _k_scales(scales.reshape(nb, 8), mins.reshape(nb, 8))
-    sc, m = _k4_scale_min(packed)
+    sc, m = k4_scale_min(packed)
     d = (dh.astype(F32) * sc.astype(F32)).reshape(-1)
     dm = (mh.astype(F32) * m.astype(F32)).reshape(-1)
     L = _rows(_requant(xs, L, d, dm, 0, nmax), nb)

@@ -17,6 +17,8 @@ from gguf import GGMLQuantizationType as T
 
 from edge_infer.errors import EdgeInferError, UnsupportedTensorType
 from edge_infer.formats.gguf import TensorInfo
+from edge_infer.formats.kscales import k4_scale_min
+from edge_infer.formats.quantizers import QUANTIZERS
 
 __all__ = [
     "BLOCK_LAYOUTS",
@@ -75,7 +77,7 @@ BLOCK_LAYOUTS: dict[T, BlockLayout] = {
     T.Q3_K: BlockLayout(
         "Q3_K", QK_K, 110, _blk(("hmask", "u1", 32), ("qs", "u1", 64), ("scales", "u1", 12), ("d", "<f2"))
     ),
-    # d: f16 | dmin: f16 | scales: 12 x u8 (8 6-bit scales + 8 6-bit mins, see _k4_scale_min) |
+    # d: f16 | dmin: f16 | scales: 12 x u8 (8 6-bit scales + 8 6-bit mins, see k4_scale_min) |
     # qs: 128 x u8 (element 64p + l = lo of qs[32p + l], 64p + 32 + l = hi); x = (d*sc)*q - dmin*m
     T.Q4_K: BlockLayout(
         "Q4_K", QK_K, 144, _blk(("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128))
@@ -124,19 +126,6 @@ def _crumbs(qs: np.ndarray) -> np.ndarray:
 def _bits(qh: np.ndarray) -> np.ndarray:
     """(n, k) u8 -> (n, 8, k) u8: bit s of byte l at [s, l]."""
     return np.unpackbits(qh[:, :, None], axis=2, bitorder="little").transpose(0, 2, 1)
-
-
-def _k4_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K scales (n, 12) u8 -> 8 scales and 8 mins, (n, 8) u8 each.
-    Bytes 0-3: scale j (6 bits) + top 2 bits of scale j+4; 4-7: min j + top bits of min j+4;
-    8-11: lo = low 4 bits of scale j+4, hi = low 4 bits of min j+4."""
-    sc = np.empty((s.shape[0], 8), np.uint8)
-    mn = np.empty((s.shape[0], 8), np.uint8)
-    sc[:, :4] = s[:, 0:4] & 63
-    mn[:, :4] = s[:, 4:8] & 63
-    sc[:, 4:] = (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)
-    mn[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
-    return sc, mn
 
 
 # -- dequantizers: structured blocks (n,) -> out (n, block_size) float32 ---------------------
@@ -196,7 +185,7 @@ def _dq_q3_k(b: np.ndarray, out: np.ndarray) -> None:
 
 def _dq_q4_k(b: np.ndarray, out: np.ndarray, q: np.ndarray | None = None) -> None:
     n = len(b)
-    sc, mn = _k4_scale_min(b["scales"])
+    sc, mn = k4_scale_min(b["scales"])
     dl = _f32(b["d"])[:, None] * _f32(sc)
     ml = _f32(b["dmin"])[:, None] * _f32(mn)
     if q is None:
@@ -296,9 +285,6 @@ def dequantize(t: TensorInfo) -> np.ndarray:
     return dequantize_blocks(t.data, t.type, t.n_elements).reshape(t.numpy_shape)
 
 
-_QUANTIZE: dict[T, Callable[[np.ndarray], np.ndarray]] = {}
-
-
 def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
     """float32 (..., n), n a multiple of the block size -> uint8 (..., n / block_size * type_size).
 
@@ -313,11 +299,7 @@ def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
             f"quantize to {lay.name}: row length {x.shape[-1] if x.ndim else 0} "
             f"is not a multiple of the block size {lay.block_size}"
         )
-    if not _QUANTIZE:  # imported late: quantizers.py imports this module
-        from edge_infer.formats.quantizers import QUANTIZERS
-
-        _QUANTIZE.update(QUANTIZERS)
-    fn = _QUANTIZE[T(qtype)]
+    fn = QUANTIZERS[T(qtype)]
     rows = x.reshape(-1, lay.block_size)
     out = np.empty((len(rows), lay.type_size), np.uint8)
     step = max(1, _CHUNK_ELEMENTS // lay.block_size)
