@@ -42,7 +42,7 @@ def moving_average(values, window):
 ```
 
 Rewrite it exactly as it is, but rename the function to rolling_mean. Output only the code.'''
-# chatml, qwen2.5-coder's template; also the task of tests/test_spec_real.py
+# chatml, qwen2.5-coder's template; also the task of tests/engine/test_spec_real.py
 CODE_PROMPT = f"<|im_start|>user\n{CODE_TASK}<|im_end|>\n<|im_start|>assistant\n"
 
 

@@ -1,10 +1,18 @@
-"""Shared fixtures: real models (pulled into the cache on first use) and tiny GGUF writers."""
+"""Shared fixtures: real models (pulled into the cache on first use) and tiny GGUF writers.
+
+The helper modules live in tests/support (on pytest's pythonpath); child Python processes
+that tests start get that folder on their PYTHONPATH too, so they import the same helpers.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+SUPPORT = Path(__file__).resolve().parent / "support"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
 
 REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 

@@ -21,7 +21,7 @@ import pytest
 from edge_infer import LLM, SamplingParams
 
 # The benchmark's task and F16 writer (benchmarks/ is not a package): one definition of each.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_spec import CODE_TASK  # noqa: E402
 from make_f16_copy import write_copy  # noqa: E402
 
