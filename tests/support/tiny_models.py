@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 
 from edge_infer.formats.quants import quantize
-from edge_infer.tokenizer_bpe import BYTE_ENCODER
+from edge_infer.tokenizer.bpe import BYTE_ENCODER
 
 CHATML = (
     "{% for message in messages %}"

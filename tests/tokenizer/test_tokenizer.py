@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_infer.detokenizer import IncrementalDetokenizer, clean_spaces
 from edge_infer.errors import EdgeInferError, TokenizerError, UnsupportedModelError
 from edge_infer.tokenizer import Tokenizer
-from edge_infer.tokenizer_pretok import PreTokenizer, collapse
-from edge_infer.tokenizer_special import SpecialMatcher, trie_regex
-from edge_infer.tokenizer_vocab import load_vocab
+from edge_infer.tokenizer.detok import IncrementalDetokenizer, clean_spaces
+from edge_infer.tokenizer.pretok import PreTokenizer, collapse
+from edge_infer.tokenizer.special import SpecialMatcher, trie_regex
+from edge_infer.tokenizer.vocab import load_vocab
 
 
 # -- pre-tokenizers ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from itertools import chain
 
-from edge_infer.tokenizer_pretok import PreTokenizer
+from edge_infer.tokenizer.pretok import PreTokenizer
 
 __all__ = ["BYTE_DECODER", "BYTE_ENCODER", "BPEModel", "byte_encode"]
 

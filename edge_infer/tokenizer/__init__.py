@@ -2,10 +2,9 @@
 
 `Tokenizer.from_gguf(path)` reads the vocabulary; `encode` and `decode` follow llama.cpp's
 `llama_tokenize(add_special, parse_special)` and `llama_detokenize`. The pieces live in
-their own modules: pre-tokenizers (tokenizer_pretok), byte-level BPE (tokenizer_bpe),
-SentencePiece BPE (tokenizer_spm), special-token splitting (tokenizer_special), vocab
-loading with llama.cpp's special-token rules (tokenizer_vocab) and streaming decode
-(detokenizer).
+this package's modules: pre-tokenizers (pretok), byte-level BPE (bpe), SentencePiece BPE
+(spm), special-token splitting (special), vocab loading with llama.cpp's special-token
+rules (vocab) and streaming decode (detok).
 """
 
 from __future__ import annotations
@@ -15,13 +14,13 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from edge_infer.detokenizer import IncrementalDetokenizer, clean_spaces
 from edge_infer.errors import TokenizerError
-from edge_infer.tokenizer_bpe import BYTE_DECODER, BPEModel
-from edge_infer.tokenizer_pretok import PreTokenizer
-from edge_infer.tokenizer_special import SpecialMatcher
-from edge_infer.tokenizer_spm import SPACE, SPMModel
-from edge_infer.tokenizer_vocab import Attr, Vocab, load_vocab
+from edge_infer.tokenizer.bpe import BYTE_DECODER, BPEModel
+from edge_infer.tokenizer.detok import IncrementalDetokenizer, clean_spaces
+from edge_infer.tokenizer.pretok import PreTokenizer
+from edge_infer.tokenizer.special import SpecialMatcher
+from edge_infer.tokenizer.spm import SPACE, SPMModel
+from edge_infer.tokenizer.vocab import Attr, Vocab, load_vocab
 
 if TYPE_CHECKING:
     from edge_infer.formats.gguf import GGUFFile
@@ -120,7 +119,7 @@ class Tokenizer:
         return self._v.token_to_id.get(text)
 
     def token_attr(self, token_id: int) -> int:
-        """llama.cpp's attribute bits for the token (see tokenizer_vocab.Attr)."""
+        """llama.cpp's attribute bits for the token (see tokenizer.vocab.Attr)."""
         return self._attrs[self._check_id(token_id)]
 
     def is_special(self, token_id: int) -> bool:

@@ -15,14 +15,23 @@ is a place where cleaning the parts apart gives the same as cleaning them togeth
 from __future__ import annotations
 
 import codecs
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from edge_infer.tokenizer import Tokenizer
-
-__all__ = ["IncrementalDetokenizer", "clean_spaces"]
+__all__ = ["IncrementalDetokenizer", "PieceSource", "clean_spaces"]
 
 _HOLD = b" '"  # bytes the cleaning rules react to
+
+
+class PieceSource(Protocol):
+    """What the detokenizer needs of a tokenizer (`Tokenizer` is one)."""
+
+    @property
+    def add_space_prefix(self) -> bool: ...
+
+    @property
+    def clean_spaces(self) -> bool: ...
+
+    def token_to_piece(self, token_id: int, special: bool = True) -> bytes: ...
 
 
 class IncrementalDetokenizer:
@@ -30,7 +39,7 @@ class IncrementalDetokenizer:
 
     __slots__ = ("_piece", "_special", "_first", "_strip_first", "_utf8", "_clean", "_pending")
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+    def __init__(self, tokenizer: PieceSource, skip_special: bool = False) -> None:
         self._piece = tokenizer.token_to_piece
         self._special = not skip_special
         self._first = True

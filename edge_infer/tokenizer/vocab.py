@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge_infer.errors import TokenizerError, UnsupportedModelError
-from edge_infer.tokenizer_pretok import PreTokenizerSpec, pre_tokenizer_spec
+from edge_infer.tokenizer.pretok import PreTokenizerSpec, pre_tokenizer_spec
 
 __all__ = ["Attr", "Vocab", "load_vocab"]
 
