@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from edge_infer._version import __version__
 from edge_infer.errors import EdgeInferError
 from edge_infer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from edge_infer.llm import LLM
 
-__version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "EdgeInferError", "__version__"]
 
 

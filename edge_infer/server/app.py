@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from edge_infer import __version__
+from edge_infer._version import __version__
 from edge_infer.config import EngineConfig
 from edge_infer.errors import EdgeInferError
 from edge_infer.server.chat import create_chat_completion

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from edge_infer import __version__
+from edge_infer._version import __version__
 from edge_infer.config import EngineConfig
 from edge_infer.errors import ChatTemplateError, EdgeInferError
 from edge_infer.outputs import RequestOutput

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from edge_infer import download, hub
+from edge_infer import hub
 from edge_infer.errors import HubError
+from edge_infer.hub import downloader
 
 
 def sha(b: bytes) -> str:
@@ -26,7 +27,7 @@ def sha(b: bytes) -> str:
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty cache for this test; returns its models folder (not created yet)."""
     monkeypatch.setenv("EDGE_INFER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(download, "RETRY_DELAY", 0.0)
+    monkeypatch.setattr(downloader, "RETRY_DELAY", 0.0)
     return tmp_path / "cache" / "models"
 
 
@@ -129,7 +130,7 @@ def test_url_pull_resumes_after_a_cut_connection(cache: Path, server: _Server) -
 
 
 def test_url_pull_gives_up_keeps_part_and_resumes_next_time(cache: Path, server: _Server) -> None:
-    server.modes = ["cut"] * download.ATTEMPTS
+    server.modes = ["cut"] * downloader.ATTEMPTS
     with pytest.raises(HubError, match="interrupted") as e:
         hub.pull(server.url(), progress=False)
     part = cache / "tiny.gguf.part"

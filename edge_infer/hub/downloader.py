@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from edge_infer import __version__
+from edge_infer._version import __version__
 from edge_infer.errors import HubError
-from edge_infer.hub import CHUNK, progress_bar
+from edge_infer.hub.cache import CHUNK, progress_bar
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("edge_infer.download")  # the name its messages have always carried
 
 ATTEMPTS = 3  # a dropped connection is resumed this many times before we give up
 RETRY_DELAY = 1.0  # seconds, times the attempt number

