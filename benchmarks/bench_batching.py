@@ -21,13 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import BenchRequest, make_workload  # noqa: E402
-
-from edge_infer import hub  # noqa: E402
-from edge_infer.bench_serving import run_engine  # noqa: E402
-from edge_infer.config import EngineConfig  # noqa: E402
-from edge_infer.engine.engine import LLMEngine  # noqa: E402
+from edge_infer import hub
+from edge_infer.bench.serving import run_engine
+from edge_infer.bench.workloads import BenchRequest, make_workload
+from edge_infer.config import EngineConfig
+from edge_infer.engine.engine import LLMEngine
 
 
 def run_llama_cpp_sequential(path: str, reqs: list[BenchRequest], threads: int) -> dict | None:

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import make_workload  # noqa: E402
-
-from edge_infer import SamplingParams, hub  # noqa: E402
-from edge_infer.config import EngineConfig  # noqa: E402
-from edge_infer.engine.engine import LLMEngine  # noqa: E402
+from edge_infer import SamplingParams, hub
+from edge_infer.bench.workloads import make_workload
+from edge_infer.config import EngineConfig
+from edge_infer.engine.engine import LLMEngine
 
 
 def utilisation(engine: LLMEngine, n_requests: int, scale: float) -> dict:

@@ -3,8 +3,8 @@
     python benchmarks/bench_server.py [-m MODEL] [--requests 16] [--disconnects 4] [--concurrency N]
         [--max-tokens 32] [--scale 0.25] [--threads 2] [--no-llama-cpp] [--full] [--json]
 
-`--requests` streaming clients (the "mixed" workload of workloads.py: mixed prompt and output
-lengths, outputs capped at --max-tokens; greedy, with the end-of-generation tokens banned through
+`--requests` streaming clients (the "mixed" workload of edge_infer.bench.workloads: mixed prompt and
+output lengths, outputs capped at --max-tokens; greedy, with the end-of-generation tokens banned through
 logit_bias so that every request runs to its length on both servers) plus `--disconnects`
 clients that hang up after a few chunks, all started at once (at most --concurrency completing
 clients in flight). Every completing stream must be HTTP 200, `data: {...}` chunks without an
@@ -37,11 +37,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import make_workload  # noqa: E402
-
-from edge_infer import hub  # noqa: E402
-from edge_infer.tokenizer import Tokenizer  # noqa: E402
+from edge_infer import hub
+from edge_infer.bench.workloads import make_workload
+from edge_infer.tokenizer import Tokenizer
 
 # llama_cpp.server with the model loaded without extra (AMX / repacked) buffer types.
 _LLAMA_SAFE = """

@@ -16,7 +16,7 @@ import numpy as np
 
 
 def main() -> None:
-    from edge_infer.bench_llama_cpp import LlamaCppGreedy
+    from edge_infer.bench.llamacpp import LlamaCppGreedy
 
     path, threads, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
     reqs = json.loads(sys.stdin.read())

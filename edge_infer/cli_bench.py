@@ -34,7 +34,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from edge_infer.bench import BenchConfig, format_table, run
+    from edge_infer.bench.pp_tg import BenchConfig, format_table, run
     from edge_infer.config import default_threads
 
     for name in ("n_prompt", "n_gen", "repetitions"):
@@ -52,10 +52,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_workload(args: argparse.Namespace, threads: int) -> int:
     from edge_infer import hub
-    from edge_infer.bench_serving import run_engine
+    from edge_infer.bench.serving import run_engine
+    from edge_infer.bench.workloads import WORKLOADS, make_workload
     from edge_infer.config import EngineConfig
     from edge_infer.engine.engine import LLMEngine
-    from edge_infer.workloads import WORKLOADS, make_workload
 
     if args.workload not in WORKLOADS:
         raise InvalidRequest(f"unknown workload {args.workload!r} (known: {', '.join(WORKLOADS)})")

@@ -1,5 +1,5 @@
 """`edge-infer perplexity -f TEXT`: a model's perplexity on a text, as llama-perplexity reports it
-(the rules are in edge_infer.perplexity)."""
+(the rules are in edge_infer.bench.perplexity)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_infer.perplexity import perplexity
+    from edge_infer.bench.perplexity import perplexity
 
     ctx = number(args.ctx, "--ctx")
     if ctx < 4:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from edge_infer import cli
+from edge_infer.bench.perplexity import PerplexityResult, perplexity, token_nlls
 from edge_infer.errors import InvalidRequest
-from edge_infer.perplexity import PerplexityResult, perplexity, token_nlls
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
 CTX, CHUNKS = 512, 2

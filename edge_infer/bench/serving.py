@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 
+from edge_infer.bench.workloads import BenchRequest
 from edge_infer.engine.engine import LLMEngine
 from edge_infer.sampling_params import SamplingParams
-from edge_infer.workloads import BenchRequest
 
 
 def percentile(xs: list[float], q: float) -> float:

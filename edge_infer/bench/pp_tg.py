@@ -2,7 +2,7 @@
 llama-cpp-python is installed, of llama.cpp on the same model, prompt and threads, in the same
 run; medians of several repetitions.
 
-llama.cpp runs in a child process (`python -m edge_infer.bench_llama_cpp`) through its low-level
+llama.cpp runs in a child process (`python -m edge_infer.bench.llamacpp`) through its low-level
 decode API, taking the argmax of the last logits (no Python sampling over the vocabulary), so
 its thread pool never shares a process with numba's.
 """
@@ -43,7 +43,8 @@ def run_edge(cfg: BenchConfig) -> dict[str, Any]:
 
     import psutil
 
-    from edge_infer import LLM, SamplingParams
+    from edge_infer.llm import LLM
+    from edge_infer.sampling_params import SamplingParams
 
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
@@ -79,7 +80,7 @@ def run_llama_cpp(cfg: BenchConfig, model_path: str, vocab_size: int) -> dict[st
         import llama_cpp  # noqa: F401
     except ImportError:
         return None
-    args = [sys.executable, "-m", "edge_infer.bench_llama_cpp", model_path, str(cfg.threads), str(cfg.n_prompt),
+    args = [sys.executable, "-m", "edge_infer.bench.llamacpp", model_path, str(cfg.threads), str(cfg.n_prompt),
             str(cfg.n_gen), str(cfg.repetitions), str(cfg.seed), str(vocab_size)]
     for extra in ("1", "0"):  # repacked weights first; this CPU's AMX path can crash: fall back
         r = subprocess.run(args + [extra], capture_output=True, text=True, timeout=1800)

@@ -1,6 +1,6 @@
 """llama.cpp side of `edge-infer bench`, run as a child process:
 
-    python -m edge_infer.bench_llama_cpp MODEL THREADS N_PROMPT N_GEN REPS SEED VOCAB EXTRA_BUFFERS
+    python -m edge_infer.bench.llamacpp MODEL THREADS N_PROMPT N_GEN REPS SEED VOCAB EXTRA_BUFFERS
 
 Prints one JSON line {"pp_tps", "tg_tps", "pp_all", "tg_all"}. Uses llama-cpp-python's low-level
 API: the prompt in one batch (logits for its last token only), then N_GEN single-token decodes
@@ -62,7 +62,7 @@ class LlamaCppGreedy:
 
 
 def main(argv: list[str]) -> int:
-    from edge_infer.bench import bench_prompt
+    from edge_infer.bench.pp_tg import bench_prompt
 
     path, threads, n_prompt, n_gen, reps, seed, vocab, extra = argv
     n_prompt_i, n_gen_i = int(n_prompt), int(n_gen)
