@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from edge_infer.formats.gguf import GGUFFile
     from edge_infer.tokenizer import Tokenizer
 
-__all__ = ["BUILTIN_TEMPLATES", "ChatTemplate"]
+__all__ = ["BUILTIN_STOPS", "BUILTIN_TEMPLATES", "ChatTemplate"]
 
 BUILTIN_TEMPLATES: dict[str, str] = {
     "chatml": (
@@ -42,6 +42,10 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     ),
 }
+
+# Text that ends a reply under a built-in template whose markers may not be special tokens of
+# the model's vocabulary (then EOS detection alone would not stop the model).
+BUILTIN_STOPS: dict[str, tuple[str, ...]] = {"chatml": ("<|im_end|>", "<|im_start|>")}
 
 
 class _GenerationTag(jinja2.ext.Extension):

@@ -33,11 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edge_infer.server")
 
-# Text that ends a reply under the built-in fallback template, whose markers may not be
-# special tokens of the model's vocabulary (EOS detection alone would not stop it).
-FALLBACK_STOPS = {"chatml": ("<|im_end|>", "<|im_start|>")}
-
-
 class Stream:
     """The outputs of one engine request, on the event loop. `next()` returns the newest
     cumulative RequestOutput (skipping ones the consumer was too slow to see)."""
@@ -147,7 +142,7 @@ class AsyncEngine:
         return worker
 
     def _setup_chat(self, engine: LLMEngine) -> None:
-        from edge_infer.chat import ChatTemplate
+        from edge_infer.chat import BUILTIN_STOPS, ChatTemplate
 
         try:
             t = ChatTemplate.from_gguf(engine.gguf, fallback=self.chat_fallback)
@@ -159,7 +154,7 @@ class AsyncEngine:
             return
         self.chat_template = t
         if t.name.startswith("builtin") and self.chat_fallback:
-            self.chat_stops = FALLBACK_STOPS.get(self.chat_fallback, ())
+            self.chat_stops = BUILTIN_STOPS.get(self.chat_fallback, ())
 
     def begin_drain(self, grace: float) -> None:
         """Refuse new requests; abort those still running after `grace` seconds."""

@@ -15,7 +15,7 @@ import pytest
 from cli_helpers import assert_one_line_error, run
 
 from edge_infer import cli
-from edge_infer.cli_run import read_prompt
+from edge_infer.cli.run import read_prompt
 from edge_infer.errors import InvalidRequest
 
 PROMPT = "The capital of France is"
@@ -151,7 +151,7 @@ def test_chat_without_a_template_says_how_to_force_one(
 
 
 def test_forced_chatml_template(gemma3_path: Path, smollm2_path: Path) -> None:
-    from edge_infer.cli_chat import ChatEncoder
+    from edge_infer.cli.common import ChatEncoder
 
     for path in (gemma3_path, smollm2_path):  # without a template, and overriding the model's own
         enc = ChatEncoder.for_model(path, "chatml")

@@ -8,7 +8,8 @@ import json
 import sys
 from typing import Any
 
-from edge_infer.cli_run import add_model_args, load_llm, number, read_text
+from edge_infer.cli.args import add_model_args, number, read_text
+from edge_infer.cli.common import load_llm
 from edge_infer.errors import InvalidRequest
 
 
@@ -33,6 +34,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Score the file and print the perplexity; returns the exit code."""
     from edge_infer.bench.perplexity import perplexity
 
     ctx = number(args.ctx, "--ctx")

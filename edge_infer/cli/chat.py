@@ -12,78 +12,25 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from edge_infer.cli_run import (
+from edge_infer.cli.args import (
     SAMPLING_HELP,
     add_model_args,
     add_sampling_args,
     add_spec_args,
     engine_options,
-    load_llm,
-    print_figures,
     sampling_params,
-    stream_request,
 )  # fmt: skip
-from edge_infer.errors import ChatTemplateError, EdgeInferError
+from edge_infer.cli.common import ChatEncoder, Message, load_llm, print_figures, stream_request
+from edge_infer.errors import EdgeInferError
 
 if TYPE_CHECKING:
-    from edge_infer.chat import ChatTemplate
     from edge_infer.llm import LLM
     from edge_infer.outputs import RequestOutput
     from edge_infer.sampling_params import SamplingParams
 
-Message = dict[str, Any]
-
-# Text that ends a reply under a forced built-in template whose markers may not be special
-# tokens of the vocabulary (then EOS detection alone would not stop the model).
-_BUILTIN_STOPS = {"chatml": ("<|im_end|>", "<|im_start|>")}
-
 HELP = "commands: /reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops a reply, /help shows this"
-
-
-@dataclass(slots=True)
-class ChatEncoder:
-    """A model's chat template (or a forced built-in one) and the stop strings that go with it."""
-
-    template: ChatTemplate
-    stops: tuple[str, ...] = ()
-
-    @classmethod
-    def for_model(cls, path: str | os.PathLike[str], forced: str | None = None) -> ChatEncoder:
-        """The template of the .gguf at `path`, or the built-in `forced` one (e.g. "chatml").
-        A model without a template is a ChatTemplateError that says how to force one."""
-        from edge_infer.chat import BUILTIN_TEMPLATES, ChatTemplate
-        from edge_infer.formats.gguf import GGUFFile
-
-        if forced is not None and forced not in BUILTIN_TEMPLATES:
-            raise ChatTemplateError(
-                f"unknown --template {forced!r} (built-in: {', '.join(BUILTIN_TEMPLATES)})"
-            )
-        with GGUFFile(path) as f:
-            own = f.metadata.get("tokenizer.chat_template")
-            if forced is None and not (isinstance(own, str) and own.strip()):
-                raise ChatTemplateError(
-                    f"{path}: the model has no chat template (tokenizer.chat_template); "
-                    f"use --template {next(iter(BUILTIN_TEMPLATES))} to force a built-in one"
-                )
-            t = ChatTemplate.from_gguf(f, fallback=forced)
-        if forced is None:
-            return cls(t)
-        if not t.name.startswith("builtin"):  # the model has its own: force the built-in anyway
-            t = ChatTemplate(BUILTIN_TEMPLATES[forced], bos_token=t.bos_token, eos_token=t.eos_token,
-                             name=f"builtin {forced} template")  # fmt: skip
-        return cls(t, _BUILTIN_STOPS.get(forced, ()))
-
-    def encode(self, llm: LLM, messages: list[Message]) -> list[int]:
-        return self.template.encode(messages, llm.tokenizer, add_generation_prompt=True)
-
-    def params(self, params: SamplingParams) -> SamplingParams:
-        """`params` plus this template's stop strings."""
-        if not self.stops:
-            return params
-        return replace(params, stop=tuple(params.stop or ()) + self.stops)
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -105,6 +52,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def chat(args: argparse.Namespace) -> int:
+    """The interactive conversation (or one piped in on stdin); returns the exit code."""
     from edge_infer import hub
 
     params = sampling_params(args)

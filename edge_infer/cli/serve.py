@@ -17,9 +17,8 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
-from edge_infer.cli_run import add_spec_args, spec_options
+from edge_infer.cli.args import add_model_args, add_spec_args, engine_options, int_option
 from edge_infer.errors import InvalidRequest
-from edge_infer.hub import DEFAULT_MODEL
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -29,10 +28,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "/v1/chat/completions (streaming or not), /tokenize, /detokenize, /health and /metrics "
         "(Prometheus). One engine thread batches all requests continuously.",
     )  # fmt: skip
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
-                   help=f"a known model name (pulled on first use) or a .gguf path (default: {DEFAULT_MODEL})")  # fmt: skip
-    p.add_argument("-t", "--threads", metavar="N", help="compute threads (default: physical cores)")
-    p.add_argument("--max-model-len", metavar="N", help="context length (default: the model's, capped by the KV budget)")  # fmt: skip
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", default="8000", help="port to listen on (default 8000)")
     p.add_argument("--api-key", action="append", metavar="KEY",
@@ -53,41 +49,14 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=serve)
 
 
-def _int(value: str | None, flag: str, low: int) -> int | None:
-    if value is None:
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise InvalidRequest(f"{flag} must be an integer, got {value!r}") from None
-    if n < low:
-        raise InvalidRequest(f"{flag} must be at least {low}, got {n}")
-    return n
-
-
-def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    """EngineConfig keyword options from the flags."""
-    opts: dict[str, Any] = {}
-    for flag, key, low in (("-t/--threads", "threads", 1), ("--max-model-len", "max_model_len", 2),
-                           ("--max-num-seqs", "max_num_seqs", 1)):  # fmt: skip
-        v = _int(getattr(args, key), flag, low)
-        if v is not None:
-            opts["n_threads" if key == "threads" else key] = v
-    if args.kv_cache_memory is not None:
-        opts["kv_cache_memory"] = args.kv_cache_memory
-    spec = spec_options(args)
-    if spec is not None:
-        opts["speculative"] = spec
-    return opts
-
-
 def serve(args: argparse.Namespace) -> int:
+    """Run the server until SIGTERM or Ctrl-C; returns the exit code (1 if the model failed to load)."""
     from edge_infer import hub
     from edge_infer.config import EngineConfig
 
-    config = EngineConfig.from_options(str(args.model), **engine_options(args))
-    port = _int(args.port, "--port", 0)
-    max_queue = _int(args.max_queue, "--max-queue", 0)
+    config = EngineConfig.from_options(str(args.model), **engine_options(args, min_model_len=2))
+    port = int_option(args.port, "--port", 0)
+    max_queue = int_option(args.max_queue, "--max-queue", 0)
     try:
         grace = float(args.shutdown_timeout)
     except ValueError:

@@ -1,0 +1,214 @@
+"""The options several commands share: model (-m, -t, --max-model-len), sampling with
+llama-cli's defaults, speculative decoding, and reading them into engine and sampling options.
+
+Numbers are parsed here rather than by argparse, so that a bad value is a one-line
+InvalidRequest naming the flag (exit 1) rather than an argparse usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edge_infer.errors import InvalidRequest
+from edge_infer.hub import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from edge_infer.sampling_params import SamplingParams
+
+# Flag -> SamplingParams field, so a bad value's message names the flag the user typed.
+_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
+          "repetition_penalty": "--repeat-penalty", "max_tokens": "-n"}  # fmt: skip
+
+SAMPLING_HELP = (
+    "sampling defaults follow llama-cli/Ollama: --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05, "
+    "--repeat-penalty 1.0 (off), a random seed (pass --seed for repeatable output; --temp 0 is greedy). "
+    "The repeat penalty is vLLM's: it applies to every token of the prompt and the output, not only "
+    "the last 64 as in llama.cpp."
+)
+
+SPEC_K_MAX = 16  # as SpecConfig allows
+
+
+# -- option groups -------------------------------------------------------------------------------
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """-m/--model, -t/--threads, --max-model-len (run, chat, perplexity and serve)."""
+    p.add_argument(
+        "-m",
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"a known model name (pulled on first use) or a .gguf path (default: {DEFAULT_MODEL})",
+    )
+    p.add_argument("-t", "--threads", metavar="N", help="compute threads (default: physical cores)")
+    p.add_argument("--max-model-len", metavar="N", help="context length (default: the model's, capped by the KV budget)")  # fmt: skip
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    """--spec, --draft-model, --spec-k (run, chat and serve); read them with spec_options()."""
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--spec", choices=("ngram", "draft"),
+                   help="speculative decoding: n-gram prompt lookup, or a draft model; greedy output is "
+                   "unchanged and sampled output keeps the model's distribution")  # fmt: skip
+    g.add_argument("--draft-model", metavar="M",
+                   help="with --spec draft: the draft model (a known name or a .gguf path with the same vocabulary)")  # fmt: skip
+    g.add_argument("--spec-k", metavar="K", help=f"tokens proposed per step (1-{SPEC_K_MAX}), or 'auto' to adapt (default 4)")  # fmt: skip
+
+
+def add_sampling_args(p: argparse.ArgumentParser, default_n: int) -> None:
+    """-n, --temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed; read with sampling_params()."""
+    g = p.add_argument_group("sampling")
+    until = "until EOS or the context is full" if default_n < 0 else f"default {default_n}"
+    g.add_argument(
+        "-n",
+        "--n-predict",
+        metavar="N",
+        default=str(default_n),
+        help=f"tokens to generate, -1 = until EOS or the context is full ({until})",
+    )
+    g.add_argument("--temp", metavar="T", default="0.8", help="temperature, 0 = greedy (default 0.8)")
+    g.add_argument(
+        "--top-k", metavar="K", default="40", help="keep the K most likely tokens, 0 = off (default 40)"
+    )
+    g.add_argument("--top-p", metavar="P", default="0.95", help="nucleus sampling, 1.0 = off (default 0.95)")
+    g.add_argument(
+        "--min-p",
+        metavar="P",
+        default="0.05",
+        help="drop tokens below P x the top probability, 0 = off (default 0.05)",
+    )
+    g.add_argument(
+        "--repeat-penalty", metavar="R", default="1.0", help="repetition penalty, 1.0 = off (default 1.0)"
+    )
+    g.add_argument("--seed", metavar="S", default="-1", help="random seed, -1 = a random one (default -1)")
+
+
+# -- reading the options -------------------------------------------------------------------------
+def number(value: Any, flag: str, kind: type = int) -> Any:
+    """`value` (a string from argv) as int or float, or an InvalidRequest naming `flag`."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        what = "an integer" if kind is int else "a number"
+        raise InvalidRequest(f"{flag} must be {what}, got {value!r}") from None
+
+
+def int_option(value: str | None, flag: str, low: int | None = None) -> int | None:
+    """An optional integer flag: None when not given, else at least `low` (when given)."""
+    if value is None:
+        return None
+    n: int = number(value, flag)
+    if low is not None and n < low:
+        raise InvalidRequest(f"{flag} must be at least {low}, got {n}")
+    return n
+
+
+def engine_options(args: argparse.Namespace, *, min_model_len: int | None = None) -> dict[str, Any]:
+    """Engine keyword options (for LLM or EngineConfig.from_options) from the flags the command
+    has: -t and --max-model-len, and where present --max-num-seqs, --kv-cache-memory, --seed and
+    --spec/--draft-model/--spec-k. `min_model_len`: check --max-model-len's lower bound here, naming
+    the flag (serve); otherwise the engine's config checks it."""
+    opts: dict[str, Any] = {}
+    # (flag, argparse name, engine option, lowest value or None)
+    checks = [("-t/--threads", "threads", "n_threads", 1),
+              ("--max-model-len", "max_model_len", "max_model_len", min_model_len)]  # fmt: skip
+    if hasattr(args, "max_num_seqs"):
+        checks.append(("--max-num-seqs", "max_num_seqs", "max_num_seqs", 1))
+    for flag, attr, key, low in checks:
+        v = int_option(getattr(args, attr), flag, low)
+        if v is not None:
+            opts[key] = v
+    if getattr(args, "kv_cache_memory", None) is not None:
+        opts["kv_cache_memory"] = args.kv_cache_memory
+    if hasattr(args, "seed"):
+        opts["seed"] = resolve_seed(args)
+    if hasattr(args, "spec"):
+        spec = spec_options(args)
+        if spec is not None:
+            opts["speculative"] = spec
+    return opts
+
+
+def spec_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `speculative` engine option from --spec/--draft-model/--spec-k; None when off.
+    Mistakes are InvalidRequest errors naming the flag."""
+    if args.spec is None:
+        if args.draft_model is not None or args.spec_k is not None:
+            raise InvalidRequest("--draft-model and --spec-k need --spec ngram|draft")
+        return None
+    spec: dict[str, Any] = {"method": args.spec}
+    if args.spec_k is not None:
+        spec["k"] = _spec_k(args.spec_k)
+    if args.spec == "draft":
+        if not args.draft_model:
+            raise InvalidRequest("--spec draft needs --draft-model")
+        spec["model"] = args.draft_model
+    elif args.draft_model is not None:
+        raise InvalidRequest("--draft-model is only for --spec draft")
+    return spec
+
+
+def _spec_k(value: str) -> int | str:
+    if value.strip().lower() == "auto":
+        return "auto"
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= SPEC_K_MAX:
+        raise InvalidRequest(f"--spec-k must be an integer in 1..{SPEC_K_MAX} or 'auto', got {value!r}")
+    return k
+
+
+def resolve_seed(args: argparse.Namespace) -> int:
+    """--seed as given, or a fresh random one for -1 (remembered on args for -v)."""
+    if getattr(args, "_seed", None) is None:
+        seed = number(args.seed, "--seed")
+        if seed < -1:
+            raise InvalidRequest(f"--seed must be -1 (random) or a non-negative integer, got {seed}")
+        args._seed = secrets.randbits(31) if seed == -1 else seed
+    return args._seed
+
+
+def sampling_params(args: argparse.Namespace, **extra: Any) -> SamplingParams:
+    """SamplingParams from the sampling flags. The seed lives in the engine (engine_options),
+    so successive requests of one session draw different but repeatable random streams."""
+    from edge_infer.sampling_params import SamplingParams
+
+    n = number(args.n_predict, "-n")
+    if n == 0 or n < -1:
+        raise InvalidRequest(f"-n must be -1 (until EOS) or a positive integer, got {n}")
+    opts = dict(
+        max_tokens=None if n == -1 else n,
+        temperature=number(args.temp, "--temp", float),
+        top_k=number(args.top_k, "--top-k"),
+        top_p=number(args.top_p, "--top-p", float),
+        min_p=number(args.min_p, "--min-p", float),
+        repetition_penalty=number(args.repeat_penalty, "--repeat-penalty", float),
+        **extra,
+    )
+    try:
+        return SamplingParams(**opts)
+    except InvalidRequest as e:
+        msg = str(e)
+        for field, flag in _FLAGS.items():
+            if msg.startswith(field + " "):
+                msg = flag + msg[len(field) :]
+                break
+        raise InvalidRequest(msg) from None
+
+
+def read_text(path: str) -> str:
+    """A UTF-8 text file (-f), or an InvalidRequest naming the path."""
+    p = Path(path).expanduser()
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidRequest(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidRequest(f"{p}: is a directory, not a text file") from None
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"{p}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise InvalidRequest(f"{p}: cannot read: {e.strerror}") from None

@@ -1,0 +1,126 @@
+"""What `run`, `chat` and `perplexity` share once their flags are read: loading the model,
+streaming a request, the speed figures of -v, and the chat template with its stop strings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edge_infer.cli.args import engine_options
+from edge_infer.errors import ChatTemplateError
+
+if TYPE_CHECKING:
+    from edge_infer.chat import ChatTemplate
+    from edge_infer.llm import LLM
+    from edge_infer.outputs import RequestOutput
+    from edge_infer.sampling_params import SamplingParams
+
+Message = dict[str, Any]
+
+
+def load_llm(args: argparse.Namespace, model: str | os.PathLike[str] | None = None) -> LLM:
+    """Load the model named by -m (or `model`); validates the options before the slow part."""
+    from edge_infer.llm import LLM
+
+    opts = engine_options(args)
+    t0 = time.perf_counter()
+    llm = LLM(str(model or args.model), **opts)
+    if args.verbose:
+        extra = f", seed {opts['seed']}" if "seed" in opts else ""
+        spec = opts.get("speculative")
+        if spec is not None:
+            draft = f" {Path(spec['model']).name}" if "model" in spec else ""
+            extra += f", speculative {spec['method']}{draft} k {spec.get('k', 4)}"
+        print(f"edge-infer: loaded {Path(llm.plan.model_path).name} in {time.perf_counter() - t0:.2f} s "
+              f"({llm.plan.n_threads} threads, context {llm.plan.max_model_len}{extra})", file=sys.stderr)  # fmt: skip
+    return llm
+
+
+def stream_request(llm: LLM, prompt: str | list[int], params: SamplingParams,
+                   final: list[RequestOutput]) -> Iterator[str]:  # fmt: skip
+    """Text deltas of one request; the last RequestOutput is appended to `final`."""
+    return llm.stream(prompt, params, final=final)
+
+
+def print_figures(out: RequestOutput) -> None:
+    """Prompt size, time to first token and decode speed of a finished request, on stderr."""
+    m = out.metrics
+    n_prompt = len(out.prompt_token_ids)
+    n_gen = len(out.outputs[0].token_ids)
+    lines = []
+    ttft = m.time_to_first_token if m else None
+    if ttft is not None:
+        rate = f" ({n_prompt / ttft:.1f} tokens/s)" if ttft > 0 else ""
+        lines.append(f"prompt: {n_prompt} tokens, time to first token {ttft * 1000:.0f} ms{rate}")
+    else:
+        lines.append(f"prompt: {n_prompt} tokens")
+    if m and m.first_token_time is not None and m.last_token_time is not None and n_gen > 1:
+        dt = m.last_token_time - m.first_token_time  # the n_gen - 1 tokens after the first
+        speed = f"{(n_gen - 1) / dt:.1f} tokens/s" if dt > 0 else "n/a"
+        lines.append(f"decode: {n_gen} tokens, {speed} after the first")
+    else:
+        lines.append(f"decode: {n_gen} tokens")
+    lines[-1] += f", finish reason: {out.finish_reason}"
+    for line in lines:
+        print(f"edge-infer: {line}", file=sys.stderr)
+
+
+def print_spec_figures(llm: LLM) -> None:
+    """Speculative decoding's acceptance rate and tokens per step so far, on stderr (nothing
+    when speculation is off)."""
+    m = llm.metrics()
+    if "spec_proposed_tokens" not in m:
+        return
+    print(f"edge-infer: speculative: {m['spec_accepted_tokens']:.0f} of {m['spec_proposed_tokens']:.0f} "
+          f"proposed tokens accepted ({m['spec_acceptance_rate']:.0%}), "
+          f"{m['spec_tokens_per_step']:.2f} tokens per step", file=sys.stderr)  # fmt: skip
+
+
+@dataclass(slots=True)
+class ChatEncoder:
+    """A model's chat template (or a forced built-in one) and the stop strings that go with it."""
+
+    template: ChatTemplate
+    stops: tuple[str, ...] = ()
+
+    @classmethod
+    def for_model(cls, path: str | os.PathLike[str], forced: str | None = None) -> ChatEncoder:
+        """The template of the .gguf at `path`, or the built-in `forced` one (e.g. "chatml").
+        A model without a template is a ChatTemplateError that says how to force one."""
+        from edge_infer.chat import BUILTIN_STOPS, BUILTIN_TEMPLATES, ChatTemplate
+        from edge_infer.formats.gguf import GGUFFile
+
+        if forced is not None and forced not in BUILTIN_TEMPLATES:
+            raise ChatTemplateError(
+                f"unknown --template {forced!r} (built-in: {', '.join(BUILTIN_TEMPLATES)})"
+            )
+        with GGUFFile(path) as f:
+            own = f.metadata.get("tokenizer.chat_template")
+            if forced is None and not (isinstance(own, str) and own.strip()):
+                raise ChatTemplateError(
+                    f"{path}: the model has no chat template (tokenizer.chat_template); "
+                    f"use --template {next(iter(BUILTIN_TEMPLATES))} to force a built-in one"
+                )
+            t = ChatTemplate.from_gguf(f, fallback=forced)
+        if forced is None:
+            return cls(t)
+        if not t.name.startswith("builtin"):  # the model has its own: force the built-in anyway
+            t = ChatTemplate(BUILTIN_TEMPLATES[forced], bos_token=t.bos_token, eos_token=t.eos_token,
+                             name=f"builtin {forced} template")  # fmt: skip
+        return cls(t, BUILTIN_STOPS.get(forced, ()))
+
+    def encode(self, llm: LLM, messages: list[Message]) -> list[int]:
+        """Token ids of `messages` under the template, ending with the assistant's turn header."""
+        return self.template.encode(messages, llm.tokenizer, add_generation_prompt=True)
+
+    def params(self, params: SamplingParams) -> SamplingParams:
+        """`params` plus this template's stop strings."""
+        if not self.stops:
+            return params
+        return replace(params, stop=tuple(params.stop or ()) + self.stops)
