@@ -47,13 +47,60 @@ def default_threads() -> int:
     return max(1, n)
 
 
+SPEC_OPTIONS = ("method", "k", "k_max", "n", "model")
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    """Speculative decoding. method: "ngram" (prompt lookup) | "draft" (a draft model); k:
+    proposals per step, or "auto" (adaptive from k_max down to 0); n: longest n-gram matched
+    (ngram); model: the draft model, a known name or a .gguf path (draft)."""
+
+    method: str
+    k: int | str = 4
+    k_max: int = 8
+    n: int = 3
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in ("ngram", "draft"):
+            raise InvalidRequest(f"speculative method must be 'ngram' or 'draft', got {self.method!r}")
+        k = self.k
+        if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16):
+            raise InvalidRequest(f"speculative k must be an integer in 1..16 or 'auto', got {k!r}")
+        if not isinstance(self.k_max, int) or isinstance(self.k_max, bool) or not 1 <= self.k_max <= 16:
+            raise InvalidRequest(f"speculative k_max must be an integer in 1..16, got {self.k_max!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= 8:
+            raise InvalidRequest(f"speculative n (n-gram length) must be an integer in 1..8, got {self.n!r}")
+        if self.method == "draft" and not self.model:
+            raise InvalidRequest("speculative method 'draft' needs a draft 'model' (a known name or a .gguf path)")
+        if self.model is not None and not isinstance(self.model, str):
+            raise InvalidRequest(f"speculative model must be a known model name or a .gguf path, got {self.model!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SpecConfig:
+        """From the `speculative` option's dict; unknown keys are rejected by name. k_max
+        defaults to 8 with k="auto", else to k."""
+        unknown = sorted(set(d) - set(SPEC_OPTIONS))
+        if unknown:
+            raise InvalidRequest(f"unknown speculative option(s): {', '.join(unknown)} (known: {', '.join(sorted(SPEC_OPTIONS))})")
+        k = d.get("k", 4)
+        return cls(d.get("method"), k, d.get("k_max", 8 if k == "auto" else k), d.get("n", 3), d.get("model"))  # type: ignore[arg-type]
+
+    @property
+    def start_k(self) -> int:
+        """A new sequence's k: k, or k_max when adaptive."""
+        return self.k_max if self.k == "auto" else int(self.k)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Everything that shapes an engine. kv_cache_memory: bytes or "2GiB" (default: a quarter of
     the available memory, at most 4 GiB); max_model_len: default the model's context length,
     capped by the KV pool; prefill_chunk_while_decoding: prompt tokens allowed in a step that
-    also decodes (None: automatic, 0: no cap; see Scheduler); speculative: None or {"method": "ngram"|"draft", "k": int|"auto",
-    "model": path (draft), "n": match length (ngram)}."""
+    also decodes (None: automatic, 0: no cap; see Scheduler); speculative: None, a SpecConfig or
+    its dict form {"method": "ngram"|"draft", "k": int|"auto", "model": path (draft), "n": match
+    length (ngram)}, turned into a SpecConfig here so that a bad option fails before any load."""
 
     model: str
     n_threads: int | None = None
@@ -68,7 +115,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     prefill_chunk_while_decoding: int | None = None
     seed: int = 0
-    speculative: dict | None = None
+    speculative: SpecConfig | dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -94,7 +141,9 @@ class EngineConfig:
             raise InvalidRequest(f"prefill_chunk_while_decoding must be None (automatic), 0 (no cap) or a positive integer, got {p!r}")
         if not isinstance(self.seed, int):
             raise InvalidRequest(f"seed must be an integer, got {self.seed!r}")
-        if self.speculative is not None and not isinstance(self.speculative, dict):
+        if isinstance(self.speculative, dict):  # validated here, before any model loads
+            object.__setattr__(self, "speculative", SpecConfig.from_dict(self.speculative))
+        elif self.speculative is not None and not isinstance(self.speculative, SpecConfig):
             raise InvalidRequest(f"speculative must be a dict such as {{'method': 'ngram', 'k': 4}}, got {self.speculative!r}")
 
     @classmethod

@@ -68,6 +68,21 @@ Per-row ops, float32, rows independent:
   gelu_mul_kernel(gate [T, F], up [T, F], out [T, F])    out = gelu_tanh(gate) * up
   scale_kernel(x [T, D], factor)                         x *= factor in place
 
+The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.models.backend
+.Backend); kernels_cuda's backend has the same methods over device arrays:
+  prepare_weights(gguf, [(role, QMatrix)]) -> [QMatrix]    role "layer" | "output"; decides the
+      int8 repack (4/5-bit layer matrices, a Q8_0 output) and sets QMatrix.packed.
+  make_workspace(capacity, D, Q, KV, F) -> Workspace       every scratch buffer of a forward
+      (workspace.py: named fields, shapes in comments); a step of n tokens uses rows [:n].
+  kv_block_bytes(...), make_kv_pool(n_layers, num_blocks, block_size, n_kv, hd, kv_dtype),
+      copy_blocks(kv, [(src, dst)])                          the KV pool above.
+  matmuls(x, (w, ...), (out, ...), workspace)      one to three matmuls of x (matmul3_kernel /
+      matmul3_i8_kernel by each matrix's form); embed(ids, emb, scale, out);
+      qkv_finish(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps,
+      slot_mapping, kv_layer); attention(q, kv_layer, block_tables, token_seq, positions, scale,
+      window, out); rmsnorm, add_rmsnorm, silu_mul, gelu_mul as the kernels below;
+      take_rows(x, rows, out); softcap(x, cap)    x = tanh(x / cap) * cap in place.
+
 Batch invariance (every kernel, every backend): a token's outputs depend only on its own
 inputs, the weights and its sequence's cached K/V, never on the rest of the batch, its place in
 it, chunking or n_threads. Each output has one fixed accumulation order; threads split output
@@ -75,7 +90,8 @@ rows or work items, never a reduction; a GEMV row is bit-identical to the same G
 attention reads this step's K/V back from the pool, so a token's output is the same whether its
 context was computed in this chunk or an earlier one.
 
-Modules: dequant, matmul, matmul_i8, repack_i8, attention, ops, fastmath (vectorizable
-exp/tanh/silu/gelu), reference (the NumPy twins), _jit (codegen settings, the kernel decorator, f16/bf16 bit helpers). This file
-imports nothing: importing the package stays cheap.
+Modules: backend, workspace, dequant, matmul, matmul_i8 (its vector intrinsics in simd_i8),
+repack_i8, attention, ops, fastmath (vectorizable exp/tanh/silu/gelu), reference (the NumPy
+twins), _jit (codegen settings, the kernel decorator, f16/bf16 bit helpers). This file imports
+nothing: importing the package stays cheap.
 """

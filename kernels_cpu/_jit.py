@@ -240,11 +240,3 @@ HAS_F16C = _target_has_f16c()
 f16_to_f32 = _hw_f16_to_f32 if HAS_F16C else _soft_f16_to_f32
 f32_to_f16 = _hw_f32_to_f16 if HAS_F16C else _soft_f32_to_f16
 
-
-def threading_layer_name() -> str:
-    """The numba threading layer in use ('omp' is ~100x cheaper per parallel launch than
-    'workqueue'); only meaningful after the first parallel kernel ran."""
-    try:
-        return str(numba.threading_layer())
-    except ValueError:
-        return "not started"

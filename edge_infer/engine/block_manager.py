@@ -1,6 +1,9 @@
 """Paged KV blocks: allocation, reference counts, automatic prefix caching, copy-on-write.
 
-Only Python ints and lists: the model runner turns block tables into arrays.
+The interface: can_allocate, allocate, append_slots, truncate, fork, free, cache_full_blocks,
+take_copies, reset_prefix_cache and the read-only counters; nothing outside touches the
+blocks, the free queue or the cache map. Only Python ints and lists: the model runner turns
+block tables into arrays.
 
 Prefix caching: a full block is identified by hash((parent block's hash, its token ids)), so
 equal hashes mean equal prefixes (the token ids are kept to rule out collisions). A block
@@ -35,7 +38,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
-        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
+        self._pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
 
@@ -114,7 +117,7 @@ class BlockManager:
             last = seq.block_table[start // bs]
             if self.blocks[last].ref_count > 1:  # shared partial block: write into a private copy
                 new = self._pop_free()
-                self.pending_copies.append((last, new))
+                self._pending_copies.append((last, new))
                 self._decref(last)
                 seq.block_table[start // bs] = new
         while len(seq.block_table) < self.blocks_needed(start + num_new_tokens):
@@ -134,6 +137,19 @@ class BlockManager:
             self._incref(bid)
         child.block_table = list(parent.block_table)
         child.num_computed_tokens = parent.num_computed_tokens
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep only the blocks that hold seq's first num_tokens tokens; the rest go back to the
+        pool (rejected speculative tokens, a draft rolled back to what the target accepted)."""
+        keep = self.blocks_needed(max(num_tokens, 0))
+        while len(seq.block_table) > keep:
+            self._decref(seq.block_table.pop())
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies that copy-on-write asked for since the last call; the KV
+        pool must do them before the next forward writes into dst."""
+        copies, self._pending_copies = self._pending_copies, []
+        return copies
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks; the tail first, so prefix blocks stay cached the longest."""

@@ -11,24 +11,25 @@ from __future__ import annotations
 import numpy as np
 
 from edge_infer.config import EngineConfig
-from edge_infer.engine.sampler import apply_penalties, draw, sampling_probs
+from edge_infer.engine.loader import load_model
+from edge_infer.engine.sampler import draw, process_logits, sampling_probs
+from edge_infer.engine.scheduler import ScheduledChunk
 from edge_infer.engine.sequence import Sequence
-from edge_infer.engine.spec_decode import DraftProposerLike
+from edge_infer.engine.spec_decode import Proposal
 from edge_infer.errors import InvalidRequest
 from edge_infer.tokenizer import Tokenizer
 
 
-class DraftProposer(DraftProposerLike):
-    def __init__(self, model: str, target_tokenizer: Tokenizer, n_threads: int, kv_cache_memory: int) -> None:
-        from edge_infer.engine.loader import load_model
+class DraftProposer:
+    """A Proposer backed by a second model (its own runner, block manager and KV pool)."""
 
+    def __init__(self, model: str, target_tokenizer: Tokenizer, n_threads: int, kv_cache_memory: int) -> None:
         cfg = EngineConfig(model=model, n_threads=n_threads, kv_cache_memory=kv_cache_memory,
                            enable_prefix_caching=False)
         m = load_model(cfg)
         self.runner, self.bm, self.tokenizer = m.runner, m.block_manager, m.tokenizer
         _check_same_vocab(target_tokenizer, m.tokenizer, model)
         self.shadows: dict[int, Sequence] = {}
-        self.eos_ids = tuple(sorted(target_tokenizer.stop_ids))
 
     def _shadow(self, seq: Sequence) -> Sequence:
         sh = self.shadows.get(seq.seq_id)
@@ -37,25 +38,24 @@ class DraftProposer(DraftProposerLike):
             self.shadows[seq.seq_id] = sh
         return sh
 
-    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[int, tuple[list[int], list[np.ndarray | None]]]:
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[int, Proposal]:
         """k proposals (and the draft's distributions, None when greedy) per sequence id."""
         active: list[tuple[Sequence, Sequence, int]] = []
-        chunks = []
+        chunks: list[ScheduledChunk] = []
         for seq, k in wanted:
             sh = self._shadow(seq)
             n = seq.num_tokens - sh.num_computed_tokens
             if k <= 0 or n <= 0 or not self.bm.append_slots(sh, n + k - 1):
                 continue
             toks = seq.tokens_slice(sh.num_computed_tokens, seq.num_tokens)
-            chunks.append((sh, toks, [len(toks) - 1]))
+            chunks.append(ScheduledChunk(sh, toks, [len(toks) - 1]))
             active.append((seq, sh, k))
-        out: dict[int, tuple[list[int], list[np.ndarray | None]]] = {s.seq_id: ([], []) for s, _, _ in active}
+        out: dict[int, Proposal] = {s.seq_id: ([], []) for s, _, _ in active}
         if not active:
             return out
-        res = self.runner.run(chunks)
-        for (_, sh, _), (_, toks, _) in zip(active, chunks):
-            sh.num_computed_tokens += len(toks)
-        rows = res.logits
+        rows = self.runner.run(chunks)
+        for (_, sh, _), c in zip(active, chunks):
+            sh.num_computed_tokens += c.num_new_tokens
         while True:
             nxt = []
             for i, (seq, sh, k) in enumerate(active):
@@ -69,19 +69,13 @@ class DraftProposer(DraftProposerLike):
                     nxt.append((seq, sh, k, tok))
             if not nxt:
                 return out
-            res = self.runner.run([(sh, [tok], [0]) for _, sh, _, tok in nxt])
+            rows = self.runner.run([ScheduledChunk(sh, [tok], [0]) for _, sh, _, tok in nxt])
             for _, sh, _, _ in nxt:
                 sh.num_computed_tokens += 1
             active = [(seq, sh, k) for seq, sh, k, _ in nxt]
-            rows = res.logits
 
     def _pick(self, logits: np.ndarray, seq: Sequence, proposed: list[int]) -> tuple[int, np.ndarray | None]:
-        saved = seq.output_token_ids
-        seq.output_token_ids = saved + proposed  # penalties see the proposals before this one
-        try:
-            x = apply_penalties(logits, seq, () if seq.params.ignore_eos else self.eos_ids)
-        finally:
-            seq.output_token_ids = saved
+        x = process_logits(logits, seq, proposed)  # penalties see the proposals before this one
         if seq.params.greedy:
             return int(np.argmax(x)), None
         q = sampling_probs(x, seq.params)
@@ -93,11 +87,8 @@ class DraftProposer(DraftProposerLike):
         sh = self.shadows.get(seq.seq_id)
         if sh is None:
             return
-        keep = min(sh.num_computed_tokens, seq.num_tokens - 1)
-        sh.num_computed_tokens = keep
-        need = self.bm.blocks_needed(keep)
-        while len(sh.block_table) > need:
-            self.bm._decref(sh.block_table.pop())
+        sh.num_computed_tokens = min(sh.num_computed_tokens, seq.num_tokens - 1)
+        self.bm.truncate(sh, sh.num_computed_tokens)
 
     def release(self, seq: Sequence) -> None:
         sh = self.shadows.pop(seq.seq_id, None)

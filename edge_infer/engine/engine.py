@@ -1,4 +1,5 @@
-"""LLMEngine: requests in, RequestOutputs out, one step at a time (schedule -> run -> postprocess).
+"""LLMEngine: requests in, RequestOutputs out, one step at a time: propose -> schedule -> execute
+-> sample and verify -> update the scheduler -> outputs.
 
 Not thread-safe by design: exactly one thread (the LLM's or the server's engine thread) calls
 it, so numba kernels never run concurrently.
@@ -11,11 +12,17 @@ import time
 
 import numpy as np
 
-from edge_infer.config import EngineConfig, RuntimePlan
+from edge_infer.config import EngineConfig, SpecConfig
+from edge_infer.engine.draft import DraftProposer
 from edge_infer.engine.loader import LoadedModel, load_model
-from edge_infer.engine.postprocess import Postprocessor
+from edge_infer.engine.ngram import NgramProposer
+from edge_infer.engine.output_processor import OutputProcessor
 from edge_infer.engine.request import Request
+from edge_infer.engine.sample_step import sample_step
+from edge_infer.engine.sampler import make_logits_processors, stop_ids
+from edge_infer.engine.scheduler import SampledTokens, ScheduledChunk
 from edge_infer.engine.sequence import Sequence, SequenceStatus
+from edge_infer.engine.spec_decode import Proposer, SpecDecoder
 from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
 from edge_infer.outputs import RequestMetrics, RequestOutput
 from edge_infer.sampling_params import SamplingParams
@@ -30,15 +37,11 @@ class LLMEngine:
         self.model_config, self.tokenizer, self.plan = m.model_config, m.tokenizer, m.plan
         self.runner, self.block_manager, self.scheduler = m.runner, m.block_manager, m.scheduler
         self.gguf = m.gguf
-        self.spec = None
-        if config.speculative:
-            from edge_infer.engine.spec_decode import build_spec_decoder
-
-            self.spec = build_spec_decoder(config.speculative, self.tokenizer, self.plan.n_threads,
-                                           self.plan.kv_cache_bytes, self.plan.max_model_len)
-        self.post = Postprocessor(self.tokenizer, self.block_manager, self.scheduler, self.plan.max_model_len,
-                                  self.spec)
+        self.eos_ids = tuple(sorted(self.tokenizer.stop_ids))
+        self.spec = self._spec_decoder(config.speculative) if isinstance(config.speculative, SpecConfig) else None
         self.requests: dict[str, Request] = {}
+        self.output_processor = OutputProcessor(self.requests, self.eos_ids, self.plan.max_model_len)
+        self.scheduler.stop_check = self.output_processor.check_stop
         self._rng = np.random.default_rng(config.seed)
         self.stats = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0, "finished": 0, "aborted": 0}
         self.started = time.monotonic()
@@ -76,10 +79,12 @@ class LLMEngine:
         max_tokens = params.max_tokens if params.max_tokens is not None else self.plan.max_model_len - len(ids)
         now = time.monotonic() if arrival_time is None else arrival_time
         req = Request(request_id, text, ids, params, max_tokens, RequestMetrics(arrival_time=now))
+        processors = make_logits_processors(params, stop_ids(params, self.eos_ids), self.model_config.vocab_size)
         for i in range(params.n):
-            seq = Sequence(request_id, ids, params, index=i, priority=priority, arrival_time=now)
+            seq = Sequence(request_id, ids, params, index=i, priority=priority)
             seq.rng = self._seq_rng(params, i)
             seq.detok = self.tokenizer.detokenizer(skip_special=params.skip_special_tokens)
+            seq.logits_processors = processors
             req.seqs.append(seq)
         leader = req.seqs[0]
         leader.followers = req.seqs[1:]
@@ -133,36 +138,45 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one engine iteration; outputs (cumulative) for every request it advanced."""
         if self.spec is not None:
-            self.spec.propose(self.scheduler.running, lambda s: self.requests[s.request_id].max_tokens)
-        sched = self.scheduler.schedule()
-        if not sched:
-            return self._reap()
-        now = time.monotonic()
-        for s in sched.scheduled:
-            req = self.requests.get(s.seq.request_id)
-            if req is not None and req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = now
-        result = self.runner.execute(sched)
-        self.scheduler.finish_step(sched)
+            self.spec.propose(self.scheduler.running, self._max_tokens_of)
+        scheduled = self.scheduler.schedule()
+        if not scheduled:  # nothing runnable: hand out what has finished
+            return self._outputs([rid for rid, r in self.requests.items() if r.finished])
+        self.output_processor.mark_scheduled(scheduled)
+        logits = self.runner.execute(scheduled)
+        sampled = sample_step(scheduled.chunks, logits, self.spec)
+        finished = self.scheduler.update_from_output(scheduled, sampled)
+        self._account(sampled, finished)
+        return self._outputs(dict.fromkeys(s.seq.request_id for s in sampled))
+
+    def _max_tokens_of(self, seq: Sequence) -> int:
+        return self.requests[seq.request_id].max_tokens
+
+    def _account(self, sampled: list[SampledTokens], finished: list[Sequence]) -> None:
+        """Step counters; speculation learns from its verifications and forgets finished sequences."""
         self.stats["steps"] += 1
-        touched = self.post.process(result, self.requests)
-        self.stats["generated_tokens"] += self.post.last_new_tokens
-        return self._outputs(touched)
+        self.stats["generated_tokens"] += sum(s.num_emitted for s in sampled)
+        if self.spec is not None:
+            for s in sampled:
+                if s.num_proposed:
+                    self.spec.finish(s.seq, s.num_proposed, s.num_accepted, s.num_emitted)
+            for seq in finished:
+                self.spec.release(seq)
 
-    def _reap(self) -> list[RequestOutput]:
-        return self._outputs({rid for rid, r in self.requests.items() if r.finished})
-
-    def _outputs(self, touched: set[str]) -> list[RequestOutput]:
-        outs = []
-        for rid in touched:
-            req = self.requests.get(rid)
-            if req is None:
-                continue
-            outs.append(req.output())
-            if req.finished:
-                del self.requests[rid]
-                self.stats["finished"] += 1
+    def _outputs(self, request_ids: list[str] | dict[str, None]) -> list[RequestOutput]:
+        outs = self.output_processor.outputs(request_ids)
+        self.stats["finished"] += sum(1 for o in outs if o.finished)
         return outs
+
+    def _spec_decoder(self, cfg: SpecConfig) -> SpecDecoder:
+        proposer: Proposer
+        if cfg.method == "ngram":
+            proposer = NgramProposer(cfg.n)
+        else:
+            assert cfg.model is not None
+            proposer = DraftProposer(cfg.model, self.tokenizer, self.plan.n_threads,
+                                     max(self.plan.kv_cache_bytes // 4, 16 * 2**20))
+        return SpecDecoder(cfg, proposer, self.plan.max_model_len)
 
     # -- teacher-forced scoring ------------------------------------------------------------------
     def score(self, token_ids: list[int]) -> np.ndarray:
@@ -177,8 +191,7 @@ class LLMEngine:
                 if not bm.append_slots(seq, n):
                     raise OutOfMemoryBudget("the KV pool is full with running requests; score again later")
                 start = seq.num_computed_tokens
-                res = self.runner.run([(seq, ids[start : start + n], list(range(n)))])
-                out[start : start + n] = res.logits
+                out[start : start + n] = self.runner.run([ScheduledChunk(seq, ids[start : start + n], list(range(n)))])
                 seq.num_computed_tokens += n
         finally:
             bm.free(seq)
@@ -201,6 +214,3 @@ class LLMEngine:
             **{k: float(v) for k, v in self.stats.items()},
             **(self.spec.metrics() if self.spec is not None else {}),
         }
-
-    def describe(self) -> RuntimePlan:
-        return self.plan

@@ -7,16 +7,15 @@ import logging
 import time
 from dataclasses import dataclass
 
-import numba
-
 from edge_infer import hub
 from edge_infer.config import EngineConfig, RuntimePlan, default_threads
 from edge_infer.engine.block_manager import BlockManager
 from edge_infer.engine.model_runner import ModelRunner, kv_block_bytes
-from edge_infer.engine.scheduler import Scheduler
+from edge_infer.engine.scheduler import ScheduledChunk, Scheduler
 from edge_infer.engine.sequence import Sequence
 from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
 from edge_infer.formats.gguf import GGUFFile
+from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.weights import load_weights
 from edge_infer.sampling_params import SamplingParams
@@ -54,13 +53,12 @@ def load_model(config: EngineConfig) -> LoadedModel:
     path = hub.resolve_model(config.model)
     f = GGUFFile(path)
     cfg = ModelConfig.from_gguf(f)
-    weights = load_weights(f, cfg)
+    backend = CpuBackend(config.n_threads or default_threads())
+    n_threads = backend.n_threads
+    weights = load_weights(f, cfg, backend)
     tokenizer = Tokenizer.from_gguf(f)
-    n_threads = config.n_threads or default_threads()
-    numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
-    n_threads = numba.get_num_threads()
 
-    per_block = kv_block_bytes(cfg, config.block_size, config.kv_cache_dtype)
+    per_block = kv_block_bytes(backend, cfg, config.block_size, config.kv_cache_dtype)
     budget = kv_budget(config)
     num_blocks = budget // per_block
     if num_blocks < 2:
@@ -83,7 +81,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
         raise InvalidRequest("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
     plan = RuntimePlan(str(path), num_blocks, config.block_size, num_blocks * per_block, config.kv_cache_dtype,
                        max_len, n_threads, "cpu")
-    runner = ModelRunner(cfg, weights, num_blocks, config.block_size, config.kv_cache_dtype, n_threads)
+    runner = ModelRunner(cfg, weights, backend, num_blocks, config.block_size, config.kv_cache_dtype,
+                         config.max_num_batched_tokens)
     bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     sched = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
                       config.prefill_chunk_while_decoding)
@@ -100,7 +99,7 @@ def _warm_up(runner: ModelRunner, bm: BlockManager) -> None:
     try:
         for toks in ([0, 0], [0]):
             bm.append_slots(seq, len(toks))
-            runner.run([(seq, toks, [len(toks) - 1])])
+            runner.run([ScheduledChunk(seq, toks, [len(toks) - 1])])
             seq.num_computed_tokens += len(toks)
     finally:
         bm.free(seq)

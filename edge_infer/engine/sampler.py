@@ -1,5 +1,6 @@
-"""logits -> tokens, per sequence: bias, min_tokens, penalties, temperature, min_p, top_k,
-top_p, seeded sampling, and the raw logprobs (vLLM's order and meanings, see SamplingParams).
+"""logits -> tokens, per sequence: logits processors built once per request (bias, min_tokens,
+penalties), then temperature, min_p, top_k, top_p, seeded sampling, and the raw logprobs
+(vLLM's order and meanings, see SamplingParams).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from edge_infer.engine.sequence import Sequence
+from edge_infer.engine.sequence import LogitsProcessor, Sequence
 from edge_infer.sampling_params import SamplingParams
 
 
@@ -31,36 +32,61 @@ def top_logprobs(logits: np.ndarray, chosen: int, n: int) -> dict[int, float]:
     return out
 
 
-def apply_penalties(logits: np.ndarray, seq: Sequence, stop_ids: Seq[int]) -> np.ndarray:
-    """Logit bias, min_tokens masking and repetition/frequency/presence penalties (a copy)."""
-    p = seq.params
-    x = logits.astype(np.float32, copy=True)
+def make_logits_processors(p: SamplingParams, stop_ids: Seq[int], vocab_size: int) -> list[LogitsProcessor]:
+    """The processors a request's logits go through before sampling, built once per request
+    (as mlx-lm's make_logits_processors): logit bias, min_tokens masking of stop_ids, the
+    repetition penalty, frequency/presence penalties, in that order. Empty when the request
+    needs none, so the common greedy request reads its logits without a copy."""
+    procs: list[LogitsProcessor] = []
     if p.logit_bias:
-        for tok, b in p.logit_bias.items():
-            if 0 <= tok < x.size:
-                x[tok] += np.float32(b)
-    if seq.num_output_tokens < p.min_tokens:
-        for tok in stop_ids:
-            if 0 <= tok < x.size:
-                x[tok] = -np.inf
+        bias = [(tok, np.float32(b)) for tok, b in p.logit_bias.items() if 0 <= tok < vocab_size]
+
+        def add_bias(prompt: list[int], output: list[int], x: np.ndarray) -> None:
+            for tok, b in bias:
+                x[tok] += b
+
+        procs.append(add_bias)
+    if p.min_tokens > 0:
+        masked = [tok for tok in stop_ids if 0 <= tok < vocab_size]
+
+        def hold_stops(prompt: list[int], output: list[int], x: np.ndarray) -> None:
+            if len(output) < p.min_tokens:
+                x[masked] = -np.inf
+
+        procs.append(hold_stops)
     if p.repetition_penalty != 1.0:
-        seen = np.unique(np.asarray(seq.all_token_ids(), dtype=np.int64))
-        seen = seen[(seen >= 0) & (seen < x.size)]
-        v = x[seen]
-        x[seen] = np.where(v > 0, v / np.float32(p.repetition_penalty), v * np.float32(p.repetition_penalty))
-    if (p.frequency_penalty or p.presence_penalty) and seq.output_token_ids:
-        ids, counts = np.unique(np.asarray(seq.output_token_ids, dtype=np.int64), return_counts=True)
-        keep = ids < x.size
-        ids, counts = ids[keep], counts[keep]
-        x[ids] -= np.float32(p.frequency_penalty) * counts.astype(np.float32) + np.float32(p.presence_penalty)
+        rp = np.float32(p.repetition_penalty)
+
+        def repetition(prompt: list[int], output: list[int], x: np.ndarray) -> None:
+            seen = np.unique(np.asarray(prompt + output, dtype=np.int64))
+            seen = seen[(seen >= 0) & (seen < x.size)]
+            v = x[seen]
+            x[seen] = np.where(v > 0, v / rp, v * rp)
+
+        procs.append(repetition)
+    if p.frequency_penalty or p.presence_penalty:
+        fp, pp = np.float32(p.frequency_penalty), np.float32(p.presence_penalty)
+
+        def frequency_presence(prompt: list[int], output: list[int], x: np.ndarray) -> None:
+            if output:
+                ids, counts = np.unique(np.asarray(output, dtype=np.int64), return_counts=True)
+                keep = ids < x.size
+                x[ids[keep]] -= fp * counts[keep].astype(np.float32) + pp
+
+        procs.append(frequency_presence)
+    return procs
+
+
+def process_logits(logits: np.ndarray, seq: Sequence, extra_output: list[int] | None = None) -> np.ndarray:
+    """seq's logits after its processors (a float32 copy; `logits` itself when it has none);
+    extra_output: tokens taken as already generated after seq's outputs (speculative ones)."""
+    if not seq.logits_processors:
+        return logits
+    x = logits.astype(np.float32, copy=True)
+    output = seq.output_token_ids + extra_output if extra_output else seq.output_token_ids
+    for proc in seq.logits_processors:
+        proc(seq.prompt_token_ids, output, x)
     return x
-
-
-def changes_logits(seq: Sequence) -> bool:
-    """Whether apply_penalties would change anything for seq's next token."""
-    p = seq.params
-    return bool(p.logit_bias or seq.num_output_tokens < p.min_tokens or p.repetition_penalty != 1.0
-                or ((p.frequency_penalty or p.presence_penalty) and seq.output_token_ids))
 
 
 def sampling_probs(x: np.ndarray, p: SamplingParams) -> np.ndarray:
@@ -97,25 +123,23 @@ def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     return i
 
 
-class Sampler:
-    """Picks one token per row of logits for the given sequences."""
+def stop_ids(p: SamplingParams, eos_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """The tokens that end a request: the model's end-of-generation ids (unless ignore_eos)
+    and the request's stop_token_ids."""
+    return (() if p.ignore_eos else eos_ids) + (p.stop_token_ids or ())
 
-    def __init__(self, eos_ids: Seq[int]) -> None:
-        self.eos_ids = tuple(eos_ids)
 
-    def stop_ids(self, p: SamplingParams) -> tuple[int, ...]:
-        ids = () if p.ignore_eos else self.eos_ids
-        return ids + (p.stop_token_ids or ())
+def sample_token(logits: np.ndarray, seq: Sequence) -> tuple[int, dict[int, float] | None]:
+    """(token, its logprobs or None) for seq's next token from its raw logits [V]."""
+    tok = pick_token(process_logits(logits, seq), seq)
+    n = seq.params.logprobs
+    return tok, (top_logprobs(logits, tok, n) if n is not None else None)
 
-    def sample_row(self, logits: np.ndarray, seq: Sequence) -> tuple[int, dict[int, float] | None]:
-        """(token, logprobs dict or None) for one sequence's next token."""
-        p = seq.params
-        # the common greedy request needs no copy of the (up to 262k-entry) logits per token
-        x = apply_penalties(logits, seq, self.stop_ids(p)) if changes_logits(seq) else logits
-        if p.greedy:
-            tok = int(np.argmax(x))
-        else:
-            assert seq.rng is not None
-            tok = draw(sampling_probs(x, p), seq.rng)
-        lp = top_logprobs(logits, tok, p.logprobs) if p.logprobs is not None else None
-        return tok, lp
+
+def pick_token(x: np.ndarray, seq: Sequence) -> int:
+    """One token from processed logits x: the argmax for a greedy request, else a draw from the
+    request's sampling distribution with seq's generator."""
+    if seq.params.greedy:
+        return int(np.argmax(x))
+    assert seq.rng is not None
+    return draw(sampling_probs(x, seq.params), seq.rng)

@@ -11,6 +11,7 @@ Pure Python ints and lists, so it can be tested exactly.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edge_infer.engine.block_manager import BlockManager
@@ -18,37 +19,97 @@ from edge_infer.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)
-class ScheduledSeq:
+class ScheduledChunk:
+    """The tokens one sequence computes in a step: token_ids start at its num_computed_tokens
+    (a prompt chunk, one decode token, or the last token and num_proposed speculative ones);
+    logit_indices are the indices within token_ids whose logits are wanted (none for a prompt
+    chunk that does not reach the end, the last one for a decode, all k + 1 when verifying)."""
+
     seq: Sequence
-    num_new_tokens: int  # tokens computed this step (prompt chunk, 1 decode token, or 1 + k draft)
+    token_ids: list[int]
+    logit_indices: list[int]
+    num_proposed: int = 0  # speculative tokens at the end of token_ids
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
 
     @property
     def samples(self) -> bool:
-        """Whether this step ends at the sequence's last known token (so it produces a token)."""
-        return self.seq.num_computed_tokens + self.num_new_tokens >= self.seq.num_tokens
+        """Whether this chunk produces tokens (it reaches the sequence's last known token)."""
+        return bool(self.logit_indices)
+
+    @classmethod
+    def of(cls, seq: Sequence, num_new_tokens: int) -> ScheduledChunk:
+        """The next num_new_tokens tokens of seq: known tokens first, then its proposals."""
+        start = seq.num_computed_tokens
+        known = min(num_new_tokens, seq.num_tokens - start)
+        spec = num_new_tokens - known
+        toks = seq.tokens_slice(start, start + known) + seq.spec_token_ids[:spec]
+        if start + known < seq.num_tokens:
+            want: list[int] = []
+        elif spec:
+            want = list(range(known - 1, num_new_tokens))  # verify every proposed token
+        else:
+            want = [num_new_tokens - 1]
+        return cls(seq, toks, want, spec)
+
+
+@dataclass(slots=True)
+class SampledTokens:
+    """What the sampler produced for one sequence: its new tokens in order (one, or the accepted
+    proposals and a correction or bonus token), their logprobs when asked for, and how many
+    proposals the target rejected (their KV slots are rolled back). fork_of: n > 1, a sample
+    forked from its leader once the prompt is done (it shares the leader's KV blocks)."""
+
+    seq: Sequence
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None = None
+    num_proposed: int = 0
+    num_accepted: int = 0
+    fork_of: Sequence | None = None
+    num_emitted: int = 0  # set by update_from_output: tokens appended before a stop
+
+    @property
+    def num_rejected(self) -> int:
+        return self.num_proposed - self.num_accepted
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # KV block copies to do first
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(c.num_new_tokens for c in self.chunks)
 
     def __bool__(self) -> bool:
-        return bool(self.scheduled)
+        return bool(self.chunks)
+
+
+# stop_check(seq, token just appended) -> None to go on, or (finished status, stop reason)
+StopCheck = Callable[[Sequence, int], "tuple[SequenceStatus, str | int | None] | None"]
+
+
+def length_stop(seq: Sequence, token: int) -> tuple[SequenceStatus, str | int | None] | None:
+    """The plain stop rule: after params.max_tokens tokens (the engine's output processor adds
+    stop tokens, stop strings and the context limit)."""
+    limit = seq.params.max_tokens
+    return (SequenceStatus.FINISHED_LENGTH, None) if limit is not None and seq.num_output_tokens >= limit else None
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True, prefill_chunk_while_decoding: int | None = 0) -> None:
+                 enable_chunked_prefill: bool = True, prefill_chunk_while_decoding: int | None = 0,
+                 stop_check: StopCheck = length_stop) -> None:
         """prefill_chunk_while_decoding caps the prompt tokens of a step that also decodes, so
         running streams keep a steady inter-token latency: 0 = no cap (only the token budget),
         None = automatic (as many prompt tokens as there are decoding sequences, at least 16:
-        the step's compute at most doubles), N = at most N."""
+        the step's compute at most doubles), N = at most N. stop_check decides, after each
+        appended token, whether its sequence is finished (the engine passes its output
+        processor's)."""
         self.bm = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -56,6 +117,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.stop_check = stop_check
 
     # -- queue management ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -75,9 +137,6 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.bm.free(seq)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
 
     # -- the step --------------------------------------------------------------------------------
     def _prefill_cap(self) -> int:
@@ -121,15 +180,14 @@ class Scheduler:
                     break
             if not ok:
                 continue  # running[i] now holds the next sequence (if any)
-            out.scheduled.append(ScheduledSeq(seq, n))
+            out.chunks.append(ScheduledChunk.of(seq, n))
             budget -= n
             if base > 1:
                 prefill_left -= n
             i += 1
         if not out.preempted:  # like vLLM: admit nothing new in a step that had to preempt
             self._admit(out, min(budget, prefill_left))
-        out.copies = self.bm.pending_copies
-        self.bm.pending_copies = []
+        out.copies = self.bm.take_copies()
         return out
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
@@ -148,7 +206,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(ScheduledSeq(seq, n))
+            out.chunks.append(ScheduledChunk.of(seq, n))
             budget -= n
 
     def _release_admission(self, seq: Sequence, fresh: bool) -> None:
@@ -166,19 +224,48 @@ class Scheduler:
         self.num_preemptions += 1
 
     # -- after the step ----------------------------------------------------------------------------
-    def finish_step(self, out: SchedulerOutput) -> None:
-        """Advance num_computed_tokens of every scheduled sequence and cache its full blocks.
-        (Token appends and stop checks are the engine's; rejected speculative tokens are rolled
-        back by the engine through `rollback`.)"""
-        for s in out.scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
-            self.bm.cache_full_blocks(s.seq)
+    def update_from_output(self, scheduled: SchedulerOutput, sampled: list[SampledTokens]) -> list[Sequence]:
+        """Apply a step's results; the finished sequences come back (their blocks freed).
+
+        Every chunk's num_computed_tokens advances and its full blocks enter the prefix cache.
+        Then each sampled sequence, in order: a forked sample (n > 1) takes its leader's blocks
+        and joins the running batch; its tokens are appended until stop_check stops it; the KV
+        slots of rejected proposals are rolled back; a finished sequence leaves and is freed."""
+        for c in scheduled.chunks:
+            c.seq.num_computed_tokens += c.num_new_tokens
+            c.seq.spec_token_ids = []
+            self.bm.cache_full_blocks(c.seq)
+        finished: list[Sequence] = []
+        for s in sampled:
+            seq = s.seq
+            if s.fork_of is not None:
+                self.bm.fork(s.fork_of, seq)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+            seq.followers = []  # forked by now (their entries come before the leader's)
+            self._append(s)
+            if seq.is_finished:
+                self.remove(seq)
+                finished.append(seq)
+            elif s.num_rejected:
+                self.rollback(seq, s.num_rejected)
+        return finished
+
+    def _append(self, s: SampledTokens) -> None:
+        seq = s.seq
+        for i, tok in enumerate(s.token_ids):
+            seq.output_token_ids.append(tok)
+            if s.logprobs is not None:
+                seq.output_logprobs.append(s.logprobs[i])
+                seq.cumulative_logprob += s.logprobs[i][tok]
+            s.num_emitted += 1
+            done = self.stop_check(seq, tok)
+            if done is not None:
+                seq.status, seq.stop_reason = done
+                return
 
     def rollback(self, seq: Sequence, num_rejected: int) -> None:
         """Forget the last num_rejected computed tokens (rejected speculative tokens): their KV
         slots will be overwritten; blocks past the new end go back to the pool."""
         seq.num_computed_tokens -= num_rejected
-        keep = self.bm.blocks_needed(seq.num_computed_tokens)
-        while len(seq.block_table) > max(keep, 0):
-            bid = seq.block_table.pop()
-            self.bm._decref(bid)
+        self.bm.truncate(seq, seq.num_computed_tokens)

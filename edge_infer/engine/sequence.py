@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from edge_infer.outputs import RequestMetrics
 from edge_infer.sampling_params import SamplingParams
+
+# processor(prompt ids, output ids, logits float32 [V]) changes the logits in place (sampler.py)
+LogitsProcessor = Callable[[list[int], list[int], np.ndarray], None]
 
 
 class SequenceStatus(enum.Enum):
@@ -46,7 +49,6 @@ class Sequence:
     params: SamplingParams
     index: int = 0
     priority: int = 0
-    arrival_time: float = 0.0
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -60,7 +62,7 @@ class Sequence:
     rng: np.random.Generator | None = None
     followers: list[Sequence] = field(default_factory=list)  # n > 1: samples forked after prefill
     spec_token_ids: list[int] = field(default_factory=list)  # proposed, not yet verified
-    metrics: RequestMetrics | None = None
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)  # built once per request
     # output text state (owned by the engine's detokenizer)
     text: str = ""
     detok: object | None = None

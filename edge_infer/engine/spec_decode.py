@@ -1,5 +1,5 @@
-"""Speculative decoding: proposers (n-gram prompt lookup, a draft model) and the lossless
-verifier.
+"""Speculative decoding: the Proposer protocol (n-gram lookup in ngram.py, a draft model in
+draft.py), per-sequence adaptive k, and the lossless verifier.
 
 Each step a sequence in decode may carry k proposed tokens; the target scores all of them in
 the same forward as its last token (k + 1 logit rows), then `verify` accepts a prefix:
@@ -7,60 +7,26 @@ the same forward as its last token (k + 1 logit rows), then `verify` accepts a p
 - sampling: the rule of Leviathan et al. / Chen et al.: accept x with min(1, p(x) / q(x)),
   on rejection draw from normalize(max(0, p - q)); after k acceptances draw a bonus token
   from p. The output distribution is then exactly the target's.
-Rejected tokens' KV slots are rolled back by the engine.
+Rejected tokens' KV slots are rolled back by the scheduler (update_from_output).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
+from edge_infer.config import SpecConfig
+from edge_infer.engine.sampler import draw
 from edge_infer.engine.sequence import Sequence
-from edge_infer.errors import InvalidRequest
-from edge_infer.tokenizer import Tokenizer
-
-
-@dataclass(slots=True)
-class SpecConfig:
-    """method: "ngram" | "draft"; k: fixed count, or "auto" (adaptive from k_max down to 0);
-    n: longest n-gram matched (ngram); model: the draft model (draft)."""
-
-    method: str
-    k: int | str = 4
-    k_max: int = 8
-    n: int = 3
-    model: str | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict) -> SpecConfig:
-        known = {"method", "k", "n", "model", "k_max"}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InvalidRequest(f"unknown speculative option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        method = d.get("method")
-        if method not in ("ngram", "draft"):
-            raise InvalidRequest(f"speculative method must be 'ngram' or 'draft', got {method!r}")
-        k = d.get("k", 4)
-        if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16):
-            raise InvalidRequest(f"speculative k must be an integer in 1..16 or 'auto', got {k!r}")
-        k_max = d.get("k_max", 8 if k == "auto" else k)
-        if not isinstance(k_max, int) or not 1 <= k_max <= 16:
-            raise InvalidRequest(f"speculative k_max must be an integer in 1..16, got {k_max!r}")
-        n = d.get("n", 3)
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 8:
-            raise InvalidRequest(f"speculative n (n-gram length) must be an integer in 1..8, got {n!r}")
-        model = d.get("model")
-        if method == "draft" and not model:
-            raise InvalidRequest("speculative method 'draft' needs a draft 'model' (a known name or a .gguf path)")
-        return cls(method, k, k_max, n, model)
 
 
 @dataclass(slots=True)
 class SpecState:
-    """Per-sequence speculation state: current k, acceptance history, the draft distributions
-    (None for deterministic proposals) and, for n-gram lookup, an index of n-gram positions."""
+    """Per-sequence speculation state: current k, acceptance history and the draft distributions
+    of the pending proposals (None for a deterministic proposal)."""
 
     k: int
     proposed: int = 0
@@ -68,39 +34,31 @@ class SpecState:
     steps: int = 0
     idle_steps: int = 0  # steps spent at k = 0 (auto): probe again after a while
     draft_probs: list[np.ndarray | None] = field(default_factory=list)
-    ngram_index: dict[tuple[int, ...], int] = field(default_factory=dict)
-    indexed_upto: int = 0
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
 
 
-class NgramProposer:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = n_max down to
-    1) in the prompt and output so far, and propose what followed it."""
+# proposals of one sequence: its proposed token ids and the draft's distribution for each
+# (None when the proposal is deterministic: an n-gram or a greedy draft)
+Proposal = tuple[list[int], list[np.ndarray | None]]
 
-    def __init__(self, n_max: int) -> None:
-        self.n_max = n_max
 
-    def _update_index(self, tokens: list[int], st: SpecState) -> None:
-        # index[gram] = start of its latest occurrence that has a continuation (ends before the
-        # last token), so a lookup never matches the suffix itself.
-        idx = st.ngram_index
-        for end in range(max(st.indexed_upto, 1), len(tokens)):
-            for n in range(1, self.n_max + 1):
-                if end - n >= 0:
-                    idx[tuple(tokens[end - n : end])] = end - n
-        st.indexed_upto = len(tokens)
+class Proposer(Protocol):
+    """What proposes speculative tokens: the n-gram lookup (ngram.py) or a draft model (draft.py)."""
 
-    def propose(self, seq: Sequence, st: SpecState, k: int) -> list[int]:
-        tokens = seq.all_token_ids()
-        self._update_index(tokens, st)
-        for n in range(min(self.n_max, len(tokens) - 1), 0, -1):
-            start = st.ngram_index.get(tuple(tokens[-n:]))
-            if start is not None:
-                return tokens[start + n : start + n + k]
-        return []
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[int, Proposal]:
+        """Up to k proposals for each (sequence, k), by sequence id (a missing id: none)."""
+        ...
+
+    def rollback(self, seq: Sequence) -> None:
+        """After verification: forget what was built on seq's rejected proposals."""
+        ...
+
+    def release(self, seq: Sequence) -> None:
+        """seq is finished: drop its state."""
+        ...
 
 
 @dataclass(slots=True)
@@ -112,12 +70,6 @@ class VerifyResult:
 # target(row_logits, tokens accepted before this row) -> (argmax, None) for a greedy request, or
 # (None, p) with p the target's sampling distribution (penalties depend on accepted tokens).
 TargetFn = Callable[[np.ndarray, list[int]], "tuple[int | None, np.ndarray | None]"]
-
-
-def _draw(p: np.ndarray, rng: np.random.Generator) -> int:
-    from edge_infer.engine.sampler import draw
-
-    return draw(p, rng)
 
 
 def verify(rng: np.random.Generator | None, logits: np.ndarray, proposals: list[int],
@@ -145,14 +97,14 @@ def verify(rng: np.random.Generator | None, logits: np.ndarray, proposals: list[
         else:
             residual = np.maximum(p - q, 0.0)
         total = residual.sum()
-        out.append(_draw(residual / total if total > 0 else p, rng))
+        out.append(draw(residual / total if total > 0 else p, rng))
         return VerifyResult(out, j)
     best, p = target(logits[len(proposals)], out)
     if p is None:
         out.append(int(best))  # type: ignore[arg-type]
     else:
         assert rng is not None
-        out.append(_draw(p, rng))
+        out.append(draw(p, rng))
     return VerifyResult(out, len(proposals))
 
 
@@ -195,7 +147,7 @@ class SpecDecoder:
     """Owns the proposer and the per-sequence state; the engine calls propose() before each
     schedule and finish() after each verification."""
 
-    def __init__(self, cfg: SpecConfig, proposer: NgramProposer | DraftProposerLike, max_model_len: int) -> None:
+    def __init__(self, cfg: SpecConfig, proposer: Proposer, max_model_len: int) -> None:
         self.cfg, self.proposer, self.max_model_len = cfg, proposer, max_model_len
         self.states: dict[int, SpecState] = {}
         self.proposed = self.accepted = self.verify_steps = self.emitted = 0
@@ -203,7 +155,7 @@ class SpecDecoder:
     def state(self, seq: Sequence) -> SpecState:
         st = self.states.get(seq.seq_id)
         if st is None:
-            st = SpecState(k=self.cfg.k_max if self.cfg.k == "auto" else int(self.cfg.k))
+            st = SpecState(k=self.cfg.start_k)
             self.states[seq.seq_id] = st
         return st
 
@@ -218,13 +170,7 @@ class SpecDecoder:
             k = min(next_k(self.cfg, st, len(running)), room)
             if k > 0:
                 wanted.append((seq, k))
-        if isinstance(self.proposer, NgramProposer):
-            for seq, k in wanted:
-                st = self.states[seq.seq_id]
-                seq.spec_token_ids = self.proposer.propose(seq, st, k)
-                st.draft_probs = [None] * len(seq.spec_token_ids)
-            return
-        got = self.proposer.propose(wanted)
+        got = self.proposer.propose(wanted) if wanted else {}
         for seq, _ in wanted:
             toks, probs = got.get(seq.seq_id, ([], []))
             seq.spec_token_ids = toks
@@ -237,13 +183,11 @@ class SpecDecoder:
         self.accepted += accepted
         self.verify_steps += 1
         self.emitted += emitted
-        if not isinstance(self.proposer, NgramProposer):
-            self.proposer.rollback(seq)
+        self.proposer.rollback(seq)
 
     def release(self, seq: Sequence) -> None:
         self.states.pop(seq.seq_id, None)
-        if not isinstance(self.proposer, NgramProposer):
-            self.proposer.release(seq)
+        self.proposer.release(seq)
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -252,26 +196,3 @@ class SpecDecoder:
             "spec_acceptance_rate": self.accepted / self.proposed if self.proposed else 0.0,
             "spec_tokens_per_step": self.emitted / self.verify_steps if self.verify_steps else 0.0,
         }
-
-
-class DraftProposerLike:  # the interface DraftProposer (draft.py) implements
-    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[int, tuple[list[int], list[np.ndarray | None]]]:
-        raise NotImplementedError
-
-    def rollback(self, seq: Sequence) -> None:
-        raise NotImplementedError
-
-    def release(self, seq: Sequence) -> None:
-        raise NotImplementedError
-
-
-def build_spec_decoder(spec: dict, tokenizer: Tokenizer, n_threads: int, kv_budget: int,
-                       max_model_len: int) -> SpecDecoder:
-    cfg = SpecConfig.from_dict(spec)
-    if cfg.method == "ngram":
-        return SpecDecoder(cfg, NgramProposer(cfg.n), max_model_len)
-    from edge_infer.engine.draft import DraftProposer
-
-    assert cfg.model is not None
-    return SpecDecoder(cfg, DraftProposer(cfg.model, tokenizer, n_threads, max(kv_budget // 4, 16 * 2**20)),
-                       max_model_len)

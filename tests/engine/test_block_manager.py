@@ -145,12 +145,12 @@ def test_fork_shares_blocks_and_copy_on_write() -> None:
     # the child appends into the shared partial block: it gets a private copy
     child.output_token_ids.append(60)
     assert bm.append_slots(child, 1)
-    assert child.block_table == [0, 2] and bm.pending_copies == [(1, 2)]
+    assert child.block_table == [0, 2] and bm.take_copies() == [(1, 2)]
     assert refs(bm)[:3] == [2, 1, 1]
     # the parent now owns block 1 alone: no copy
     parent.output_token_ids.append(61)
     assert bm.append_slots(parent, 1)
-    assert parent.block_table == [0, 1] and bm.pending_copies == [(1, 2)]
+    assert parent.block_table == [0, 1] and bm.take_copies() == []
     # appending into a full shared block needs no copy either
     bm2 = BlockManager(8, BS)
     p2 = seq_of(list(range(8)))
@@ -158,7 +158,7 @@ def test_fork_shares_blocks_and_copy_on_write() -> None:
     c2 = seq_of(list(range(8)))
     bm2.fork(p2, c2)
     c2.output_token_ids.append(1)
-    assert bm2.append_slots(c2, 1) and c2.block_table == [0, 1, 2] and bm2.pending_copies == []
+    assert bm2.append_slots(c2, 1) and c2.block_table == [0, 1, 2] and bm2.take_copies() == []
     bm.free(parent)
     bm.free(child)
     assert bm.num_used_blocks == 0 and refs(bm) == [0] * 8
@@ -172,7 +172,7 @@ def test_copy_on_write_needs_a_free_block() -> None:
     bm.fork(parent, child)
     child.output_token_ids.append(9)
     assert not bm.can_allocate(child, 1)  # the copy would need a third block
-    assert not bm.append_slots(child, 1) and bm.pending_copies == [] and child.block_table == [0, 1]
+    assert not bm.append_slots(child, 1) and bm.take_copies() == [] and child.block_table == [0, 1]
 
 
 def test_double_free() -> None:
@@ -225,9 +225,8 @@ class BlockMachine(RuleBasedStateMachine):
         self.kv: dict[int, list[int | None]] = {b: [None] * BS for b in range(num_blocks)}
 
     def _drain_copies(self) -> None:
-        for src, dst in self.bm.pending_copies:
+        for src, dst in self.bm.take_copies():
             self.kv[dst] = list(self.kv[src])
-        self.bm.pending_copies = []
 
     def _pick(self, data: st.DataObject, idle: bool = False) -> Sequence | None:
         pool = [s for s in self.seqs if not idle or not self.pending[s.seq_id]]
@@ -261,7 +260,7 @@ class BlockMachine(RuleBasedStateMachine):
     def _reserve(self, seq: Sequence, n: int) -> bool:
         before = (list(seq.block_table), self.bm.num_free_blocks)
         if not self.bm.append_slots(seq, n):
-            assert (list(seq.block_table), self.bm.num_free_blocks) == before and not self.bm.pending_copies
+            assert (list(seq.block_table), self.bm.num_free_blocks) == before and not self.bm.take_copies()
             return False
         self.pending[seq.seq_id] = n
         assert len(seq.block_table) == self.bm.blocks_needed(seq.num_computed_tokens + n)

@@ -23,6 +23,7 @@ from edge_infer import LLM, SamplingParams
 from edge_infer.config import EngineConfig
 from edge_infer.engine.engine import LLMEngine
 from edge_infer.engine.model_runner import kv_block_bytes
+from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.errors import InvalidRequest
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models.config import ModelConfig
@@ -47,7 +48,7 @@ def engine(path: Path, **options: Any) -> LLMEngine:
 def tiny_pool_engine(path: Path, num_blocks: int, block_size: int = 4, **options: Any) -> LLMEngine:
     """An engine whose KV pool holds exactly num_blocks blocks."""
     with GGUFFile(path) as f:
-        per_block = kv_block_bytes(ModelConfig.from_gguf(f), block_size, "f16")
+        per_block = kv_block_bytes(CpuBackend, ModelConfig.from_gguf(f), block_size, "f16")
     return engine(path, kv_cache_memory=num_blocks * per_block, block_size=block_size, **options)
 
 
@@ -371,9 +372,10 @@ def test_prompt_logits_equal_generation_logits(name: str, chunk: int, request: p
     execute = eng.runner.execute
 
     def spy(sched):  # type: ignore[no-untyped-def]
-        res = execute(sched)
-        seen.extend(res.logits[i].copy() for i, (s, _) in enumerate(res.rows) if s.request_id == "a")
-        return res
+        logits = execute(sched)
+        rows = [c.seq for c in sched.chunks for _ in c.logit_indices]
+        seen.extend(logits[i].copy() for i, s in enumerate(rows) if s.request_id == "a")
+        return logits
 
     eng.runner.execute = spy  # type: ignore[method-assign]
     prompt = PROMPTS[2]

@@ -12,11 +12,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from edge_infer.engine.sampler import (
-    Sampler,
-    apply_penalties,
     draw,
     log_softmax,
+    make_logits_processors,
+    process_logits,
+    sample_token,
     sampling_probs,
+    stop_ids,
     top_logprobs,
 )
 from edge_infer.engine.sequence import Sequence
@@ -31,6 +33,7 @@ def make_seq(
 ) -> Sequence:  # type: ignore[assignment]
     s = Sequence("r", list(prompt), params)
     s.output_token_ids = list(output)
+    s.logits_processors = make_logits_processors(params, stop_ids(params, (EOS,)), V)
     if seed is not None:
         s.rng = np.random.default_rng(seed)
     return s
@@ -87,13 +90,17 @@ LOGITS = np.array([2.0, -1.0, 0.5, 3.0, -2.0, 1.0, 0.0, -0.5, 1.5, 2.5, -3.0, 4.
 
 
 def test_no_processing_is_identity() -> None:
-    x = apply_penalties(LOGITS, make_seq(SamplingParams(), [1, 2], [3]), [EOS])
-    assert np.array_equal(x, LOGITS) and x is not LOGITS
+    seq = make_seq(SamplingParams(), [1, 2], [3])
+    assert seq.logits_processors == []  # nothing to apply: the logits are read as they are
+    assert process_logits(LOGITS, seq) is LOGITS
+    p = SamplingParams(repetition_penalty=1.1)
+    x = process_logits(LOGITS, make_seq(p, [1, 2], [3]))
+    assert x is not LOGITS and x.dtype == np.float32 and not np.array_equal(x, LOGITS)
 
 
 def test_repetition_penalty_over_prompt_and_output() -> None:
     p = SamplingParams(repetition_penalty=2.0)
-    x = apply_penalties(LOGITS, make_seq(p, [0, 1, 1], [3, 4]), [EOS])
+    x = process_logits(LOGITS, make_seq(p, [0, 1, 1], [3, 4]))
     want = LOGITS.copy()
     want[[0, 3]] /= 2  # positive: divided
     want[[1, 4]] *= 2  # negative: multiplied (so, further down)
@@ -102,36 +109,35 @@ def test_repetition_penalty_over_prompt_and_output() -> None:
 
 def test_frequency_and_presence_over_output_only() -> None:
     p = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)
-    x = apply_penalties(LOGITS, make_seq(p, [0, 0, 5], [3, 3, 3, 7]), [EOS])
+    x = process_logits(LOGITS, make_seq(p, [0, 0, 5], [3, 3, 3, 7]))
     want = LOGITS.copy()
     want[3] -= 3 * 0.5 + 0.25
     want[7] -= 1 * 0.5 + 0.25
     assert np.allclose(x, want, rtol=0, atol=1e-6)
     assert x[0] == LOGITS[0] and x[5] == LOGITS[5]  # prompt tokens untouched
-    neg = apply_penalties(LOGITS, make_seq(SamplingParams(presence_penalty=-1.0), [], [2]), [EOS])
+    neg = process_logits(LOGITS, make_seq(SamplingParams(presence_penalty=-1.0), [], [2]))
     assert neg[2] == LOGITS[2] + 1.0  # negative penalties encourage
 
 
 def test_logit_bias_and_out_of_range_ids_ignored() -> None:
     p = SamplingParams(logit_bias={2: 10.0, 4: -5.0, 999: 3.0})
-    x = apply_penalties(LOGITS, make_seq(p, [1]), [EOS])
+    x = process_logits(LOGITS, make_seq(p, [1]))
     assert x[2] == LOGITS[2] + 10 and x[4] == LOGITS[4] - 5
     assert np.array_equal(np.delete(x, [2, 4]), np.delete(LOGITS, [2, 4]))
 
 
 def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
-    sampler = Sampler([EOS])
     p = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[9])
     assert int(np.argmax(LOGITS)) == EOS
     for n_out, want in ((0, 3), (1, 3), (2, EOS)):  # 3 = best token once 11 and 9 are masked
         seq = make_seq(p, [0], [5] * n_out)
-        x = apply_penalties(LOGITS, seq, sampler.stop_ids(p))
+        x = process_logits(LOGITS, seq)
         masked = n_out < 2
         assert (x[EOS] == -np.inf) == masked and (x[9] == -np.inf) == masked
-        assert sampler.sample_row(LOGITS, seq)[0] == want
+        assert sample_token(LOGITS, seq)[0] == want
     # ignore_eos: EOS is an ordinary token, so min_tokens does not mask it
     p2 = SamplingParams(temperature=0, min_tokens=2, ignore_eos=True)
-    assert sampler.sample_row(LOGITS, make_seq(p2, [0]))[0] == EOS
+    assert sample_token(LOGITS, make_seq(p2, [0]))[0] == EOS
 
 
 @settings(max_examples=150, deadline=None)
@@ -165,10 +171,9 @@ def test_penalties_match_reference(
         min_tokens=min_tokens,
         stop_token_ids=stop,
     )
-    sampler = Sampler([EOS])
     arr = np.array(logits, np.float32)
-    got = apply_penalties(arr, make_seq(p, prompt, output), sampler.stop_ids(p))
-    want = ref_penalties(arr, p, prompt, output, list(sampler.stop_ids(p)))
+    got = process_logits(arr, make_seq(p, prompt, output))
+    want = ref_penalties(arr, p, prompt, output, list(stop_ids(p, (EOS,))))
     assert got.dtype == np.float32
     assert np.allclose(got, want, rtol=1e-5, atol=1e-4)
     assert np.array_equal(np.isinf(got), np.isinf(want))
@@ -306,14 +311,13 @@ def test_draw_unnormalised_and_single_token() -> None:
 
 
 def test_sampler_seeded_rows_reproducible() -> None:
-    sampler = Sampler([EOS])
     p = SamplingParams(temperature=1.3, top_k=6, seed=5)
 
     def run(seed: int) -> list[int]:
         seq = make_seq(p, [0, 1], seed=seed)
         toks = []
         for _ in range(40):
-            tok, _ = sampler.sample_row(LOGITS, seq)
+            tok, _ = sample_token(LOGITS, seq)
             seq.output_token_ids.append(tok)
             toks.append(tok)
         return toks
@@ -326,13 +330,12 @@ def test_sampler_seeded_rows_reproducible() -> None:
 
 
 def test_sampler_distribution_end_to_end() -> None:
-    """sample_row draws from sampling_probs(apply_penalties(...))."""
-    sampler = Sampler([EOS])
+    """sample_token draws from sampling_probs(process_logits(...))."""
     p = SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.5, logit_bias={0: 1.0})
     seq = make_seq(p, [11, 3], seed=99)
-    probs = sampling_probs(apply_penalties(LOGITS, seq, sampler.stop_ids(p)), p)
+    probs = sampling_probs(process_logits(LOGITS, seq), p)
     n = 20_000
-    counts = np.bincount([sampler.sample_row(LOGITS, seq)[0] for _ in range(n)], minlength=V)
+    counts = np.bincount([sample_token(LOGITS, seq)[0] for _ in range(n)], minlength=V)
     assert counts[probs == 0].sum() == 0
     live = probs > 0
     chi2 = float(((counts[live] - probs[live] * n) ** 2 / (probs[live] * n)).sum())
@@ -342,19 +345,18 @@ def test_sampler_distribution_end_to_end() -> None:
 
 # -- greedy ------------------------------------------------------------------------------------
 def test_greedy_is_argmax_after_penalties() -> None:
-    sampler = Sampler([EOS])
-    assert sampler.sample_row(LOGITS, make_seq(SamplingParams(temperature=0), [0]))[0] == 11
+    assert sample_token(LOGITS, make_seq(SamplingParams(temperature=0), [0]))[0] == 11
     # 11 was seen: 4.0 / 2 = 2.0 falls below 3.0 (token 3), so greedy picks 3
     p = SamplingParams(temperature=0, repetition_penalty=2.0)
-    assert sampler.sample_row(LOGITS, make_seq(p, [11]))[0] == 3
+    assert sample_token(LOGITS, make_seq(p, [11]))[0] == 3
     p = SamplingParams(temperature=0, repetition_penalty=2.0, logit_bias={3: -1.0})
-    assert sampler.sample_row(LOGITS, make_seq(p, [11]))[0] == 9
+    assert sample_token(LOGITS, make_seq(p, [11]))[0] == 9
     p = SamplingParams(temperature=0, logit_bias={4: 7.0})
-    assert sampler.sample_row(LOGITS, make_seq(p, [0]))[0] == 4
+    assert sample_token(LOGITS, make_seq(p, [0]))[0] == 4
     # greedy needs no generator and ignores top_k/top_p
     p = SamplingParams(temperature=0, top_k=1, top_p=0.1, frequency_penalty=2.0)
     seq = make_seq(p, [0], [11])
-    assert seq.rng is None and sampler.sample_row(LOGITS, seq)[0] == 3
+    assert seq.rng is None and sample_token(LOGITS, seq)[0] == 3
 
 
 # -- logprobs ----------------------------------------------------------------------------------
@@ -382,16 +384,15 @@ def test_top_logprobs_include_chosen(n: int) -> None:
 
 def test_sampler_logprobs_are_raw() -> None:
     """Logprobs come from the model's distribution, not the penalised or filtered one."""
-    sampler = Sampler([EOS])
     p = SamplingParams(
         temperature=0.5, top_k=2, repetition_penalty=3.0, logit_bias={1: 50.0}, logprobs=2, seed=0
     )
     seq = make_seq(p, [1, 11], seed=0)
-    tok, lp = sampler.sample_row(LOGITS, seq)
+    tok, lp = sample_token(LOGITS, seq)
     assert tok == 1  # the bias wins the draw
     ref = ref_logprobs(LOGITS)
     assert lp is not None and set(lp) == {11, 3, 1}
     for t, v in lp.items():
         assert math.isclose(v, ref[t], abs_tol=1e-12)
     p0 = SamplingParams(temperature=0)
-    assert sampler.sample_row(LOGITS, make_seq(p0, [0]))[1] is None  # no logprobs unless asked
+    assert sample_token(LOGITS, make_seq(p0, [0]))[1] is None  # no logprobs unless asked

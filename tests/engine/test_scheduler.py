@@ -1,7 +1,7 @@
 """Scheduler: exact step-by-step behaviour on a BlockManager and model-free sequences.
 
-`Sim` plays the engine loop: schedule(), finish_step(), then one new token for every scheduled
-sequence that samples, finishing it after its max_tokens. It checks the per-step invariants
+`Sim` plays the engine loop: schedule(), then update_from_output() with one new token for
+every scheduled sequence that samples (the default stop check finishes it after max_tokens). It checks the per-step invariants
 (budget, max_num_seqs, decodes before prefills, blocks cover the step) on every step.
 """
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_infer.engine.block_manager import BlockManager
-from edge_infer.engine.scheduler import Scheduler, SchedulerOutput
+from edge_infer.engine.scheduler import SampledTokens, Scheduler, SchedulerOutput
 from edge_infer.engine.sequence import Sequence, SequenceStatus
 from edge_infer.sampling_params import SamplingParams
 
@@ -56,38 +56,38 @@ class Sim:
         before = list(s.running)
         out = s.schedule()
         self._check(out, before)
-        samples = [x.samples for x in out.scheduled]  # judged before num_computed_tokens moves
         rec = Step(
-            [
-                (x.seq.request_id, x.num_new_tokens, smp)
-                for x, smp in zip(out.scheduled, samples, strict=True)
-            ],
+            [(c.seq.request_id, c.num_new_tokens, c.samples) for c in out.chunks],
             [q.request_id for q in out.preempted],
         )
-        s.finish_step(out)
-        for x, smp in zip(out.scheduled, samples, strict=True):
-            seq = x.seq
-            assert seq.num_computed_tokens <= seq.num_tokens
-            if smp:
-                assert seq.num_computed_tokens == seq.num_tokens
-                seq.output_token_ids.append(1000 + seq.num_tokens)
-                if seq.num_output_tokens >= (seq.params.max_tokens or 0):
-                    seq.status = SequenceStatus.FINISHED_LENGTH
-                    s.remove(seq)
-                    self.finished.append(seq.request_id)
+        for c in out.chunks:
+            assert c.seq.num_computed_tokens + c.num_new_tokens <= c.seq.num_tokens
+            assert c.samples == (c.seq.num_computed_tokens + c.num_new_tokens == c.seq.num_tokens)
+        sampled = [SampledTokens(c.seq, [1000 + c.seq.num_tokens]) for c in out.chunks if c.samples]
+        finished = s.update_from_output(out, sampled)
+        for c in out.chunks:  # a sampled sequence is one token ahead of its KV, a prompt chunk further
+            gap = c.seq.num_tokens - c.seq.num_computed_tokens
+            assert c.seq.is_finished or (gap == 1 if c.samples else gap >= 1)
+        for seq in finished:
+            assert seq.status is SequenceStatus.FINISHED_LENGTH and not seq.block_table
+            assert seq not in s.running
+            self.finished.append(seq.request_id)
         self.steps.append(rec)
         return rec
+
+    def unfinished(self) -> bool:
+        return bool(self.sched.waiting or self.sched.running)
 
     def _check(self, out: SchedulerOutput, before: list[Sequence]) -> None:
         s, bm = self.sched, self.bm
         assert out.num_tokens <= s.max_num_batched_tokens
         assert len(s.running) <= s.max_num_seqs
-        ids = [x.seq.seq_id for x in out.scheduled]
+        ids = [x.seq.seq_id for x in out.chunks]
         assert len(ids) == len(set(ids))
-        old = [i for i, x in enumerate(out.scheduled) if x.seq in before]
-        new = [i for i, x in enumerate(out.scheduled) if x.seq not in before]
+        old = [i for i, x in enumerate(out.chunks) if x.seq in before]
+        new = [i for i, x in enumerate(out.chunks) if x.seq not in before]
         assert not old or not new or max(old) < min(new), "running sequences go before admissions"
-        for x in out.scheduled:
+        for x in out.chunks:
             assert x.num_new_tokens > 0 and x.seq in s.running and x.seq.status is SequenceStatus.RUNNING
             assert len(x.seq.block_table) >= bm.blocks_needed(x.seq.num_computed_tokens + x.num_new_tokens)
         for q in out.preempted:
@@ -98,7 +98,7 @@ class Sim:
 
     def run(self, max_steps: int = 500) -> None:
         for _ in range(max_steps):
-            if not self.sched.has_unfinished():
+            if not self.unfinished():
                 return
             self.step()
         raise AssertionError(f"not finished after {max_steps} steps")
@@ -111,7 +111,7 @@ def test_chunked_prefill_splits_into_budget_sized_chunks() -> None:
     got = [sim.step().scheduled for _ in range(6)]
     assert got == [[("a", 16, False)], [("a", 16, False)], [("a", 16, False)], [("a", 2, True)],
                    [("a", 1, True)], [("a", 1, True)]]  # fmt: skip
-    assert sim.finished == ["a"] and not sim.sched.has_unfinished() and sim.bm.num_used_blocks == 0
+    assert sim.finished == ["a"] and not sim.unfinished() and sim.bm.num_used_blocks == 0
 
 
 def test_decodes_first_and_prefill_takes_the_leftover_budget() -> None:
@@ -250,24 +250,50 @@ def test_rollback_frees_blocks_past_the_new_end() -> None:
     sim.step()  # prefill: 7 computed, 8 tokens
     seq.spec_token_ids = [51, 52, 53, 54, 55]
     out = sim.sched.schedule()
-    assert [(x.seq, x.num_new_tokens, x.samples) for x in out.scheduled] == [(seq, 6, True)]
+    assert [(c.seq, c.num_new_tokens, c.samples, c.num_proposed) for c in out.chunks] == [(seq, 6, True, 5)]
+    assert out.chunks[0].token_ids == [1007, 51, 52, 53, 54, 55]
+    assert out.chunks[0].logit_indices == [0, 1, 2, 3, 4, 5]  # every proposal is verified
     assert len(seq.block_table) == 4  # positions 7..12
-    sim.sched.finish_step(out)
-    assert seq.num_computed_tokens == 13
+    last = seq.block_table[3]
+    # the verifier accepted 51, 52 and replaced 53 by 99: 3 proposals' slots are rolled back
+    finished = sim.sched.update_from_output(out, [SampledTokens(seq, [51, 52, 99], num_proposed=5, num_accepted=2)])
+    assert finished == [] and seq.output_token_ids == [1007, 51, 52, 99] and seq.spec_token_ids == []
+    assert seq.num_computed_tokens == 10 and len(seq.block_table) == 3
     # only blocks of known tokens may enter the prefix cache, never proposals
     assert all(len(b.token_ids) == 4 for b in sim.bm.blocks if b.token_ids is not None)
     assert len(sim.bm.cached) == 2
-    # the verifier accepted 51, 52 and replaced 53: 3 proposals' slots are rolled back
-    seq.output_token_ids += [51, 52, 99]
-    seq.spec_token_ids = []
-    last = seq.block_table[3]
-    sim.sched.rollback(seq, 3)
-    assert seq.num_computed_tokens == 10 and len(seq.block_table) == 3
     assert sim.bm.blocks[last].ref_count == 0 and last in sim.bm.free_queue
     assert sim.bm.num_used_blocks == 3
     assert sim.step().scheduled == [("a", 1, True)]  # token 99 is computed next
     sim.sched.rollback(seq, 0)  # nothing rejected: nothing changes
     assert seq.num_computed_tokens == 11 and len(seq.block_table) == 3
+
+
+def test_a_stop_in_the_middle_of_accepted_tokens_ends_the_sequence() -> None:
+    sim = Sim(num_blocks=8, budget=32)
+    seq = sim.add("a", 5, max_tokens=3)
+    sim.step()
+    seq.spec_token_ids = [7, 8, 9]
+    out = sim.sched.schedule()
+    # max_tokens = 3: of the 4 emitted tokens only 2 more fit; the sequence is freed
+    finished = sim.sched.update_from_output(out, [SampledTokens(seq, [7, 8, 9, 4], num_proposed=3, num_accepted=3)])
+    assert finished == [seq] and seq.output_token_ids == [1005, 7, 8]
+    assert seq.status is SequenceStatus.FINISHED_LENGTH and seq.block_table == [] and sim.bm.num_used_blocks == 0
+    assert not sim.unfinished()
+
+
+def test_forked_samples_join_with_the_leaders_blocks() -> None:
+    sim = Sim(num_blocks=8, budget=32)
+    leader = sim.add("a", 6, max_tokens=4)
+    follower = Sequence("a", list(leader.prompt_token_ids), leader.params, index=1)
+    leader.followers = [follower]
+    out = sim.sched.schedule()
+    sampled = [SampledTokens(follower, [3], fork_of=leader), SampledTokens(leader, [2])]
+    assert sim.sched.update_from_output(out, sampled) == []
+    assert sim.sched.running == [leader, follower] and leader.followers == []
+    assert follower.block_table == leader.block_table and follower.num_computed_tokens == 6
+    assert follower.output_token_ids == [3] and leader.output_token_ids == [2]
+    assert all(sim.bm.blocks[b].ref_count == 2 for b in leader.block_table)
 
 
 # -- random workloads --------------------------------------------------------------------------
@@ -311,7 +337,7 @@ def test_random_workloads_all_finish(
         while pending and pending[0][1][2] <= step:
             i, (p, m, _, prio) = pending.pop(0)
             sim.add(f"r{i}", p, m, priority=prio, base=i % 2)  # shared prefixes between requests
-        if not pending and not sim.sched.has_unfinished():
+        if not pending and not sim.unfinished():
             break
         sim.step()
     else:

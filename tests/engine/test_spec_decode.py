@@ -4,13 +4,17 @@ with a broken rule as the negative control), and option validation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from scipy_free_stats import chi_square_p_value
 
 from edge_infer import LLM, SamplingParams
+from edge_infer.config import EngineConfig, SpecConfig
+from edge_infer.engine.ngram import NgramProposer
 from edge_infer.engine.sequence import Sequence
-from edge_infer.engine.spec_decode import NgramProposer, SpecConfig, SpecState, verify
+from edge_infer.engine.spec_decode import verify
 from edge_infer.errors import InvalidRequest
 
 # Prompts with repeats, so n-gram lookup has something to find.
@@ -65,12 +69,27 @@ def test_bad_options(spec, msg) -> None:  # type: ignore[no-untyped-def]
         SpecConfig.from_dict(spec)
 
 
+def test_bad_option_fails_before_the_model_loads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The engine config validates `speculative` itself: no file is opened, even a missing one."""
+    missing = str(tmp_path / "not-there.gguf")
+    with pytest.raises(InvalidRequest, match="depth"):
+        EngineConfig(model=missing, speculative={"method": "ngram", "depth": 3})
+    with pytest.raises(InvalidRequest, match="k must be"):
+        LLM(missing, speculative={"method": "ngram", "k": 99})
+    cfg = EngineConfig(model=missing, speculative={"method": "ngram", "k": "auto"})
+    assert cfg.speculative == SpecConfig("ngram", "auto", 8, 3, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.speculative.k = 2  # type: ignore[union-attr, misc]
+
+
 def test_ngram_proposer_finds_latest_match() -> None:
     seq = Sequence("r", [1, 2, 3, 9, 1, 2, 3, 7, 1, 2], SamplingParams())
     prop = NgramProposer(3)
-    assert prop.propose(seq, SpecState(k=4), 4) == [3, 7, 1, 2]
+    assert prop.propose([(seq, 4)]) == {seq.seq_id: ([3, 7, 1, 2], [None] * 4)}
     seq2 = Sequence("r", [4, 5, 6], SamplingParams())
-    assert prop.propose(seq2, SpecState(k=4), 4) == []
+    assert prop.propose([(seq2, 4)]) == {seq2.seq_id: ([], [])}
+    prop.release(seq)
+    assert seq.seq_id not in prop.indexes
 
 
 # -- the acceptance rule -------------------------------------------------------------------------

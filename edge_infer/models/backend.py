@@ -1,0 +1,60 @@
+"""The backend seam: what the model layer needs from a compute backend. kernels_cpu.backend's
+CpuBackend is the first; a CUDA backend implements the same methods over device arrays.
+Nothing above this seam reads weights, KV or scratch as host arrays: they are the backend's.
+Shapes and semantics of each method are those of the kernels in kernels_cpu/__init__.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from edge_infer.formats.gguf import GGUFFile
+from edge_infer.formats.qmatrix import QMatrix
+
+Array = Any  # a backend's array type (numpy on the CPU)
+
+
+class Backend(Protocol):
+    name: str
+    matrix_types: tuple[int, ...]  # GGML types its matmuls compute with
+
+    def prepare_weights(self, f: GGUFFile, matrices: Sequence[tuple[str, QMatrix]]) -> list[QMatrix]:
+        """Each (role "layer" | "output", matrix) in the backend's form (repacked, uploaded)."""
+        ...
+
+    def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int) -> Any:
+        """The forward's scratch for steps of up to `capacity` tokens (kernels_cpu.workspace)."""
+        ...
+
+    def kv_block_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
+        """Bytes of one KV block across all layers."""
+        ...
+
+    def make_kv_pool(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                     kv_dtype: str) -> list[Any]:
+        ...
+
+    def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None: ...
+
+    def matmuls(self, x: Array, ws: Sequence[QMatrix], outs: Sequence[Array], work: Any) -> None: ...
+
+    def embed(self, tokens: Array, emb: QMatrix, scale: Any, out: Array) -> None: ...
+
+    def qkv_finish(self, q: Array, k: Array, v: Array, bq: Array, bk: Array, bv: Array, q_norm: Array,
+                   k_norm: Array, n_rot: int, positions: Array, inv_freq: Array, neox: bool, eps: Any,
+                   slot_mapping: Array, kv: Any) -> None: ...
+
+    def attention(self, q: Array, kv: Any, block_tables: Array, token_seq: Array, positions: Array, scale: Any,
+                  window: int, out: Array) -> None: ...
+
+    def rmsnorm(self, x: Array, w: Array, eps: Any, out: Array) -> None: ...
+
+    def add_rmsnorm(self, h: Array, delta: Array, w: Array, eps: Any, out: Array) -> None: ...
+
+    def silu_mul(self, gate: Array, up: Array, out: Array) -> None: ...
+
+    def gelu_mul(self, gate: Array, up: Array, out: Array) -> None: ...
+
+    def take_rows(self, x: Array, rows: Array, out: Array) -> None: ...
+
+    def softcap(self, x: Array, cap: Any) -> None: ...

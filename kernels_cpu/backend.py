@@ -1,0 +1,146 @@
+"""The CPU backend: what the model layer calls (models.backend.Backend), over the numba kernels
+of this package and host numpy arrays. It decides which matrices the int8 kernel takes
+(prepare_weights), owns the forward's scratch (make_workspace) and the KV pool's layout."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+
+from edge_infer.formats.gguf import GGUFFile
+from edge_infer.formats.qmatrix import QMatrix
+
+from . import attention, matmul, matmul_i8, ops
+from .dequant import KERNEL_TYPES, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .repack_i8 import repack
+from .workspace import Workspace, i8_activation_buffers, i8_views, make_workspace
+
+# int8 kernel (activations quantized per 32-block, integer dot products) for the types whose
+# codes it takes as they are: 4- and 5-bit layer matrices, a Q8_0 output matrix. Other types
+# keep the float path (decoded blocks, float32 products).
+I8_TYPES = {"layer": (Q4_0, Q4_1, Q5_0, Q5_1), "output": (Q8_0,)}
+# f16 is stored as IEEE half bits; q8_0 as int8 with a float32 scale per (token, head)
+KV_DTYPES = {"f16": np.uint16, "f32": np.float32, "q8_0": np.int8}
+KVLayer = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # k_cache, k_scale, v_cache, v_scale
+
+_NO_ROWS = np.empty((0, 1), np.uint8)  # an unused matrix slot of a three-matmul launch
+_NO_I8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0)
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [T, K] -> the int8 kernel's activations (see i8_activation_buffers)."""
+    xq = i8_activation_buffers(*x.shape)
+    matmul_i8.quantize_rows_q8(x, *xq)
+    return xq
+
+
+class CpuBackend:
+    """Kernels run with n_threads threads: numba's thread count is set to it, capped by the
+    threads numba started with (self.n_threads is what it got)."""
+
+    name = "cpu"
+    matrix_types = KERNEL_TYPES  # GGML types the matmuls compute with
+
+    def __init__(self, n_threads: int) -> None:
+        numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
+        self.n_threads = numba.get_num_threads()
+
+    # -- memory ------------------------------------------------------------------------------
+    def prepare_weights(self, f: GGUFFile, matrices: Sequence[tuple[str, QMatrix]]) -> list[QMatrix]:
+        """Each (role, matrix), role "layer" or "output", in the form the matmuls take: 4/5-bit
+        layer matrices and a Q8_0 output matrix repacked for the int8 kernel, whose copy then
+        replaces the tensor's mmap'd pages (dropped here; a row lookup faults its page back)."""
+        out = []
+        for role, w in matrices:
+            if w.qtype in I8_TYPES[role] and w.cols % 32 == 0:
+                packed = repack(w.data, w.qtype, w.rows, w.cols)
+                f.drop_pages(f.tensors[w.name])
+                w = QMatrix(w.name, w.data, w.qtype, w.rows, w.cols, packed)
+            out.append(w)
+        return out
+
+    def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int) -> Workspace:
+        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim)
+
+    @staticmethod
+    def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
+        """Bytes of K and V for one block across all layers (scales included for q8_0)."""
+        per_head = head_dim * np.dtype(KV_DTYPES[kv_dtype]).itemsize + (4 if kv_dtype == "q8_0" else 0)
+        return 2 * n_layers * block_size * n_kv_heads * per_head
+
+    def make_kv_pool(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                     kv_dtype: str) -> list[KVLayer]:
+        """Per layer (k_cache, k_scale, v_cache, v_scale) [num_blocks, block_size, n_kv_heads,
+        head_dim]; the scales are empty unless q8_0."""
+        dt = KV_DTYPES[kv_dtype]
+        shape = (num_blocks, block_size, n_kv_heads, head_dim)
+        sshape = shape[:3] if kv_dtype == "q8_0" else (0, 0, 0)
+        return [(np.zeros(shape, dt), np.zeros(sshape, np.float32), np.zeros(shape, dt), np.zeros(sshape, np.float32))
+                for _ in range(n_layers)]
+
+    def copy_blocks(self, kv: list[KVLayer], copies: list[tuple[int, int]]) -> None:
+        """KV block copies (src, dst) in every layer (copy-on-write of a shared block)."""
+        for src, dst in copies:
+            for layer in kv:
+                for a in layer:
+                    if a.size:
+                        a[dst] = a[src]
+
+    # -- compute -----------------------------------------------------------------------------
+    def matmuls(self, x: np.ndarray, ws: Sequence[QMatrix], outs: Sequence[np.ndarray], work: Workspace) -> None:
+        """outs[m] = x @ ws[m].T for one to three matrices of the same input: the int8 ones in
+        one launch that also quantizes x (into the workspace), the float ones in another."""
+        n = x.shape[0]
+        i8 = [(w.packed, o) for w, o in zip(ws, outs) if w.packed is not None]
+        if i8:
+            args: list[object] = [x, *i8_views(work, n, x.shape[1])]
+            for iw, o in i8:
+                args += [iw.wi, iw.wd, iw.wm, iw.offset, o]
+            for _ in range(3 - len(i8)):
+                args += [*_NO_I8, work.no_out[:n]]
+            matmul_i8.matmul3_i8_kernel(*args, self.n_threads)
+        fl = [(w, o) for w, o in zip(ws, outs) if w.packed is None]
+        if fl:
+            args = []
+            for w, o in fl:
+                args += [w.data, w.qtype, o]
+            for _ in range(3 - len(fl)):
+                args += [_NO_ROWS, 0, work.no_out[:n]]
+            matmul.matmul3_kernel(x, *args, self.n_threads)
+
+    def embed(self, tokens: np.ndarray, emb: QMatrix, scale: np.float32, out: np.ndarray) -> None:
+        """out[i] = row tokens[i] of the embedding, times scale."""
+        matmul.embed_rows_kernel(tokens, emb.data, emb.qtype, out)
+        if scale != 1.0:
+            ops.scale_kernel(out, scale)
+
+    def qkv_finish(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, bq: np.ndarray, bk: np.ndarray,
+                   bv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray, n_rot: int, positions: np.ndarray,
+                   inv_freq: np.ndarray, neox: bool, eps: np.float32, slot_mapping: np.ndarray, kv: KVLayer) -> None:
+        attention.qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps,
+                                    slot_mapping, *kv)
+
+    def attention(self, q: np.ndarray, kv: KVLayer, block_tables: np.ndarray, token_seq: np.ndarray,
+                  positions: np.ndarray, scale: np.float32, window: int, out: np.ndarray) -> None:
+        k_cache, k_scale, v_cache, v_scale = kv
+        attention.paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions,
+                                         scale, window, out, self.n_threads)
+
+    rmsnorm = staticmethod(ops.rmsnorm_kernel)
+    add_rmsnorm = staticmethod(ops.add_rmsnorm_kernel)
+    silu_mul = staticmethod(ops.silu_mul_kernel)
+    gelu_mul = staticmethod(ops.gelu_mul_kernel)
+
+    @staticmethod
+    def take_rows(x: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        """out[i] = x[rows[i]] (rows are in range: clip mode writes out directly, unbuffered)."""
+        np.take(x, rows, axis=0, out=out, mode="clip")
+
+    @staticmethod
+    def softcap(x: np.ndarray, cap: np.float32) -> None:
+        """x = tanh(x / cap) * cap, in place."""
+        np.divide(x, cap, out=x)
+        np.tanh(x, out=x)
+        np.multiply(x, cap, out=x)
