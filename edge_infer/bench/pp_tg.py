@@ -94,11 +94,11 @@ def run_llama_cpp(cfg: BenchConfig, model_path: str, vocab_size: int) -> dict[st
 def run(cfg: BenchConfig) -> dict[str, Any]:
     from edge_infer import hub
     from edge_infer.formats.gguf import GGUFFile
-    from edge_infer.models.config import ModelConfig
+    from edge_infer.models import config_from_gguf
 
     path = str(hub.resolve_model(cfg.model))
     with GGUFFile(path) as f:
-        vocab = ModelConfig.from_gguf(f).vocab_size
+        vocab = config_from_gguf(f).vocab_size
     edge = run_edge(_with_model(cfg, path))
     ref = run_llama_cpp(cfg, path, vocab) if cfg.llama_cpp else None
     out: dict[str, Any] = {"model": cfg.model, "threads": cfg.threads, "n_prompt": cfg.n_prompt, "n_gen": cfg.n_gen,

@@ -16,6 +16,7 @@ from edge_infer.engine.sequence import Sequence
 from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.kernels_cpu.backend import CpuBackend
+from edge_infer.models import config_from_gguf
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.weights import load_weights
 from edge_infer.sampling_params import SamplingParams
@@ -52,7 +53,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         raise InvalidRequest("device='cuda' is not available in this build; use device='cpu' or 'auto'")
     path = hub.resolve_model(config.model)
     f = GGUFFile(path)
-    cfg = ModelConfig.from_gguf(f)
+    cfg = config_from_gguf(f)
     backend = CpuBackend(config.n_threads or default_threads())
     n_threads = backend.n_threads
     weights = load_weights(f, cfg, backend)

@@ -15,6 +15,7 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.transformer import StepInputs, Transformer
 from edge_infer.models.weights import ModelWeights
 
+
 def kv_block_bytes(backend: Backend, cfg: ModelConfig, block_size: int, kv_dtype: str) -> int:
     """Bytes of K and V for one block across all layers, in the backend's KV layout."""
     return backend.kv_block_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, block_size, kv_dtype)

@@ -1,9 +1,23 @@
-"""Model architectures: one module per architecture, each with `config_from_gguf(file)`."""
+"""Model architectures: one module per architecture, each with `config_from_gguf(file)`; the
+shared decoder block in transformer.py; the backend seam in backend.py."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
+from edge_infer.errors import UnsupportedModelError
+from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import gemma3, llama, qwen2
+from edge_infer.models.config import ModelConfig
 
 ARCHITECTURES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2, gemma3)}
+
+
+def config_from_gguf(f: GGUFFile) -> ModelConfig:
+    """The config of a model of any supported architecture; UnsupportedModelError otherwise."""
+    arch = f.architecture
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{f.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
+    return ARCHITECTURES[arch].config_from_gguf(f)

@@ -1,7 +1,7 @@
 """ModelConfig: every hyper-parameter of a decoder-only transformer, read from GGUF metadata.
 
 The per-architecture modules (llama.py, qwen2.py, gemma3.py) turn metadata into a ModelConfig;
-`ModelConfig.from_gguf(file)` dispatches on `general.architecture`.
+`edge_infer.models.config_from_gguf(file)` dispatches on `general.architecture`.
 """
 
 from __future__ import annotations
@@ -78,18 +78,6 @@ class ModelConfig:
 
     def layer_rope_base(self, layer: int) -> float:
         return self.rope_base_swa if self.swa_layers[layer] else self.rope_base
-
-    @staticmethod
-    def from_gguf(f: GGUFFile) -> ModelConfig:
-        """Read the config of any supported architecture; UnsupportedModelError otherwise."""
-        from edge_infer.models import ARCHITECTURES
-
-        arch = f.architecture
-        if arch not in ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"{f.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
-            )
-        return ARCHITECTURES[arch].config_from_gguf(f)
 
 
 class MetadataReader:

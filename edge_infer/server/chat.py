@@ -15,12 +15,12 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from edge_infer.outputs import RequestOutput
-from edge_infer.server.completions import finals, usage
+from edge_infer.server.completions import final_outputs, usage
 from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.errors import APIError
 from edge_infer.server.logprobs import chat_logprobs
 from edge_infer.server.protocol import ChatCompletionRequest
-from edge_infer.server.streaming import ClientGone, Receive, SSEResponse, error_for, race_disconnect
+from edge_infer.server.streaming import Receive, SSEResponse
 
 
 async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine, model: str,
@@ -48,12 +48,9 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         chunks = _chunks(streams, base, n, k, include_usage, engine)
         return SSEResponse(chunks, lambda: engine.state == "draining")
-    try:
-        outs = await race_disconnect(receive, finals(streams))
-    except ClientGone:
+    outs = await final_outputs(receive, streams, engine)
+    if outs is None:
         return Response(status_code=499)  # nobody is left to read it
-    except Exception as e:
-        raise error_for(e, engine.state == "draining") from None
     tok = engine.tokenizer
     assert tok is not None
     choices = []

@@ -27,12 +27,22 @@ def usage(outs: list[RequestOutput | None]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def finals(streams: list[Stream]) -> list[RequestOutput]:
-    """The finished output of every stream."""
+async def _finals(streams: list[Stream]) -> list[RequestOutput]:
     last: list[Any] = [None] * len(streams)
     async for i, out in merge(streams):
         last[i] = out
     return last
+
+
+async def final_outputs(receive: Receive, streams: list[Stream], engine: AsyncEngine) -> list[RequestOutput] | None:
+    """The finished output of every stream of a non-streaming request; None when the client
+    went away first (its work is cancelled); engine failures become APIErrors."""
+    try:
+        return await race_disconnect(receive, _finals(streams))
+    except ClientGone:
+        return None
+    except Exception as e:
+        raise error_for(e, engine.state == "draining") from None
 
 
 async def create_completion(
@@ -65,12 +75,9 @@ async def create_completion(
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         chunks = _chunks(streams, base, n, echo, req.logprobs, include_usage, engine)
         return SSEResponse(chunks, lambda: engine.state == "draining")
-    try:
-        outs = await race_disconnect(receive, finals(streams))
-    except ClientGone:
+    outs = await final_outputs(receive, streams, engine)
+    if outs is None:
         return Response(status_code=499)  # nobody is left to read it
-    except Exception as e:
-        raise error_for(e, engine.state == "draining") from None
     choices = []
     for i, out in enumerate(outs):
         prefix = echo[i] if echo else ""

@@ -23,10 +23,10 @@ from edge_infer import LLM, SamplingParams
 from edge_infer.config import EngineConfig
 from edge_infer.engine.engine import LLMEngine
 from edge_infer.engine.model_runner import kv_block_bytes
-from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.errors import InvalidRequest
 from edge_infer.formats.gguf import GGUFFile
-from edge_infer.models.config import ModelConfig
+from edge_infer.kernels_cpu.backend import CpuBackend
+from edge_infer.models import config_from_gguf
 from edge_infer.outputs import RequestOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -48,7 +48,7 @@ def engine(path: Path, **options: Any) -> LLMEngine:
 def tiny_pool_engine(path: Path, num_blocks: int, block_size: int = 4, **options: Any) -> LLMEngine:
     """An engine whose KV pool holds exactly num_blocks blocks."""
     with GGUFFile(path) as f:
-        per_block = kv_block_bytes(CpuBackend, ModelConfig.from_gguf(f), block_size, "f16")
+        per_block = kv_block_bytes(CpuBackend, config_from_gguf(f), block_size, "f16")
     return engine(path, kv_cache_memory=num_blocks * per_block, block_size=block_size, **options)
 
 

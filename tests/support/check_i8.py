@@ -9,8 +9,8 @@ from kernel_data import random_rows
 from edge_infer.kernels_cpu import dequant as dq
 from edge_infer.kernels_cpu import matmul_i8 as m8
 from edge_infer.kernels_cpu import reference as ref
+from edge_infer.kernels_cpu.backend import quantize_rows
 from edge_infer.kernels_cpu.repack_i8 import I8Weights, repack
-from edge_infer.models.transformer import quantize_rows
 
 I8_TYPES = (dq.Q8_0, dq.Q4_0, dq.Q4_1, dq.Q5_0, dq.Q5_1)
 
