@@ -1,4 +1,4 @@
-"""Session-scoped tiny GGUF models (see tests/tiny_models.py) for the engine tests."""
+"""Session-scoped tiny GGUF models (see tests/support/tiny_models.py) for the engine tests."""
 
 from __future__ import annotations
 

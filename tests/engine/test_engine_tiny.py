@@ -1,4 +1,4 @@
-"""LLMEngine and LLM end to end on tiny random GGUF models (tests/tiny_models.py): batch
+"""LLMEngine and LLM end to end on tiny random GGUF models (tests/support/tiny_models.py): batch
 invariance under batching, late joins, chunking, preemption and threads; aborts; n > 1; stop
 conditions; seeds; request validation; prompt_logits against the logits generation used."""
 

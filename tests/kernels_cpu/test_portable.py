@@ -16,7 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-TESTS_DIR = Path(__file__).resolve().parents[1]
+SUPPORT_DIR = Path(__file__).resolve().parents[1] / "support"
 
 # numba uses the host's feature list with a named CPU unless NUMBA_CPU_FEATURES is given (the
 # host's AVX-512 would then stay on), so the AVX2 target names its features explicitly.
@@ -128,7 +128,7 @@ def _run_for_target(tmp_path: Path, cpu_name: str, features: str | None, vector_
     env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba-cache")
     env["NUMBA_NUM_THREADS"] = "2"
     p = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(TESTS_DIR), vector_reg],
+        [sys.executable, "-c", SCRIPT, str(SUPPORT_DIR), vector_reg],
         env=env,
         capture_output=True,
         text=True,
