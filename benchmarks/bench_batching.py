@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from edge_infer import hub
+from edge_infer.bench.baseline import baseline_info, format_baseline
 from edge_infer.bench.serving import run_engine
 from edge_infer.bench.workloads import BenchRequest, make_workload
 from edge_infer.config import EngineConfig
@@ -89,6 +90,8 @@ def main() -> None:
            "threads": args.threads, "rows": rows}
     if args.static:
         res["static_bound"] = res_bound
+    if not args.no_llama_cpp:
+        res["llama_cpp_build"] = baseline_info()
     best = max((r["tokens_per_s"] for k, r in rows.items() if k.startswith("edge c=")), default=None)
     if base and best:
         res["ratios"] = {}
@@ -116,6 +119,8 @@ def main() -> None:
               f"{r.get('itl_p99_s', float('nan')) * 1000:>7.0f}ms")
     for k, v in res.get("ratios", {}).items():
         print(f"{k}: {v:.2f}x")
+    if "llama_cpp_build" in res:
+        print(format_baseline(res["llama_cpp_build"]))
     if args.static:
         print(f"bound on any scheduler at {args.static} sequences vs padded static batching: "
               f"{res['static_bound']:.2f}x (steps static runs / steps with every slot always busy)")

@@ -38,6 +38,7 @@ import httpx
 import numpy as np
 
 from edge_infer import hub
+from edge_infer.bench.baseline import baseline_info, format_baseline
 from edge_infer.bench.workloads import make_workload
 from edge_infer.tokenizer import Tokenizer
 
@@ -294,6 +295,8 @@ def main() -> None:
     edge, ref = rows.get("edge-infer", {}), rows.get("llama_cpp.server", {})
     if edge.get("tokens_per_s") and ref.get("tokens_per_s"):
         res["throughput_ratio"] = edge["tokens_per_s"] / ref["tokens_per_s"]
+    if not args.no_llama_cpp:
+        res["llama_cpp_build"] = baseline_info()
     if args.json:
         print(json.dumps(res, indent=2))
         return
@@ -317,6 +320,8 @@ def main() -> None:
               f"{a['requests_aborted_total']:.0f} aborted; exit code {edge.get('exit_code')}")  # fmt: skip
     if "settings" in ref:
         print(f"llama_cpp.server settings: {ref['settings']}")
+    if "llama_cpp_build" in res:
+        print(format_baseline(res["llama_cpp_build"]))
     if "throughput_ratio" in res:
         print(f"throughput edge-infer / llama_cpp.server: {res['throughput_ratio']:.2f}x")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from edge_infer import LLM, SamplingParams, hub  # noqa: E402
+from edge_infer.bench.baseline import baseline_info, format_baseline  # noqa: E402
 
 CODE_TASK = '''Here is a Python function:
 
@@ -102,6 +103,7 @@ def main() -> None:
     ref = llama_cpp_lookup(ngram_path, CODE_PROMPT, args.threads, args.max_tokens, k if isinstance(k, int) else 8)
     if ref is not None:
         res["ngram"]["llama_cpp"] = ref
+        res["llama_cpp_build"] = baseline_info()
     if not args.skip_draft:
         draft = str(hub.resolve_model("smollm2-135m"))
         target = args.draft_target or str(hub.cache_dir() / "models" / "smollm2-135m-f16.gguf")
@@ -116,6 +118,9 @@ def main() -> None:
         print(json.dumps(res, indent=2))
         return
     for name, r in res.items():
+        if name == "llama_cpp_build":
+            print(format_baseline(r))
+            continue
         print(f"{name}: plain {r['plain']['decode_tps']:.1f} tok/s, speculative {r['spec']['decode_tps']:.1f} tok/s "
               f"-> {r['speedup']:.2f}x  (acceptance {r['spec']['acceptance']:.0%}, "
               f"{r['spec']['tokens_per_step']:.2f} tokens/step, identical output: {r['identical']})")

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edge_infer.bench.baseline import baseline_info, format_baseline
 from edge_infer.tokenizer import Tokenizer
 
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
@@ -168,11 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
     rows = [bench_model(m, int(args.mb * (1 << 20))) for m in args.models]
+    build = baseline_info()
     if args.json:
-        json.dump(rows, sys.stdout, indent=2)
+        json.dump({"llama_cpp_build": build, "models": rows}, sys.stdout, indent=2)
         print()
     else:
         print_table(rows)
+        print(format_baseline(build))
     return 0
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from edge_infer.bench.baseline import baseline_info, format_baseline
+
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
@@ -109,6 +111,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         out["llama_cpp"] = {"pp_tps": ref["pp_tps"], "tg_tps": ref["tg_tps"]}
         out["ratio"] = {"pp": edge["pp_tps"] / ref["pp_tps"], "tg": edge["tg_tps"] / ref["tg_tps"]}
         out["llama_cpp_extra_buffers"] = ref.get("extra_buffers")
+    if ref:
+        out["llama_cpp_build"] = baseline_info()
     elif ref:
         out["llama_cpp"] = ref
     return out
@@ -131,6 +135,10 @@ def format_table(res: dict[str, Any]) -> str:
     if ref and "pp_tps" in ref:
         lines.append(f"{'llama.cpp':12}{ref['pp_tps']:>16.1f}{ref['tg_tps']:>16.1f}")
         lines.append(f"{'ratio':12}{res['ratio']['pp']:>15.2f}x{res['ratio']['tg']:>15.2f}x")
+        repack = "on" if res.get("llama_cpp_extra_buffers") else "**OFF (its repacking path failed: a hobbled baseline)**"
+        lines.append(f"llama.cpp repacked weights: {repack}")
+    if ref:
+        lines.append(format_baseline(res.get("llama_cpp_build")))
     elif ref:
         lines.append(f"llama.cpp: {ref.get('error')}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from llama_oracle import model_params
 
 from edge_infer import cli
 from edge_infer.bench.perplexity import PerplexityResult, perplexity, token_nlls
@@ -103,8 +104,7 @@ def llama_cpp_perplexity(model: Path, text: str, ctx: int, n_chunks: int) -> tup
         _SILENT_LOG = L.llama_log_callback(lambda level, msg, data: None)
         L.llama_log_set(_SILENT_LOG, ctypes.c_void_p())
     L.llama_backend_init()
-    mp = L.llama_model_default_params()
-    mp.use_extra_bufts = False  # the AMX repacking path segfaults on this machine
+    mp = model_params(L)
     lm = L.llama_model_load_from_file(str(model).encode(), mp)
     assert lm, "llama.cpp could not load the model"
     cp = L.llama_context_default_params()

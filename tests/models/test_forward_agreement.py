@@ -9,8 +9,9 @@ The text is the start of the GPL-3 (natural English prose), tokenized with BOS w
 adds one: 512 tokens, 640 for gemma3 so that its sliding-window layers (window 512) really
 mask keys (rows 512..639) in the reference and llama.cpp comparisons.
 
-llama.cpp is loaded through the low-level API with `use_extra_bufts = False`: its AMX/repacked
-matmul path crashes on some CPUs. Note that llama.cpp quantizes activations to 8 bits (q8_0,
+llama.cpp is loaded through the low-level API at its best (repacked weights on; off, with a
+warning, for a build with AMX compiled in, whose path crashes on some CPUs: see
+tests/support/llama_oracle.py). Note that llama.cpp quantizes activations to 8 bits (q8_0,
 q8_1, q8_K) in every matmul with a quantized weight, and we do not: with the same weights
 dequantized to F32, llama.cpp and edge-infer agree to KL ~1e-6 and 100% top-1 on this text,
 while llama.cpp's own quantized-activation path differs from its F32 path by KL 0.0025-0.006
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llama_oracle import model_params
 
 from edge_infer import LLM, SamplingParams
 from edge_infer.engine.sampler import top_logprobs
@@ -92,8 +94,7 @@ class LlamaCpp:
         set_verbose(False)
         lc.llama_backend_init()
         self.lc = lc
-        mp = lc.llama_model_default_params()
-        mp.use_extra_bufts = False  # the AMX / repacked matmul path segfaults on some CPUs
+        mp = model_params(lc)
         self.model = lc.llama_model_load_from_file(str(path).encode(), mp)
         assert self.model, f"llama.cpp could not load {path}"
         cp = lc.llama_context_default_params()
