@@ -1,7 +1,10 @@
-"""Load test of `edge-infer serve`, side by side with llama-cpp-python's server on the same workload.
+"""Load test of `edge-infer serve`, side by side with llama.cpp's servers on the same workload:
+its own `llama-server` with continuous batching (`-np N` slots, the main row; built by
+`benchmarks/llama_cpp_build.py --tools`) and llama-cpp-python's `llama_cpp.server`.
 
     python benchmarks/bench_server.py [-m MODEL] [--requests 16] [--disconnects 4] [--concurrency N]
-        [--max-tokens 32] [--scale 0.25] [--threads 2] [--no-llama-cpp] [--full] [--json]
+        [--max-tokens 32] [--scale 0.25] [--threads 2] [--baseline llama-server,llama_cpp.server]
+        [--llama-server PATH] [--no-llama-cpp] [--full] [--json]
 
 `--requests` streaming clients (the "mixed" workload of edge_infer.bench.workloads: mixed prompt and
 output lengths, outputs capped at --max-tokens; greedy, with the end-of-generation tokens banned through
@@ -224,6 +227,37 @@ def start_llama(
     return f"llama_cpp.server failed to serve (see {log.name})"
 
 
+def llama_server_binary(explicit: str | None) -> Path | None:
+    """--llama-server PATH, else the one benchmarks/llama_cpp_build.py --tools built for this host."""
+    if explicit:
+        return Path(explicit)
+    import llama_cpp_build
+
+    built = llama_cpp_build.cache_dir(llama_cpp_build.host_cmake_flags()) / "bin" / "llama-server"
+    return built if built.exists() else None
+
+
+def start_llama_server(path: str, args: argparse.Namespace, body: dict[str, Any], log: Any
+                       ) -> tuple[subprocess.Popen, str, str] | str:  # fmt: skip
+    """llama.cpp's own server with continuous batching (-np slots, 2048 tokens each), ready and
+    warmed up, or a sentence saying why not."""
+    binary = llama_server_binary(args.llama_server)
+    if binary is None or not binary.exists():
+        return "llama-server is not built: run python benchmarks/llama_cpp_build.py --tools (or pass --llama-server)"
+    port, n = free_port(), args.concurrency
+    cmd = [str(binary), "-m", path, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
+           "-tb", str(args.threads), "-np", str(n), "-c", str(2048 * n)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    if wait_http(proc, url + "/health", args.timeout) and warm_up(url, body):
+        return proc, url, f"-np {n} (continuous batching), -c {2048 * n}, -t {args.threads}"
+    stop(proc)
+    return f"llama-server failed to serve (see {log.name})"
+
+
+BASELINES = {"llama-server": start_llama_server, "llama_cpp.server": start_llama}
+
+
 def kv_after(url: str, timeout: float = 30.0) -> dict[str, float]:
     """Running requests and KV blocks in use once the clients are done (waits for aborts to land)."""
     from edge_infer.server.metrics import parse
@@ -250,13 +284,20 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=0.25, help="scales the workload's lengths (default 0.25)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600.0, help="bound on each wait in seconds")
-    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama_cpp.server")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip every llama.cpp baseline")
+    ap.add_argument("--baseline", default="llama-server,llama_cpp.server",
+                    help="llama.cpp servers to compare with, in order (default llama-server,llama_cpp.server)")
+    ap.add_argument("--llama-server", help="path of llama-server (default: the one llama_cpp_build.py --tools built)")
     ap.add_argument("--full", action="store_true", help="64 clients + 20 disconnecting, 128 tokens, scale 1")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.full:
         args.requests, args.disconnects, args.max_tokens, args.scale = 64, 20, 128, 1.0
     args.concurrency = args.concurrency or args.requests
+    baselines = [b.strip() for b in args.baseline.split(",") if b.strip()]
+    unknown = [b for b in baselines if b not in BASELINES]
+    if unknown:
+        ap.error(f"unknown --baseline {', '.join(unknown)} (known: {', '.join(BASELINES)})")
     path = str(hub.resolve_model(args.model))
     tok = Tokenizer.from_gguf(path)
     reqs = make_workload("mixed", args.requests, tok.vocab_size, seed=0, scale=args.scale)
@@ -276,25 +317,24 @@ def main() -> None:
         finally:
             stop(proc)
         rows["edge-infer"]["exit_code"] = proc.returncode
-    if not args.no_llama_cpp:
-        with open(logs / "llama_cpp.log", "wb") as log:
-            started = start_llama(path, args, bodies[0], log)
+    for name in [] if args.no_llama_cpp else baselines:
+        with open(logs / f"{name}.log", "wb") as log:
+            started = BASELINES[name](path, args, bodies[0], log)
             if isinstance(started, str):
-                rows["llama_cpp.server"] = {"error": started}
-            else:
-                proc, url, how = started
-                try:
-                    rows["llama_cpp.server"] = asyncio.run(run_load(url, bodies, hang_ups, args.concurrency,
-                                                                    args.timeout))  # fmt: skip
-                    rows["llama_cpp.server"]["settings"] = how
-                finally:
-                    stop(proc)
+                rows[name] = {"error": started}
+                continue
+            proc, url, how = started
+            try:
+                rows[name] = asyncio.run(run_load(url, bodies, hang_ups, args.concurrency, args.timeout))
+                rows[name]["settings"] = how
+            finally:
+                stop(proc)
     res = {"model": args.model, "requests": args.requests, "disconnects": args.disconnects,
            "concurrency": args.concurrency, "max_tokens": args.max_tokens, "scale": args.scale,
            "threads": args.threads, "logs": str(logs), "rows": rows}  # fmt: skip
-    edge, ref = rows.get("edge-infer", {}), rows.get("llama_cpp.server", {})
-    if edge.get("tokens_per_s") and ref.get("tokens_per_s"):
-        res["throughput_ratio"] = edge["tokens_per_s"] / ref["tokens_per_s"]
+    edge = rows.get("edge-infer", {})
+    res["throughput_ratios"] = {name: edge["tokens_per_s"] / rows[name]["tokens_per_s"] for name in baselines
+                                if edge.get("tokens_per_s") and rows.get(name, {}).get("tokens_per_s")}  # fmt: skip
     if not args.no_llama_cpp:
         res["llama_cpp_build"] = baseline_info()
     if args.json:
@@ -318,12 +358,10 @@ def main() -> None:
         print(f"edge-infer after the load: {a['num_requests_running']:.0f} running, {a['kv_blocks_used']:.0f} KV "
               f"blocks used ({a['kv_blocks_cached']:.0f} cached, unreferenced), "
               f"{a['requests_aborted_total']:.0f} aborted; exit code {edge.get('exit_code')}")  # fmt: skip
-    if "settings" in ref:
-        print(f"llama_cpp.server settings: {ref['settings']}")
+    for name, ratio in res["throughput_ratios"].items():
+        print(f"throughput edge-infer / {name} ({rows[name]['settings']}): {ratio:.2f}x")
     if "llama_cpp_build" in res:
         print(format_baseline(res["llama_cpp_build"]))
-    if "throughput_ratio" in res:
-        print(f"throughput edge-infer / llama_cpp.server: {res['throughput_ratio']:.2f}x")
 
 
 if __name__ == "__main__":

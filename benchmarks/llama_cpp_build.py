@@ -122,7 +122,7 @@ def build_tools(flags: list[str], dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         t = Path(tmp)
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(t),
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python", "-d", str(t),
               f"llama-cpp-python=={VERSION}"])
         sdist = next(t.glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tar:
