@@ -1,0 +1,36 @@
+"""`edge-infer bench` (pp/tg): llama.cpp is measured before and after us, its figures combined,
+its build printed beside them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_models import write_tiny_llama
+
+from edge_infer.bench.pp_tg import BenchConfig, combine_baseline, format_table, run
+
+
+def test_the_baseline_is_the_median_of_both_runs() -> None:
+    before = {"pp_tps": 10.0, "tg_tps": 5.0, "pp_all": [9.0, 10.0, 11.0], "tg_all": [5.0, 5.0, 5.0], "extra_buffers": True}
+    after = {"pp_tps": 20.0, "tg_tps": 4.0, "pp_all": [19.0, 20.0, 21.0], "tg_all": [4.0, 4.0, 4.0], "extra_buffers": True}
+    got = combine_baseline(before, after)
+    assert got is not None
+    assert got["pp_tps"] == 15.0 and got["tg_tps"] == 4.5 and got["extra_buffers"]
+    assert got["before"] == {"pp_tps": 10.0, "tg_tps": 5.0} and got["after"] == {"pp_tps": 20.0, "tg_tps": 4.0}
+    failed = {"error": "llama.cpp exited with code -11"}
+    assert combine_baseline(failed, None) is failed and combine_baseline(None, None) is None
+    assert combine_baseline(before, failed) is before  # the run after ours failed: the one before stands
+
+
+def test_bench_against_llama_cpp_on_a_tiny_model(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    path = write_tiny_llama(tmp_path / "tiny.gguf", qtype="Q8_0")
+    res = run(BenchConfig(str(path), threads=1, n_prompt=16, n_gen=4, repetitions=1))
+    ref = res["llama_cpp"]
+    assert ref["pp_tps"] > 0 and ref["before"]["tg_tps"] > 0 and ref["after"]["tg_tps"] > 0
+    assert res["ratio"]["pp"] == res["edge"]["pp_tps"] / ref["pp_tps"]
+    build = res["llama_cpp_build"]
+    assert "AVX" in build["system_info"] or "NEON" in build["system_info"] or "CPU" in build["system_info"]
+    table = format_table(res)
+    assert "before us" in table and "after us" in table and build["system_info"] in table
