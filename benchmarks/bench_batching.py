@@ -2,7 +2,7 @@
 llama.cpp serving the same requests one after another (what a Python user has today).
 
     python benchmarks/bench_batching.py [-m MODEL] [--workload decode-heavy] [--requests 16]
-        [--scale 0.25] [--concurrency 1,4,16] [--static 16] [--threads 2] [--json] [--full]
+        [--scale 0.25] [--concurrency 1,4,16] [--static 16] [--threads 2] [--json] [--full] [--plot FILE.png]
 
 Concurrency N keeps N requests in flight (a new one is added when one finishes). Static batching
 runs batches of N until the longest request of the batch ends, in two forms: "static" is the
@@ -10,7 +10,10 @@ classic one (a fixed-shape batch: a finished row keeps its slot and is computed 
 the longest ends, as a [batch, length] generate loop does), "static, early exit" lets finished
 rows leave the batch but still refills nothing. All requests are greedy with
 ignore_eos, so every configuration generates exactly the same tokens. --full runs the issue's
-matrix (64 requests, scale 1, concurrency 1,4,16,32).
+matrix (64 requests, scale 1, concurrency 1,4,16,32). llama.cpp runs before and after edge-infer;
+its row is the mean of both (each shown), so a machine that drifts shows as two baselines.
+--plot draws throughput against concurrency: static batching as marks at its batch size, llama.cpp
+sequential as a flat line.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 from pathlib import Path
 
 from edge_infer import hub
-from edge_infer.bench.baseline import baseline_info, format_baseline
+from edge_infer.bench.baseline import baseline_info, combine_runs, format_baseline, format_drift
 from edge_infer.bench.serving import run_engine
 from edge_infer.bench.workloads import BenchRequest, make_workload
 from edge_infer.config import EngineConfig
@@ -65,7 +68,12 @@ def main() -> None:
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--full", action="store_true", help="64 requests, scale 1, concurrency 1,4,16,32")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plot", metavar="FILE.png", help="draw throughput against concurrency (matplotlib)")
     args = ap.parse_args()
+    if args.plot:
+        from edge_infer.bench.plot import check_plot_path
+
+        check_plot_path(args.plot)
     if args.full:
         args.requests, args.scale, args.concurrency = 64, 1.0, "1,4,16,32"
     path = str(hub.resolve_model(args.model))
@@ -74,15 +82,15 @@ def main() -> None:
                                     kv_cache_memory=2 * 2**30))
     reqs = make_workload(args.workload, args.requests, engine.model_config.vocab_size, scale=args.scale)
     rows: dict[str, dict] = {}
+    before = None if args.no_llama_cpp else run_llama_cpp_sequential(path, reqs, args.threads)
     for c in concs:
         rows[f"edge c={c}"] = run_engine(engine, reqs, c, static=False)
     if args.static:
         rows[f"edge static {args.static}"] = run_engine(engine, reqs, args.static, static=True, padded=True)
         rows[f"edge static {args.static} early exit"] = run_engine(engine, reqs, args.static, static=True)
-    if not args.no_llama_cpp:
-        ref = run_llama_cpp_sequential(path, reqs, args.threads)
-        if ref is not None:
-            rows["llama.cpp sequential"] = ref
+    if before is not None:
+        after = run_llama_cpp_sequential(path, reqs, args.threads) if "tokens_per_s" in before else None
+        rows["llama.cpp sequential"] = combine_runs(before, after, ("tokens_per_s",)) or before
     if args.static:
         res_bound = static_bound([r.max_tokens for r in reqs], args.static)
     base = rows.get(f"edge c={concs[0]}", {}).get("tokens_per_s")
@@ -105,6 +113,14 @@ def main() -> None:
                                ("llama.cpp sequential", "llama_cpp_sequential")):
                 if "tokens_per_s" in rows.get(key, {}):
                     res["ratios"][f"{name}_vs_{label}"] = tps / rows[key]["tokens_per_s"]
+    if args.plot:
+        from edge_infer.bench.plot import plot_throughput
+
+        static = {k: (args.static, r["tokens_per_s"]) for k, r in rows.items() if k.startswith("edge static")}
+        flat = {k: r["tokens_per_s"] for k, r in rows.items() if k.startswith("llama.cpp") and "tokens_per_s" in r}
+        plot_throughput({"edge-infer continuous": {c: rows[f"edge c={c}"]["tokens_per_s"] for c in concs}}, flat,
+                        args.plot, f"{args.model}, {args.workload}, {args.requests} requests, {args.threads} threads",
+                        static)
     if args.json:
         print(json.dumps(res, indent=2))
         return
@@ -116,7 +132,7 @@ def main() -> None:
             continue
         print(f"{k:30}{r['tokens_per_s']:>9.1f}{r.get('ttft_p50_s', float('nan')):>10.2f}"
               f"{r.get('ttft_p99_s', float('nan')):>10.2f}{r.get('itl_p50_s', float('nan')) * 1000:>7.0f}ms"
-              f"{r.get('itl_p99_s', float('nan')) * 1000:>7.0f}ms")
+              f"{r.get('itl_p99_s', float('nan')) * 1000:>7.0f}ms{format_drift(r, 'tokens_per_s')}")
     for k, v in res.get("ratios", {}).items():
         print(f"{k}: {v:.2f}x")
     if "llama_cpp_build" in res:

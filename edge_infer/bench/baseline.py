@@ -26,3 +26,28 @@ def format_baseline(info: dict[str, Any] | None) -> str:
     if info["amx"]:
         line += "\n**this llama.cpp was built with AMX: not the fair baseline (benchmarks/llama_cpp_build.py)**"
     return line
+
+
+def combine_runs(before: dict[str, Any] | None, after: dict[str, Any] | None, keys: tuple[str, ...]
+                 ) -> dict[str, Any] | None:  # fmt: skip
+    """One baseline row from the runs of llama.cpp before and after ours (so that a machine that
+    drifts during the run shows as two different baselines, not as a ratio): `before` with each
+    of `keys` (rates, higher is better) replaced by the mean of both runs, the two runs' own
+    values under "before" / "after" and their spread under "drift" (after / before - 1 of the
+    first key). `before` unchanged when either run lacks a key (failed or skipped)."""
+    if before is None or after is None or any(k not in before or k not in after for k in keys):
+        return before
+    out = dict(before)
+    for k in keys:
+        out[k] = (before[k] + after[k]) / 2
+    out["before"] = {k: before[k] for k in keys}
+    out["after"] = {k: after[k] for k in keys}
+    out["drift"] = after[keys[0]] / before[keys[0]] - 1 if before[keys[0]] else 0.0
+    return out
+
+
+def format_drift(row: dict[str, Any], key: str) -> str:
+    """' (before X, after Y)' for a row combine_runs made, else ''."""
+    if "before" not in row:
+        return ""
+    return f" (before us {row['before'][key]:.1f}, after us {row['after'][key]:.1f})"

@@ -156,8 +156,8 @@ def format_table(res: dict[str, Any]) -> str:
         lines.append(f"{'ratio':12}{res['ratio']['pp']:>15.2f}x{res['ratio']['tg']:>15.2f}x")
         repack = "on" if res.get("llama_cpp_extra_buffers") else "**OFF (its repacking path failed: a hobbled baseline)**"
         lines.append(f"llama.cpp repacked weights: {repack}")
+    if ref and "error" in ref:
+        lines.append(f"llama.cpp: {ref['error']}")
     if ref:
         lines.append(format_baseline(res.get("llama_cpp_build")))
-    elif ref:
-        lines.append(f"llama.cpp: {ref.get('error')}")
     return "\n".join(lines)

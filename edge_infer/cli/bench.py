@@ -17,7 +17,8 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "tokens/s; with llama-cpp-python installed, llama.cpp on the same model, prompt and threads in "
         "the same run. Figures are medians of --repetitions runs.",
     )  # fmt: skip
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL, help=f"known name or .gguf path (default {DEFAULT_MODEL})")
+    p.add_argument("-m", "--model", nargs="+", default=[DEFAULT_MODEL], metavar="MODEL",
+                   help=f"known names or .gguf paths, measured one after another (default {DEFAULT_MODEL})")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (default 128)")
@@ -29,7 +30,10 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--concurrency", default="1,4,16", help="with --workload: requests in flight (list, default 1,4,16)")
     p.add_argument("--requests", type=int, default=16, help="with --workload: number of requests (default 16)")
     p.add_argument("--scale", type=float, default=0.25, help="with --workload: output-length scale (1 = full)")
-    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("--json", action="store_true", help="print a JSON object (a list of them for several models)")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="also draw the figures: pp/tg per model beside llama.cpp, or with --workload "
+                   "throughput against concurrency (needs matplotlib: the [bench] extra)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -43,10 +47,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     threads = args.threads or default_threads()
     if threads < 1:
         raise InvalidRequest("--threads must be at least 1")
+    if args.plot is not None:
+        from edge_infer.bench.plot import check_plot_path
+
+        check_plot_path(args.plot)
     if args.workload is not None:
         return _cmd_workload(args, threads)
-    res = run(BenchConfig(args.model, threads, args.n_prompt, args.n_gen, args.repetitions, not args.no_llama_cpp))
-    print(json.dumps(res, indent=2) if args.json else format_table(res))
+    results = []
+    for model in args.model:
+        res = run(BenchConfig(model, threads, args.n_prompt, args.n_gen, args.repetitions, not args.no_llama_cpp))
+        results.append(res)
+        if not args.json:
+            print(format_table(res), flush=True)
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+    if args.plot is not None:
+        from edge_infer.bench.plot import plot_pp_tg
+
+        print(f"chart: {plot_pp_tg(results, args.plot)}")
     return 0
 
 
@@ -57,6 +75,8 @@ def _cmd_workload(args: argparse.Namespace, threads: int) -> int:
     from edge_infer.config import EngineConfig
     from edge_infer.engine.engine import LLMEngine
 
+    if len(args.model) != 1:
+        raise InvalidRequest("--workload measures one model: give one -m")
     if args.workload not in WORKLOADS:
         raise InvalidRequest(f"unknown workload {args.workload!r} (known: {', '.join(WORKLOADS)})")
     try:
@@ -65,15 +85,20 @@ def _cmd_workload(args: argparse.Namespace, threads: int) -> int:
         raise InvalidRequest(f"--concurrency must be a comma-separated list of integers, got {args.concurrency!r}") from None
     if not concs or min(concs) < 1 or args.requests < 1 or args.scale <= 0:
         raise InvalidRequest("--concurrency values and --requests must be at least 1, --scale positive")
-    engine = LLMEngine(EngineConfig(model=str(hub.resolve_model(args.model)), n_threads=threads,
+    engine = LLMEngine(EngineConfig(model=str(hub.resolve_model(args.model[0])), n_threads=threads,
                                     max_num_seqs=max(concs), kv_cache_memory=2 * 2**30))
     reqs = make_workload(args.workload, args.requests, engine.model_config.vocab_size, scale=args.scale)
     rows = {f"concurrency {c}": run_engine(engine, reqs, c, static=False) for c in concs}
+    if args.plot is not None:
+        from edge_infer.bench.plot import plot_throughput
+
+        plot_throughput({"edge-infer": {c: rows[f"concurrency {c}"]["tokens_per_s"] for c in concs}}, {}, args.plot,
+                        f"{args.model[0]}, {args.workload}, {args.requests} requests, {threads} threads")
     if args.json:
-        print(json.dumps({"model": args.model, "workload": args.workload, "requests": args.requests,
+        print(json.dumps({"model": args.model[0], "workload": args.workload, "requests": args.requests,
                           "scale": args.scale, "threads": threads, "rows": rows}, indent=2))
         return 0
-    print(f"{args.model}, workload {args.workload}: {args.requests} requests, scale {args.scale}, {threads} threads")
+    print(f"{args.model[0]}, workload {args.workload}: {args.requests} requests, scale {args.scale}, {threads} threads")
     print(f"{'':16}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>10}{'ITL p99':>10}")
     for k, r in rows.items():
         print(f"{k:16}{r['tokens_per_s']:>9.1f}{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s"
