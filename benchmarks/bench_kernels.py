@@ -6,9 +6,13 @@
 
 (a) Read bandwidth: a numba prange sum over a float32 array larger than twice the last-level
     cache, with each thread count: what GEMV, which reads every weight byte once, can reach.
-(b) GEMV (T=1, K=4096): matmul_kernel on a ~64 MB weight matrix per call; the calls rotate over
-    slices of a buffer of the same footprint as (a), so the weights come from memory, not L3.
-    Reported as weight GB/s, the fraction of (a) at the same thread count, and GMAC/s.
+(b) GEMV (T=1, K=4096): the path the CPU backend takes for the type (column "path": the int8
+    kernel for Q4_0..Q5_1, the K-quant int8 kernel for Q4_K/Q5_K/Q6_K, activation quantization
+    included; the float kernel otherwise; --float forces the float kernel) on a ~64 MB weight
+    matrix per call; the calls rotate over slices of a buffer of the same footprint as (a), so
+    the weights come from memory, not L3. Reported as GB/s of the weight bytes it streams (the
+    file's bytes; the repacked copy is no larger), the fraction of (a) at the same thread count,
+    and GMAC/s.
 (c) GEMM (T=64 and T=512, 2048 x 2048 weights): GMAC/s, the weights cache-resident.
 
 Every figure is the median of several timed calls after a warm-up call (compilation comes from
@@ -32,7 +36,13 @@ import numba
 import numpy as np
 
 from edge_infer.kernels_cpu import dequant as dq
+from edge_infer.kernels_cpu.backend import I8_TYPES, K_TYPES
 from edge_infer.kernels_cpu.matmul import matmul_kernel
+from edge_infer.kernels_cpu.matmul_i8 import matmul3_i8_kernel
+from edge_infer.kernels_cpu.matmul_k import matmul3_k_kernel
+from edge_infer.kernels_cpu.membw import sum_kernel
+from edge_infer.kernels_cpu.repack_i8 import repack
+from edge_infer.kernels_cpu.repack_k import repack_k
 
 TYPES = {
     "Q4_0": dq.Q4_0,
@@ -56,25 +66,6 @@ F16_SCALES = {
     dq.Q6_K: (208,),
 }
 MB = 1 << 20
-
-
-@numba.njit(fastmath=True, nogil=True, cache=True)
-def _chunk_sum(a):  # type: ignore[no-untyped-def]
-    s = np.float32(0.0)
-    for i in range(a.shape[0]):  # from 0: numba's negative-index wrap-around folds away
-        s += a[i]
-    return s
-
-
-@numba.njit(parallel=True, nogil=True, cache=True)
-def _sum(a, n_threads):  # type: ignore[no-untyped-def]
-    # The loop in a function of its own over a slice: `for i in range(lo, hi): s += a[i]` in
-    # the prange body compiles to gathers (numba wraps possibly negative indices) at 1/3 speed.
-    per = (a.shape[0] + n_threads - 1) // n_threads
-    part = np.zeros(n_threads, np.float64)
-    for t in numba.prange(n_threads):
-        part[t] = _chunk_sum(a[t * per : min(a.shape[0], (t + 1) * per)])
-    return part.sum()
 
 
 def last_level_cache_bytes() -> int:
@@ -133,12 +124,40 @@ def tiled_weights(qtype: int, cols: int, slice_bytes: int, footprint: int, rng: 
     return [big[s * rows : (s + 1) * rows] for s in range(n_slices)]
 
 
+def kernel_path(qtype: int, force_float: bool) -> str:
+    """Which matmul the CPU backend runs a layer matrix of this type with."""
+    if force_float:
+        return "float"
+    return "int8" if qtype in I8_TYPES["layer"] else ("int8-K" if qtype in K_TYPES else "float")
+
+
+def prepared_matmul(qtype: int, w: np.ndarray, tokens: int, path: str) -> Callable[[np.ndarray, np.ndarray, int], None]:
+    """fn(x [T, K], out [T, R], n_threads) computing out = x @ w.T the way `path` does,
+    weights prepared once here (as the backend's prepare_weights), activations per call."""
+    rows, k = w.shape[0], w.shape[1] // dq.BLOCK_SHAPE[qtype][1] * dq.BLOCK_SHAPE[qtype][0]
+    no_out = np.empty((tokens, 0), np.float32)
+    if path == "int8-K":
+        kw = repack_k(w, qtype, rows, k)
+        bufs = (np.empty((tokens, k // 4), np.int32), np.empty((tokens, k // 32), np.float32),
+                np.empty((tokens, k // 16), np.int32))
+        none = (np.empty((0, 1, 2304), np.uint8), dq.Q4_K)
+        return lambda x, out, n: matmul3_k_kernel(x, *bufs, kw.wk, kw.qtype, out, *none, no_out, *none, no_out, n)
+    if path == "int8":
+        iw = repack(w, qtype, rows, k)
+        bufs = (np.empty((tokens, k // 4), np.int32), np.empty((tokens, k // 32), np.float32),
+                np.empty((tokens, k // 32), np.int32))
+        none8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0)
+        return lambda x, out, n: matmul3_i8_kernel(x, *bufs, iw.wi, iw.wd, iw.wm, iw.offset, out, *none8, no_out,
+                                                   *none8, no_out, n)
+    return lambda x, out, n: matmul_kernel(x, w, qtype, out, n)
+
+
 def bench_bandwidth(footprint: int, threads: list[int], min_runs: int, min_s: float) -> dict[int, float]:
     a = np.full(footprint // 4, 1.0, np.float32)
     res = {}
     for n in threads:
         numba.set_num_threads(n)
-        sec = timed(lambda _i, n=n: _sum(a, n), min_runs, min_s)
+        sec = timed(lambda _i, n=n: sum_kernel(a, n), min_runs, min_s)
         res[n] = a.nbytes / sec / 1e9
     return res
 
@@ -151,17 +170,19 @@ def bench_gemv(
     min_runs: int,
     min_s: float,
     rng: np.random.Generator,
+    path: str,
 ) -> dict[int, dict[str, float]]:
     K = 4096
     slices = tiled_weights(qtype, K, slice_bytes, footprint, rng)
     R = slices[0].shape[0]
     x = rng.standard_normal((1, K), np.float32)
     out = np.empty((1, R), np.float32)
+    fns = [prepared_matmul(qtype, w, 1, path) for w in slices]  # the repacked copies replace the slices
     res = {}
     for n in threads:
         numba.set_num_threads(n)
         runs = max(min_runs, len(slices))
-        sec = timed(lambda i, n=n: matmul_kernel(x, slices[i % len(slices)], qtype, out, n), runs, min_s)
+        sec = timed(lambda i, n=n: fns[i % len(fns)](x, out, n), runs, min_s)
         res[n] = {
             "gbps": slices[0].nbytes / sec / 1e9,
             "gmacs": R * K / sec / 1e9,
@@ -174,16 +195,16 @@ def bench_gemv(
 
 
 def bench_gemm(
-    qtype: int, threads: list[int], tokens: int, min_runs: int, min_s: float, rng: np.random.Generator
+    qtype: int, threads: list[int], tokens: int, min_runs: int, min_s: float, rng: np.random.Generator, path: str
 ) -> dict[int, float]:
     R = K = 2048
-    w = random_weights(qtype, R, K, rng)
+    fn = prepared_matmul(qtype, random_weights(qtype, R, K, rng), tokens, path)
     x = rng.standard_normal((tokens, K), np.float32)
     out = np.empty((tokens, R), np.float32)
     res = {}
     for n in threads:
         numba.set_num_threads(n)
-        sec = timed(lambda _i, n=n: matmul_kernel(x, w, qtype, out, n), min_runs, min_s)
+        sec = timed(lambda _i, n=n: fn(x, out, n), min_runs, min_s)
         res[n] = tokens * R * K / sec / 1e9
     return res
 
@@ -198,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated weight types")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     ap.add_argument("--quick", action="store_true", help="smaller footprint and fewer runs")
+    ap.add_argument("--float", action="store_true", help="time the float kernel for every type")
     args = ap.parse_args(argv)
     threads = sorted({int(t) for t in args.threads.split(",") if t.strip()})
     if not threads or threads[0] < 1 or threads[-1] > numba.config.NUMBA_NUM_THREADS:
@@ -221,13 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in names:
         q = TYPES[name]
-        gemv = bench_gemv(q, threads, footprint, slice_bytes, min_runs, min_s, rng)
-        g64 = bench_gemm(q, threads, 64, min_runs, min_s, rng)
-        g512 = bench_gemm(q, threads, 512, max(3, min_runs // 2), min_s, rng)
+        path = kernel_path(q, args.float)
+        gemv = bench_gemv(q, threads, footprint, slice_bytes, min_runs, min_s, rng, path)
+        g64 = bench_gemm(q, threads, 64, min_runs, min_s, rng, path)
+        g512 = bench_gemm(q, threads, 512, max(3, min_runs // 2), min_s, rng, path)
         for n in threads:
             rows.append(
                 {
                     "type": name,
+                    "path": path,
                     "threads": n,
                     "gemv_gbps": gemv[n]["gbps"],
                     "gemv_frac_bw": gemv[n]["gbps"] / bw[n],
@@ -261,12 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         f"read bandwidth over {m['footprint_mb']:.0f} MB (LLC {m['last_level_cache_mb']:.0f} MB): "
         + ", ".join(f"{n} thread{'s' if n > 1 else ''} {v:.1f} GB/s" for n, v in bw.items())
     )
-    hdr = f"{'type':<5} {'thr':>3} {'GEMV GB/s':>9} {'of BW':>6} {'GMAC/s':>7} {'ms':>7}  {'T=64 GMAC/s':>11} {'T=512 GMAC/s':>12}"
+    hdr = f"{'type':<5} {'path':<6} {'thr':>3} {'GEMV GB/s':>9} {'of BW':>6} {'GMAC/s':>7} {'ms':>7}  {'T=64 GMAC/s':>11} {'T=512 GMAC/s':>12}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(
-            f"{r['type']:<5} {r['threads']:>3} {r['gemv_gbps']:>9.2f} {r['gemv_frac_bw']:>6.0%} "
+            f"{r['type']:<5} {r['path']:<6} {r['threads']:>3} {r['gemv_gbps']:>9.2f} {r['gemv_frac_bw']:>6.0%} "
             f"{r['gemv_gmacs']:>7.2f} {r['gemv_ms']:>7.2f}  {r['gemm64_gmacs']:>11.2f} {r['gemm512_gmacs']:>12.2f}"
         )
     print(

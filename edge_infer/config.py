@@ -168,6 +168,7 @@ class RuntimePlan:
     max_model_len: int
     n_threads: int
     device: str
+    decode_weight_bytes: int = 0  # weights one decode step reads (models.weights.decode_weight_bytes)
 
     @property
     def kv_capacity_tokens(self) -> int:

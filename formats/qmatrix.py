@@ -22,3 +22,8 @@ class QMatrix:
     rows: int
     cols: int
     packed: Any = None
+
+    @property
+    def compute_nbytes(self) -> int:
+        """Bytes one product with the matrix reads: its prepared form's, else its GGUF blocks'."""
+        return int(self.packed.nbytes) if self.packed is not None else int(self.data.nbytes)

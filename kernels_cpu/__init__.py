@@ -34,6 +34,18 @@ groups, nb = K / 32 blocks; see matmul_i8):
   decode_row(qtype, row u8 [row_bytes], out f32 [K])
       bit-exact with formats.quants.dequantize; an unknown qtype raises ValueError.
 
+K-quant path (matmul_k, its vector intrinsics in simd_k and simd_i8, repack_k), for Q4_K / Q5_K
+/ Q6_K weights with 256-wide rows, repacked at the file's size into one record per (16-row
+group, 256-column super-block) (G groups, S = K / 256; see repack_k):
+  quantize_rows_q8_16(x f32 [T, K], xq4 i32 [T, K/4], xd f32 [T, K/32], xs16 i32 [T, K/16])
+      quantize_rows_q8's codes and scales, with sums per 16 values.
+  matmul_k_kernel(xq4, xd, xs16, wk u8 [G, S, 2304 | 2816 | 3360], qtype, out f32 [T, R], n_threads)
+      per 32-column block: exact integer dot products, then float(isum) * ((d * sc) * d_x)
+      [- (dmin * m) * (d_x * xsum)] (Q6_K: its two 16-column halves combined with their scales
+      in integers first), blocks in order: batch- and thread-invariant as the int8 path.
+  matmul3_k_kernel(x f32 [T, K], xq4, xd, xs16, then (wk, qtype, out) x 3, n_threads)
+      quantizes x once, then up to three matrices' row groups split over the threads.
+
 KV pool of one layer: k_cache, v_cache [num_blocks, block_size, n_kv, hd] of uint16 (IEEE half
 bits: numba has no float16), float32, or int8 with float32 scales k_scale, v_scale
 [num_blocks, block_size, n_kv] (value = q * s, s = max|x| / 127 per token and head); for f16
@@ -71,7 +83,8 @@ Per-row ops, float32, rows independent:
 The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.models.backend
 .Backend); kernels_cuda's backend has the same methods over device arrays:
   prepare_weights(gguf, [(role, QMatrix)]) -> [QMatrix]    role "layer" | "output"; decides the
-      int8 repack (4/5-bit layer matrices, a Q8_0 output) and sets QMatrix.packed.
+      int8 repack (Q4_0..Q8_0 layer matrices, a Q8_0 output; Q4_K/Q5_K/Q6_K with 256-wide rows
+      for the K-quant kernel) and sets QMatrix.packed.
   make_workspace(capacity, D, Q, KV, F) -> Workspace       every scratch buffer of a forward
       (workspace.py: named fields, shapes in comments); a step of n tokens uses rows [:n].
   kv_block_bytes(...), make_kv_pool(n_layers, num_blocks, block_size, n_kv, hd, kv_dtype),
@@ -91,7 +104,7 @@ attention reads this step's K/V back from the pool, so a token's output is the s
 context was computed in this chunk or an earlier one.
 
 Modules: backend, workspace, dequant, matmul, matmul_i8 (its vector intrinsics in simd_i8),
-repack_i8, attention, ops, fastmath (vectorizable exp/tanh/silu/gelu), reference (the NumPy
+repack_i8, matmul_k (simd_k), repack_k, membw (read bandwidth), attention, ops, fastmath (vectorizable exp/tanh/silu/gelu), reference (the NumPy
 twins), _jit (codegen settings, the kernel decorator, f16/bf16 bit helpers). This file imports
 nothing: importing the package stays cheap.
 """

@@ -12,21 +12,26 @@ import numpy as np
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.formats.qmatrix import QMatrix
 
-from . import attention, matmul, matmul_i8, ops
-from .dequant import KERNEL_TYPES, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-from .repack_i8 import repack
-from .workspace import Workspace, i8_activation_buffers, i8_views, make_workspace
+from . import attention, matmul, matmul_i8, matmul_k, ops
+from .dequant import KERNEL_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from .repack_i8 import I8Weights, repack
+from .repack_k import KWeights, repack_k
+from .workspace import Workspace, i8_activation_buffers, i8_views, k_views, make_workspace
 
 # int8 kernel (activations quantized per 32-block, integer dot products) for the types whose
-# codes it takes as they are: 4- and 5-bit layer matrices, a Q8_0 output matrix. Other types
-# keep the float path (decoded blocks, float32 products).
-I8_TYPES = {"layer": (Q4_0, Q4_1, Q5_0, Q5_1), "output": (Q8_0,)}
+# codes it takes as they are: 4-, 5- and 8-bit layer matrices, a Q8_0 output matrix (Q8_0 layers
+# on it moved qwen2.5-0.5b's mean KL from llama.cpp 0.0051 -> 0.0029: llama.cpp quantizes there
+# too). Other types keep the float path (decoded blocks, float32 products).
+I8_TYPES = {"layer": (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), "output": (Q8_0,)}
+# the K-quant int8 kernel (activations per 256 values, llama.cpp's Q8_K), any role; 256-wide rows
+K_TYPES = (Q4_K, Q5_K, Q6_K)
 # f16 is stored as IEEE half bits; q8_0 as int8 with a float32 scale per (token, head)
 KV_DTYPES = {"f16": np.uint16, "f32": np.float32, "q8_0": np.int8}
 KVLayer = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # k_cache, k_scale, v_cache, v_scale
 
 _NO_ROWS = np.empty((0, 1), np.uint8)  # an unused matrix slot of a three-matmul launch
 _NO_I8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0)
+_NO_K = (np.empty((0, 1, 2304), np.uint8), Q4_K)
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -50,12 +55,17 @@ class CpuBackend:
     # -- memory ------------------------------------------------------------------------------
     def prepare_weights(self, f: GGUFFile, matrices: Sequence[tuple[str, QMatrix]]) -> list[QMatrix]:
         """Each (role, matrix), role "layer" or "output", in the form the matmuls take: 4/5-bit
-        layer matrices and a Q8_0 output matrix repacked for the int8 kernel, whose copy then
-        replaces the tensor's mmap'd pages (dropped here; a row lookup faults its page back)."""
+        layer matrices and a Q8_0 output matrix repacked for the int8 kernel, Q4_K / Q5_K / Q6_K
+        matrices with 256-wide rows for the K-quant one; the copy then replaces the tensor's
+        mmap'd pages (dropped here; a row lookup faults its page back)."""
         out = []
         for role, w in matrices:
+            packed: I8Weights | KWeights | None = None
             if w.qtype in I8_TYPES[role] and w.cols % 32 == 0:
                 packed = repack(w.data, w.qtype, w.rows, w.cols)
+            elif w.qtype in K_TYPES and w.cols % 256 == 0:
+                packed = repack_k(w.data, w.qtype, w.rows, w.cols)
+            if packed is not None:
                 f.drop_pages(f.tensors[w.name])
                 w = QMatrix(w.name, w.data, w.qtype, w.rows, w.cols, packed)
             out.append(w)
@@ -91,9 +101,18 @@ class CpuBackend:
     # -- compute -----------------------------------------------------------------------------
     def matmuls(self, x: np.ndarray, ws: Sequence[QMatrix], outs: Sequence[np.ndarray], work: Workspace) -> None:
         """outs[m] = x @ ws[m].T for one to three matrices of the same input: the int8 ones in
-        one launch that also quantizes x (into the workspace), the float ones in another."""
+        one launch that also quantizes x (into the workspace), the K-quant ones in another
+        (quantizing per 256), the float ones in a third."""
         n = x.shape[0]
-        i8 = [(w.packed, o) for w, o in zip(ws, outs) if w.packed is not None]
+        kq = [(w.packed, o) for w, o in zip(ws, outs) if isinstance(w.packed, KWeights)]
+        if kq:
+            args_k: list[object] = [x, *k_views(work, n, x.shape[1])]
+            for kw, o in kq:
+                args_k += [kw.wk, kw.qtype, o]
+            for _ in range(3 - len(kq)):
+                args_k += [*_NO_K, work.no_out[:n]]
+            matmul_k.matmul3_k_kernel(*args_k, self.n_threads)
+        i8 = [(w.packed, o) for w, o in zip(ws, outs) if isinstance(w.packed, I8Weights)]
         if i8:
             args: list[object] = [x, *i8_views(work, n, x.shape[1])]
             for iw, o in i8:

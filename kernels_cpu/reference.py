@@ -134,3 +134,78 @@ def matmul_i8(xq: np.ndarray, xd: np.ndarray, xsum: np.ndarray, w: np.ndarray, q
             term = term + m[None, :, b] * (dx * xsum[:, b : b + 1].astype(np.float32))
         acc = acc + term
     return acc
+
+
+def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+    """The integer view of a Q4_K / Q5_K / Q6_K matrix (from its GGUF bytes) the K-quant kernel
+    computes with: unsigned codes int64 [R, K] in column order, sub-block scales int64 [R, S, 8]
+    (Q6_K: [R, S, 16], signed), mins int64 [R, S, 8] or None, d and dmin float32 [R, S] (dmin
+    None for Q6_K). Weight = d * sc * code - dmin * m (Q4_K, Q5_K), d * sc * (code - 32) (Q6_K)."""
+    from .dequant import Q4_K, Q5_K
+
+    rows = w.shape[0]
+    size = {Q4_K: 144, Q5_K: 176}.get(qtype, 210)
+    blk = w.reshape(rows, -1, size)
+
+    def f16(at: int) -> np.ndarray:
+        return blk[:, :, at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+    if qtype in (Q4_K, Q5_K):
+        q = blk[:, :, 4:16].astype(np.int64)
+        sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], -1)
+        mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], -1)
+        qs = blk[:, :, 48:] if qtype == Q5_K else blk[:, :, 16:]
+        qs = qs.astype(np.int64).reshape(rows, -1, 4, 32)
+        codes = np.stack([qs & 15, qs >> 4], axis=3)  # [R, S, 4 chunks, 2 halves, 32]
+        if qtype == Q5_K:
+            qh = blk[:, :, 16:48].astype(np.int64)[:, :, None, None, :]
+            shift = (2 * np.arange(4)[:, None] + np.arange(2)[None, :])[None, None, :, :, None]
+            codes = codes | (((qh >> shift) & 1) << 4)
+        return codes.reshape(rows, -1), sc, mn, f16(0), f16(2)
+    ql = blk[:, :, :128].astype(np.int64).reshape(rows, -1, 2, 2, 32)  # [R, S, n, lo/lo2, 32]
+    qh = blk[:, :, 128:192].astype(np.int64).reshape(rows, -1, 2, 1, 32)
+    low = (ql & 15) | (((qh >> (2 * np.arange(2)[:, None])) & 3) << 4)  # columns 128n + 32i + j, i = 0, 1
+    high = (ql >> 4) | (((qh >> (4 + 2 * np.arange(2)[:, None])) & 3) << 4)  # i = 2, 3
+    codes = np.concatenate([low, high], axis=3).reshape(rows, -1)
+    sc = blk[:, :, 192:208].copy().view(np.int8).astype(np.int64)
+    return codes, sc, None, f16(208), None
+
+
+def quantize_q8_16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [T, K] -> (int8 codes [T, K], scales float32 [T, K/32], sums int64 [T, K/16]),
+    as kernels_cpu.matmul_k.quantize_rows_q8_16 (float32 math, round half to even)."""
+    t, k = x.shape
+    blocks = x.reshape(t, -1, 32)
+    d = (np.abs(blocks).max(-1) / np.float32(127.0)).astype(np.float32)
+    safe = np.where(d == 0, np.float32(1.0), d)
+    inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / safe).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).astype(np.int8).reshape(t, k)
+    return q, d, q.astype(np.int64).reshape(t, -1, 16).sum(-1)
+
+
+def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qtype: int) -> np.ndarray:
+    """The K-quant kernel's exact arithmetic (kernels_cpu.matmul_k): per 32-column block in
+    order, exact integer sums, then Q4_K / Q5_K: acc += float32(isum) * ((d * sc) * dx) +
+    (-(dmin * m)) * (dx * float32(xsum)); Q6_K: acc += float32(isum) * (d * dx), isum combining
+    the two 16-column halves with their scales in integers."""
+    codes, sc, mn, d, dmin = k_codes(w, qtype)
+    rows = d.shape[0]
+    acc = np.zeros((xq.shape[0], rows), np.float32)
+    x64 = xq.astype(np.int64)
+    for blk in range(codes.shape[1] // 32):
+        s, j = divmod(blk, 8)
+        dx = xd[:, blk : blk + 1]
+        lo, hi = xs16[:, 2 * blk : 2 * blk + 1], xs16[:, 2 * blk + 1 : 2 * blk + 2]
+        if mn is None:
+            c = slice(blk * 32, blk * 32 + 16)
+            c2 = slice(blk * 32 + 16, blk * 32 + 32)
+            isum = (x64[:, c] @ codes[:, c].T - 32 * lo) * sc[None, :, s, 2 * j]
+            isum = isum + (x64[:, c2] @ codes[:, c2].T - 32 * hi) * sc[None, :, s, 2 * j + 1]
+            acc = acc + isum.astype(np.float32) * (d[None, :, s] * dx)
+        else:
+            c = slice(blk * 32, blk * 32 + 32)
+            isum = x64[:, c] @ codes[:, c].T
+            ds = sc[:, s, j].astype(np.float32) * d[:, s]
+            ms = mn[:, s, j].astype(np.float32) * -dmin[:, s]
+            acc = acc + (isum.astype(np.float32) * (ds[None, :] * dx) + ms[None, :] * (dx * (lo + hi).astype(np.float32)))
+    return acc

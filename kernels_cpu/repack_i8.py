@@ -35,6 +35,11 @@ class I8Weights:
     wm: np.ndarray
     offset: int
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product with this matrix reads."""
+        return self.wi.nbytes + self.wd.nbytes + self.wm.nbytes
+
 
 @kernel(parallel=True)
 def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]

@@ -17,22 +17,24 @@ GROUP = 16  # rows per interleaved group (one 512-bit vector of int32 lanes)
 # the core's 14 GB/s with the hardware prefetcher alone, 12-13 with these).
 PREFETCH_BYTES = 2048  # ahead of the quad being read, in the interleaved weights
 HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
-BLOCK_BYTES = {8: 512, 4: 256, 5: 320}  # bytes of one 16-row x 32-column block, per format
+BLOCK_BYTES = {8: 512, 4: 256, 5: 320, 6: 384}  # bytes of one 16-row x 32-column block, per format
 
 
-def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits):  # type: ignore[no-untyped-def]
+def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False):  # type: ignore[no-untyped-def]
     """int32 <16 x i32> sums of one block for each x offset in xoffs: every weight quad is
     loaded once and meets each token's broadcast quad. Integer sums are exact, so how the
     products are split into chains changes no result: one token uses two chains (even and odd
     quads) to hide vpdpbusd's latency; several tokens are independent chains already.
     bits: the weight format, 8 (one byte per weight), 4 (4 loads, each giving quad q in its low
     and q + 4 in its high nibbles) or 5 (the 4-bit nibbles plus, per quad, a 64-bit mask of
-    the fifth bits: bit 4l + k adds 16 to byte 4l + k)."""
+    the fifth bits: bit 4l + k adds 16 to byte 4l + k) or 6 (the 5-bit format plus, per quad, a
+    64-bit mask of the sixth bits at 320 + 8q, adding 32). split: two sums per token, quads
+    0-3 (columns 0-15) and 4-7 (columns 16-31), for weights with a scale per 16 columns (Q6_K)."""
     nibbles = bits != 8
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     v16, v64i8, v64i32 = ir.VectorType(i32, 16), ir.VectorType(i8, 64), ir.VectorType(i32, 64)
     zero = ir.Constant(v16, None)
-    chains = 2 if len(xoffs) == 1 else 1
+    chains = 2 if len(xoffs) == 1 or split else 1
     accs = [[zero] * chains for _ in xoffs]
     pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]))
     for line in range(BLOCK_BYTES[bits] // 64):  # the block's cache lines, PREFETCH_BYTES ahead (read, keep, data)
@@ -51,16 +53,19 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits):  # type: ignore[no-
             if nibbles:
                 high.append(builder.lshr(wb, ir.Constant(v64i8, [4] * 64)))
                 wb = builder.and_(wb, ir.Constant(v64i8, [15] * 64))
-        if bits == 5:
-            mp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 256 + 8 * q)]), i64.as_pointer())
-            fifth = builder.bitcast(builder.load(mp, align=1), ir.VectorType(ir.IntType(1), 64))
-            wb = builder.or_(wb, builder.select(fifth, ir.Constant(v64i8, [16] * 64), ir.Constant(v64i8, None)))
+        for extra, add in ((5, 16), (6, 32)):
+            if bits in (5, 6) and bits >= extra:  # the 8-bit format has no mask bytes
+                at = 256 + 64 * (extra - 5) + 8 * q
+                mp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, at)]), i64.as_pointer())
+                mask = builder.bitcast(builder.load(mp, align=1), ir.VectorType(ir.IntType(1), 64))
+                wb = builder.or_(wb, builder.select(mask, ir.Constant(v64i8, [add] * 64), ir.Constant(v64i8, None)))
         wv = builder.bitcast(wb, v16)
         for u, xoff in enumerate(xoffs):
             xs = builder.load(builder.gep(xbase, [builder.add(xoff, ir.Constant(i64, q))]))
             xv = builder.insert_element(ir.Constant(v16, None), xs, ir.Constant(i32, 0))
             xv = builder.shuffle_vector(xv, ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
-            a = accs[u][q % chains]
+            chain = q // 4 if split else q % chains
+            a = accs[u][chain]
             if vnni:
                 a = builder.call(fn, [a, wv, xv])
             else:
@@ -70,7 +75,9 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits):  # type: ignore[no-
                 p = builder.mul(w32, x32)
                 for k in range(4):
                     a = builder.add(a, builder.shuffle_vector(p, p, ir.Constant(v16, [4 * j + k for j in range(16)])))
-            accs[u][q % chains] = a
+            accs[u][chain] = a
+    if split:
+        return [a for chain in accs for a in chain]
     out = []
     for chain in accs:
         a = chain[0]
@@ -80,7 +87,7 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits):  # type: ignore[no-
     return out
 
 
-def _dot_codegen(n_tokens, bits):  # type: ignore[no-untyped-def]
+def _dot_codegen(n_tokens, bits, split=False):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         acc_a = context.make_array(signature.args[0])(context, builder, value=args[0])
         w_a = context.make_array(signature.args[1])(context, builder, value=args[1])
@@ -88,7 +95,7 @@ def _dot_codegen(n_tokens, bits):  # type: ignore[no-untyped-def]
         v16 = ir.VectorType(ir.IntType(32), 16)
         xoffs = [context.cast(builder, args[4 + u], signature.args[4 + u], types.int64) for u in range(n_tokens)]
         woff = context.cast(builder, args[2], signature.args[2], types.int64)
-        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, bits)
+        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, bits, split)
         for u, a in enumerate(sums):
             dst = builder.gep(acc_a.data, [ir.Constant(ir.IntType(64), 16 * u)])
             builder.store(a, builder.bitcast(dst, v16.as_pointer()), align=4)
@@ -101,21 +108,21 @@ def _arrays(*ts) -> bool:  # type: ignore[no-untyped-def]
     return all(isinstance(t, types.Array) for t in ts)
 
 
-def _dot1(bits, doc):  # type: ignore[no-untyped-def]
+def _dot1(bits, doc, split=False):  # type: ignore[no-untyped-def]
     def dot(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-def]
         if not _arrays(iacc, w, x4):
             return None
-        return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1, bits)
+        return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1, bits, split)
 
     dot.__doc__ = doc
     return intrinsic(dot)
 
 
-def _dot4(bits, doc):  # type: ignore[no-untyped-def]
+def _dot4(bits, doc, split=False):  # type: ignore[no-untyped-def]
     def dot(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):  # type: ignore[no-untyped-def]
         if not _arrays(iacc, w, x4):
             return None
-        return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4, bits)
+        return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4, bits, split)
 
     dot.__doc__ = doc
     return intrinsic(dot)
@@ -132,6 +139,9 @@ dot_block_q4 = _dot1(4, "4-bit format, one token")
 dot_block4_q4 = _dot4(4, "4-bit format, four tokens")
 dot_block_q5 = _dot1(5, "5-bit format, one token")
 dot_block4_q5 = _dot4(5, "5-bit format, four tokens")
+# 6-bit format, split in halves: iacc[32u:32u+16] columns 0-15, iacc[32u+16:32u+32] 16-31 of token u
+dot_block_q6 = _dot1(6, "6-bit format, one token, two half-block sums", split=True)
+dot_block4_q6 = _dot4(6, "6-bit format, four tokens, two half-block sums each", split=True)
 
 
 def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]

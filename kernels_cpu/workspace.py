@@ -34,6 +34,7 @@ class Workspace:
     xq4: np.ndarray  # i32 [T * K_max / 4] int8 activation codes, 4 per int32 (viewed [n, K/4])
     xd: np.ndarray  # f32 [T * K_max / 32] activation block scales (viewed [n, K/32])
     xsum: np.ndarray  # i32 [T * K_max / 32] activation block sums (viewed [n, K/32])
+    xs16: np.ndarray  # i32 [T * K_max / 16] K-quant activation sums per 16 (viewed [n, K/16])
     no_out: np.ndarray  # f32 [T, 0] the output of an unused matrix slot in a fused launch
 
 
@@ -49,7 +50,7 @@ def make_workspace(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim
         np.empty((t, ffn_dim), f32), np.empty((t, ffn_dim), f32), np.empty((t, q_dim), f32),
         np.empty((t, d_model), f32), np.empty((t, d_model), f32), np.empty(t, np.int32), np.empty(t, np.int32),
         np.empty(t * k_max // 4, np.int32), np.empty(t * k_max // 32, f32), np.empty(t * k_max // 32, np.int32),
-        np.empty((t, 0), f32),
+        np.empty(t * k_max // 16, np.int32), np.empty((t, 0), f32),
     )
 
 
@@ -57,6 +58,13 @@ def i8_views(ws: Workspace, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.
     """Room for n x k activations in the int8 kernel's form (see i8_activation_buffers), as
     contiguous views of the workspace."""
     return ws.xq4[: n * k // 4].reshape(n, k // 4), ws.xd[: n * k // 32].reshape(n, k // 32), ws.xsum[: n * k // 32].reshape(n, k // 32)
+
+
+def k_views(ws: Workspace, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Room for n x k activations in the K-quant kernel's form (xq4 [n, K/4], xd [n, K/32],
+    xs16 [n, K/16]; kernels_cpu.matmul_k), as contiguous views of the workspace."""
+    return (ws.xq4[: n * k // 4].reshape(n, k // 4), ws.xd[: n * k // 32].reshape(n, k // 32),
+            ws.xs16[: n * k // 16].reshape(n, k // 16))
 
 
 def i8_activation_buffers(t: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -58,3 +58,9 @@ def gemma3_path() -> Path:
 @pytest.fixture(scope="session")
 def qwen2_path() -> Path:
     return real_model_path("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def qwen2_1p5b_path() -> Path:
+    """The real-size model (1.07 GB Q4_K_M, Q4_K and Q6_K matrices: the K-quant int8 kernel)."""
+    return real_model_path("qwen2.5-coder-1.5b")

@@ -70,10 +70,27 @@ def run_edge(cfg: BenchConfig) -> dict[str, Any]:
         kv_touched = (cfg.n_prompt + cfg.n_gen + 1) * llm.plan.kv_cache_bytes // max(1, llm.plan.kv_capacity_tokens)
         rss_added = proc.memory_info().rss - rss0 - kv_touched
         file_size = os.path.getsize(llm.plan.model_path)
+        stream = llm.plan.decode_weight_bytes
     finally:
         llm.close()
     return {"pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg), "load_s": load_s,
-            "pp_all": pp, "tg_all": tg, "rss_added_mb": rss_added / 2**20, "file_mb": file_size / 2**20}
+            "pp_all": pp, "tg_all": tg, "rss_added_mb": rss_added / 2**20, "file_mb": file_size / 2**20,
+            "decode_weight_bytes": stream}
+
+
+def decode_limit(edge: dict[str, Any], ref: dict[str, Any] | None, threads: int) -> dict[str, Any]:
+    """Decode's memory limit: the read bandwidth measured now (kernels_cpu.membw, `threads`
+    threads) over the weight bytes one decode step reads; each runtime's decode as a fraction
+    of it (llama.cpp reads about as many: the same file)."""
+    from edge_infer.kernels_cpu.membw import read_bandwidth_gbps
+
+    gbps = read_bandwidth_gbps(threads)
+    limit = gbps * 1e9 / edge["decode_weight_bytes"]
+    out = {"read_gbps": gbps, "bytes_per_token": edge["decode_weight_bytes"], "limit_tps": limit,
+           "edge_frac": edge["tg_tps"] / limit}
+    if ref and "tg_tps" in ref:
+        out["llama_cpp_frac"] = ref["tg_tps"] / limit
+    return out
 
 
 def run_llama_cpp(cfg: BenchConfig, model_path: str, vocab_size: int) -> dict[str, Any] | None:
@@ -109,7 +126,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"model": cfg.model, "threads": cfg.threads, "n_prompt": cfg.n_prompt, "n_gen": cfg.n_gen,
                            "edge": {"pp_tps": edge["pp_tps"], "tg_tps": edge["tg_tps"]},
                            "memory": {"rss_added_mb": edge["rss_added_mb"], "file_mb": edge["file_mb"]},
-                           "load_s": edge["load_s"]}
+                           "load_s": edge["load_s"], "decode_limit": decode_limit(edge, ref, cfg.threads)}
     if ref and "pp_tps" in ref:
         out["llama_cpp"] = ref
         out["ratio"] = {"pp": edge["pp_tps"] / ref["pp_tps"], "tg": edge["tg_tps"] / ref["tg_tps"]}
@@ -146,6 +163,12 @@ def format_table(res: dict[str, Any]) -> str:
     if mem:
         lines.append(f"edge-infer resident memory added by loading: {mem['rss_added_mb']:.0f} MB "
                      f"(model file {mem['file_mb']:.0f} MB, KV cache excluded); load {res['load_s']:.2f}s")
+    lim = res.get("decode_limit")
+    if lim:
+        share = f", llama.cpp {lim['llama_cpp_frac']:.0%}" if "llama_cpp_frac" in lim else ""
+        lines.append(f"decode reads {lim['bytes_per_token'] / 2**20:.0f} MiB of weights per token; at the "
+                     f"{lim['read_gbps']:.1f} GB/s read bandwidth measured now the limit is {lim['limit_tps']:.1f} "
+                     f"tok/s: edge-infer at {lim['edge_frac']:.0%} of it{share}")
     ref = res.get("llama_cpp")
     if ref and "pp_tps" in ref:
         lines.append(f"{'llama.cpp':12}{ref['pp_tps']:>16.1f}{ref['tg_tps']:>16.1f}")

@@ -18,7 +18,7 @@ from edge_infer.formats.gguf import GGUFFile
 from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.models import config_from_gguf
 from edge_infer.models.config import ModelConfig
-from edge_infer.models.weights import load_weights
+from edge_infer.models.weights import decode_weight_bytes, load_weights
 from edge_infer.sampling_params import SamplingParams
 from edge_infer.tokenizer import Tokenizer
 
@@ -81,7 +81,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
         raise InvalidRequest("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
     plan = RuntimePlan(str(path), num_blocks, config.block_size, num_blocks * per_block, config.kv_cache_dtype,
-                       max_len, n_threads, "cpu")
+                       max_len, n_threads, "cpu", decode_weight_bytes(weights))
     runner = ModelRunner(cfg, weights, backend, num_blocks, config.block_size, config.kv_cache_dtype,
                          config.max_num_batched_tokens)
     bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)

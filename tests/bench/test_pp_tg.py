@@ -32,5 +32,8 @@ def test_bench_against_llama_cpp_on_a_tiny_model(tmp_path: Path) -> None:
     assert res["ratio"]["pp"] == res["edge"]["pp_tps"] / ref["pp_tps"]
     build = res["llama_cpp_build"]
     assert "AVX" in build["system_info"] or "NEON" in build["system_info"] or "CPU" in build["system_info"]
+    lim = res["decode_limit"]
+    assert lim["bytes_per_token"] > 0 and lim["read_gbps"] > 0.1
+    assert lim["edge_frac"] == pytest.approx(res["edge"]["tg_tps"] / lim["limit_tps"])
     table = format_table(res)
-    assert "before us" in table and "after us" in table and build["system_info"] in table
+    assert "MiB of weights per token" in table and "before us" in table and "after us" in table and build["system_info"] in table

@@ -111,6 +111,23 @@ def test_int8_matmul_uses_vpdpbusd() -> None:
     assert "gather" not in asm
 
 
+@pytest.mark.skipif("+avx512vnni" not in HOST, reason="no AVX-512 VNNI")
+def test_k_quant_matmul_uses_vpdpbusd() -> None:
+    """The K-quant kernel's three formats (4-, 5-, 6-bit) reach zmm vpdpbusd, one and four tokens
+    each (6 * 8 quads at least); scales are unpacked and applied as zmm vector code (integer
+    multiplies for Q6_K, conversions to float); no gathers."""
+    from edge_infer.kernels_cpu import matmul_k as mk
+
+    i32_1, i32_2, f32_1, f32_2 = (nt.Array(nt.int32, 1, "C"), nt.Array(nt.int32, 2, "C"), nt.Array(nt.float32, 1, "C"),
+                                  nt.Array(nt.float32, 2, "C"))
+    sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, f32_2, nt.int64, nt.int64, i32_1, i32_1, i32_1,
+           i32_1, f32_1, f32_1, f32_1, f32_1, f32_1)
+    asm = asm_of(mk._k_groups, sig)
+    assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 6 * 8, "fewer vpdpbusd than one block of each path"
+    assert uses(asm, "vpmulld", "zmm") and uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
+    assert "gather" not in asm
+
+
 def test_attention_has_no_gathers() -> None:
     """The per-query attention loops (dot products over the head dimension, the weighted value
     sum) read contiguous rows: vector FMAs on f16 rows converted on load, never gathers."""

@@ -105,6 +105,9 @@ SCRIPT = textwrap.dedent(
     from check_i8 import check_i8
 
     check_i8(rng)
+    from check_k import check_k  # the K-quant kernel (Q4_K, Q5_K, Q6_K): the same stand-in
+
+    check_k(rng)
 
     # the target took effect: widest vector registers in the matmul loop (compiled just now:
     # the private cache was empty, so the assembly is available)

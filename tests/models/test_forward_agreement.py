@@ -36,7 +36,11 @@ pytestmark = pytest.mark.slow
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
 N_TOKENS = {"llama": 512, "qwen2": 512, "gemma3": 640}  # gemma3: past its 512-token window
-MODELS = ("smollm2", "gemma3", "qwen2")  # conftest fixtures <name>_path
+MODELS = ("smollm2", "gemma3", "qwen2", "qwen2_1p5b")  # conftest fixtures <name>_path
+# Positions left out of the comparison with llama.cpp, where llama.cpp is off exact math: at
+# position 0 qwen2.5-coder-1.5b's first token carries massive activations and llama.cpp's logits
+# there sit KL 6.96 from reference_forward's float64 logits (its argmax differs), ours KL 0.43.
+LLAMA_CPP_OFF = {"qwen2_1p5b": (0,)}
 
 KL_REF_MAX = 0.005  # mean KL(reference || ours)
 KL_LLAMA_CPP_MAX = 0.01  # mean KL(llama.cpp || ours)
@@ -46,9 +50,13 @@ KL_LLAMA_CPP_MAX = 0.01  # mean KL(llama.cpp || ours)
 # (qwen2). Ours now quantizes activations too (the int8 kernel takes the Q4/Q5/Q8_0 matrices),
 # with its own rounding, and measures 96.09% (smollm2), 95.78% (gemma3), 97.07% (qwen2): above
 # llama.cpp's own floor on each model, so the bar sits at that floor. Every disagreement must
-# also be a near-tie in llama.cpp's logits (TIE_LOGITS; the largest measured is 0.499).
+# also be a near-tie in llama.cpp's logits (TIE_LOGITS). llama.cpp's own top-1 sits up to 0.83
+# logit below the exact top-1 (gemma3, position 40, against reference_forward's float64 logits;
+# its mean KL from exact math there is 0.0058, ours 0.0026 with the K-quant int8 kernel), so a
+# disagreement within that is a near-tie at llama.cpp's own precision; the largest measured of
+# ours is 0.573 (gemma3, position 32: exact math has the two tokens 0.21 apart).
 TOP1_MIN = 0.95
-TIE_LOGITS = 0.5
+TIE_LOGITS = 0.85
 GREEDY_SELF_GAP = 0.01  # our greedy token vs the argmax of our own teacher-forced logits
 GREEDY_LLAMA_CPP_GAP = 0.5  # ... vs llama.cpp's top-1 logit
 GREEDY_LLAMA_CPP_FRAC = 0.99
@@ -218,7 +226,8 @@ def test_matches_numpy_reference(case: Case, reference: np.ndarray) -> None:
 
 
 def test_matches_llama_cpp(case: Case, llama_cpp: LlamaCppResult) -> None:
-    ref, ours = llama_cpp.text, case.ours
+    keep = np.setdiff1d(np.arange(len(case.ours)), LLAMA_CPP_OFF.get(case.name, ()))
+    ref, ours = llama_cpp.text[keep], case.ours[keep]
     kl = kl_rows(ref, ours)
     ref_top, our_top = ref.argmax(-1), ours.argmax(-1)
     top1 = float(np.mean(ref_top == our_top))

@@ -1,0 +1,123 @@
+"""One-time repacking of K-quant rows (Q4_K, Q5_K, Q6_K: 256-column super-blocks) into the
+K-quant int8 kernel's layout (kernels_cpu.matmul_k), exactly the file's size.
+
+Per group of 16 rows and super-block, one contiguous record of B bytes (one stream to read):
+- Q4_K, B = 2304 = 16 x 144: d f16 [16] | dmin f16 [16] | the 12 packed 6-bit scale/min bytes,
+  byte-major [12][16] | 8 sub-blocks of 32 columns in matmul_i8's 4-bit format (256 bytes each);
+- Q5_K, B = 2816 = 16 x 176: the same header, sub-blocks in the 5-bit format (320 bytes);
+- Q6_K, B = 3360 = 16 x 210: d f16 [16] | int8 scales per 16 columns, byte-major [16][16] | 8
+  blocks of 32 columns in the 6-bit format (384 bytes: the 4-bit nibbles, then a 64-bit mask
+  per quad of the fifth bits and one of the sixth).
+Codes are the file's unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, whose weight is
+d * sc * (code - 32)); scales and mins stay packed (unpacked per super-block by the kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from ._jit import kernel
+from .dequant import Q4_K, Q5_K, Q6_K
+from .simd_i8 import GROUP
+
+# qtype -> (record bytes per group and super-block, code bits, header bytes)
+K_FORMATS = {Q4_K: (2304, 4, 256), Q5_K: (2816, 5, 256), Q6_K: (3360, 6, 288)}
+FILE_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}  # per row and super-block, in the GGUF file
+
+
+@dataclass(frozen=True, slots=True)
+class KWeights:
+    """A K-quant matrix in matmul_k's layout: wk uint8 [G, S, B] (G row groups of 16, S
+    super-blocks of 256 columns), qtype the GGML type."""
+
+    wk: np.ndarray
+    qtype: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product with this matrix reads (the file's bytes, rounded up to 16 rows)."""
+        return self.wk.nbytes
+
+
+@kernel(inline=True)
+def _row_codes(w, r, o, qtype, codes):  # type: ignore[no-untyped-def]
+    """The 256 unsigned codes of row r's super-block at byte o, in column order."""
+    if qtype == Q4_K:
+        for c in range(4):
+            for j in range(32):
+                q = w[r, o + 16 + 32 * c + j]
+                codes[64 * c + j] = q & 15
+                codes[64 * c + 32 + j] = q >> 4
+    elif qtype == Q5_K:
+        for c in range(4):
+            for j in range(32):
+                q = w[r, o + 48 + 32 * c + j]
+                h = w[r, o + 16 + j]
+                codes[64 * c + j] = (q & 15) | (((h >> (2 * c)) & 1) << 4)
+                codes[64 * c + 32 + j] = (q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)
+    else:  # Q6_K: ql [128], qh [64], then the scales
+        for n in range(2):
+            for j in range(32):
+                lo, lo2, h = w[r, o + 64 * n + j], w[r, o + 64 * n + 32 + j], w[r, o + 128 + 32 * n + j]
+                codes[128 * n + j] = (lo & 15) | ((h & 3) << 4)
+                codes[128 * n + 32 + j] = (lo2 & 15) | (((h >> 2) & 3) << 4)
+                codes[128 * n + 64 + j] = (lo >> 4) | (((h >> 4) & 3) << 4)
+                codes[128 * n + 96 + j] = (lo2 >> 4) | (((h >> 6) & 3) << 4)
+
+
+@kernel(inline=True)
+def _pack_block(codes, c0, ln, bits, dst, at):  # type: ignore[no-untyped-def]
+    """Row lane ln's 32 codes codes[c0:c0 + 32] into the block at dst[at:] (4/5/6-bit format):
+    quad byte (q, ln, k) = code 4q + k | code 16 + 4q + k << 4; the fifth (sixth) bits of quad
+    q's 4 codes are bits 4 ln .. 4 ln + 3 of its 64-bit mask at 256 (320) + 8q."""
+    for q in range(4):
+        for k in range(4):
+            dst[at + q * 64 + ln * 4 + k] = (codes[c0 + 4 * q + k] & 15) | ((codes[c0 + 16 + 4 * q + k] & 15) << 4)
+    shift = 4 * (ln % 2)
+    for e in range(4, bits):  # bit e of the codes (4: the fifth, 5: the sixth)
+        base = at + 256 + 64 * (e - 4) + ln // 2
+        for q in range(8):
+            nib = ((codes[c0 + 4 * q] >> e) & 1) | (((codes[c0 + 4 * q + 1] >> e) & 1) << 1) \
+                | (((codes[c0 + 4 * q + 2] >> e) & 1) << 2) | (((codes[c0 + 4 * q + 3] >> e) & 1) << 3)
+            dst[base + 8 * q] = dst[base + 8 * q] | np.uint8(nib << shift)
+
+
+@kernel(parallel=True)
+def repack_k_kernel(w, qtype, wk):  # type: ignore[no-untyped-def]
+    """w uint8 [R, S * file bytes] -> wk uint8 [G, S, B] (module docstring); rows past R stay zero."""
+    R = w.shape[0]
+    S = wk.shape[1]
+    fb = 144 if qtype == Q4_K else (176 if qtype == Q5_K else 210)
+    bits = 4 if qtype == Q4_K else (5 if qtype == Q5_K else 6)
+    head = 288 if qtype == Q6_K else 256
+    blk = 256 if bits == 4 else (320 if bits == 5 else 384)
+    for g in numba.prange(wk.shape[0]):
+        codes = np.zeros(256, np.uint8)
+        for ln in range(min(GROUP, R - g * GROUP)):
+            r = g * GROUP + ln
+            for s in range(S):
+                o = s * fb
+                dst = wk[g, s]
+                if qtype == Q6_K:
+                    dst[2 * ln], dst[2 * ln + 1] = w[r, o + 208], w[r, o + 209]
+                    for j in range(16):
+                        dst[32 + 16 * j + ln] = w[r, o + 192 + j]
+                else:
+                    dst[2 * ln], dst[2 * ln + 1] = w[r, o], w[r, o + 1]
+                    dst[32 + 2 * ln], dst[33 + 2 * ln] = w[r, o + 2], w[r, o + 3]
+                    for i in range(12):
+                        dst[64 + 16 * i + ln] = w[r, o + 4 + i]
+                _row_codes(w, r, o, qtype, codes)
+                for b in range(8):
+                    _pack_block(codes, 32 * b, ln, bits, dst, head + b * blk)
+
+
+def repack_k(data: np.ndarray, qtype: int, rows: int, cols: int) -> KWeights:
+    """data: uint8 [rows, row_bytes] of a Q4_K / Q5_K / Q6_K matrix, cols % 256 == 0."""
+    rec = K_FORMATS[qtype][0]
+    wk = np.zeros((-(-rows // GROUP), cols // 256, rec), np.uint8)
+    repack_k_kernel(np.ascontiguousarray(data), qtype, wk)
+    return KWeights(wk, qtype)

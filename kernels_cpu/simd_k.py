@@ -1,0 +1,146 @@
+"""Vector code of the K-quant int8 matmul (kernels_cpu.matmul_k) as LLVM IR, 16 row lanes at a
+time: unpacking a super-block's sub-block scales (to int32, then float), and the exact integer
+combination of Q6_K's half-block sums with their scales. (numba left the same loops scalar.)
+
+All arrays are flat and C-contiguous; offsets count elements. Integer work is exact in int32
+(bounds in kernels_cpu.matmul_k), so how it is ordered changes no bit.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+_I8, _I32 = ir.IntType(8), ir.IntType(32)
+_V16I8, _V16I32, _V16F = ir.VectorType(_I8, 16), ir.VectorType(_I32, 16), ir.VectorType(ir.FloatType(), 16)
+
+
+def _arrays(*ts) -> bool:  # type: ignore[no-untyped-def]
+    return all(isinstance(t, types.Array) for t in ts)
+
+
+def _ptr(context, builder, signature, args, k, off_arg, vt):  # type: ignore[no-untyped-def]
+    a = context.make_array(signature.args[k])(context, builder, value=args[k])
+    off = context.cast(builder, args[off_arg], signature.args[off_arg], types.int64)
+    return builder.bitcast(builder.gep(a.data, [off]), vt.as_pointer())
+
+
+def _splat(context, builder, signature, args, k, vt, ty):  # type: ignore[no-untyped-def]
+    v = context.cast(builder, args[k], signature.args[k], ty)
+    one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(_V16I32, [0] * 16))
+
+
+def _const(v: int) -> ir.Constant:
+    return ir.Constant(_V16I32, [v] * 16)
+
+
+@intrinsic
+def unpack_scales_q4k(typingctx, sc, mn, src, off):  # type: ignore[no-untyped-def]
+    """Q4_K / Q5_K: the 12 packed scale bytes of 16 rows, stored byte-major (byte i of row lane
+    l at src[off + 16 i + l], uint8) -> sc[16 j + l], mn[16 j + l] (int32) for sub-blocks j =
+    0..7, as ggml's get_scale_min_k4: j < 4: sc = b[j] & 63, m = b[j + 4] & 63; j >= 4:
+    sc = (b[j + 4] & 15) | (b[j - 4] >> 6) << 4, m = (b[j + 4] >> 4) | (b[j] >> 6) << 4."""
+    if not _arrays(sc, mn, src):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        base = _ptr(context, builder, signature, args, 2, 3, ir.IntType(8))
+        b = [builder.zext(builder.load(builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 16 * i)]),
+                                                       _V16I8.as_pointer()), align=1), _V16I32) for i in range(12)]
+        sa = context.make_array(signature.args[0])(context, builder, value=args[0])
+        ma = context.make_array(signature.args[1])(context, builder, value=args[1])
+        for j in range(8):
+            if j < 4:
+                s = builder.and_(b[j], _const(63))
+                m = builder.and_(b[j + 4], _const(63))
+            else:
+                s = builder.or_(builder.and_(b[j + 4], _const(15)), builder.shl(builder.lshr(b[j - 4], _const(6)), _const(4)))
+                m = builder.or_(builder.lshr(b[j + 4], _const(4)), builder.shl(builder.lshr(b[j], _const(6)), _const(4)))
+            at = ir.Constant(ir.IntType(64), 16 * j)
+            builder.store(s, builder.bitcast(builder.gep(sa.data, [at]), _V16I32.as_pointer()), align=4)
+            builder.store(m, builder.bitcast(builder.gep(ma.data, [at]), _V16I32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(sc, mn, src, off), codegen
+
+
+@intrinsic
+def widen_scales_q6k(typingctx, sc, src, off):  # type: ignore[no-untyped-def]
+    """Q6_K: the 16 int8 sub-block scales of 16 rows, byte-major (scale j of lane l at src[off +
+    16 j + l], uint8 holding the int8 bits) -> sc[16 j + l] int32, sign-extended."""
+    if not _arrays(sc, src):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        base = _ptr(context, builder, signature, args, 1, 2, ir.IntType(8))
+        sa = context.make_array(signature.args[0])(context, builder, value=args[0])
+        for j in range(16):
+            at = ir.Constant(ir.IntType(64), 16 * j)
+            v = builder.load(builder.bitcast(builder.gep(base, [at]), _V16I8.as_pointer()), align=1)
+            builder.store(builder.sext(v, _V16I32), builder.bitcast(builder.gep(sa.data, [at]), _V16I32.as_pointer()),
+                          align=4)
+        return context.get_dummy_value()
+
+    return types.void(sc, src, off), codegen
+
+
+@intrinsic
+def imadd(typingctx, acc, ao, a, aoff, b, bo, corr):  # type: ignore[no-untyped-def]
+    """acc[ao + l] += (a[aoff + l] - corr) * b[bo + l] for the 16 lanes (int32 arrays, int corr)."""
+    if not _arrays(acc, a, b):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        pa = _ptr(context, builder, signature, args, 0, 1, _V16I32)
+        x = builder.load(_ptr(context, builder, signature, args, 2, 3, _V16I32), align=4)
+        y = builder.load(_ptr(context, builder, signature, args, 4, 5, _V16I32), align=4)
+        x = builder.sub(x, _splat(context, builder, signature, args, 6, _V16I32, types.int32))
+        builder.store(builder.add(builder.load(pa, align=4), builder.mul(x, y)), pa, align=4)
+        return context.get_dummy_value()
+
+    return types.void(acc, ao, a, aoff, b, bo, corr), codegen
+
+
+@intrinsic
+def imul_set(typingctx, acc, ao, a, aoff, b, bo, corr):  # type: ignore[no-untyped-def]
+    """acc[ao + l] = (a[aoff + l] - corr) * b[bo + l] for the 16 lanes (int32 arrays, int corr)."""
+    if not _arrays(acc, a, b):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        pa = _ptr(context, builder, signature, args, 0, 1, _V16I32)
+        x = builder.load(_ptr(context, builder, signature, args, 2, 3, _V16I32), align=4)
+        y = builder.load(_ptr(context, builder, signature, args, 4, 5, _V16I32), align=4)
+        x = builder.sub(x, _splat(context, builder, signature, args, 6, _V16I32, types.int32))
+        builder.store(builder.mul(x, y), pa, align=4)
+        return context.get_dummy_value()
+
+    return types.void(acc, ao, a, aoff, b, bo, corr), codegen
+
+
+@intrinsic
+def scale_rows(typingctx, dst, src, n, d, negate):  # type: ignore[no-untyped-def]
+    """dst[16 j + l] = float32(src[16 j + l]) * d[l] (negated when negate) for j < n (a
+    literal int), the 16 lanes l: a super-block's sub-block scales as float. dst, d float32;
+    src int32. With d an f16 value and src below 2^11 the product is exact."""
+    if not _arrays(dst, src, d) or not isinstance(n, types.IntegerLiteral) or not isinstance(negate, types.BooleanLiteral):
+        return None
+    count, neg = n.literal_value, negate.literal_value
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        da = context.make_array(signature.args[0])(context, builder, value=args[0])
+        sa = context.make_array(signature.args[1])(context, builder, value=args[1])
+        dv = builder.load(builder.bitcast(context.make_array(signature.args[3])(context, builder, value=args[3]).data,
+                                          _V16F.as_pointer()), align=4)
+        if neg:
+            dv = builder.fneg(dv)
+        for j in range(count):
+            at = ir.Constant(ir.IntType(64), 16 * j)
+            v = builder.sitofp(builder.load(builder.bitcast(builder.gep(sa.data, [at]), _V16I32.as_pointer()), align=4),
+                               _V16F)
+            builder.store(builder.fmul(v, dv), builder.bitcast(builder.gep(da.data, [at]), _V16F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(dst, src, n, d, negate), codegen

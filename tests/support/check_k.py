@@ -1,0 +1,80 @@
+"""Checks of the K-quant int8 matmul (kernels_cpu.matmul_k), shared by its tests and the
+portable subprocess runs (generic and AVX2 targets compile its plain-IR stand-in for vpdpbusd)."""
+
+from __future__ import annotations
+
+import numpy as np
+from kernel_data import random_rows
+
+from edge_infer.kernels_cpu import dequant as dq
+from edge_infer.kernels_cpu import matmul_k as mk
+from edge_infer.kernels_cpu import reference as ref
+from edge_infer.kernels_cpu.backend import quantize_rows
+from edge_infer.kernels_cpu.repack_k import FILE_BYTES, K_FORMATS, KWeights, repack_k
+
+K_TYPES = (dq.Q4_K, dq.Q5_K, dq.Q6_K)
+
+
+def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [T, K] -> the kernel's activations (xq4, xd, xs16)."""
+    t, k = x.shape
+    xq4, xd, xs16 = np.empty((t, k // 4), np.int32), np.empty((t, k // 32), np.float32), np.empty((t, k // 16), np.int32)
+    mk.quantize_rows_q8_16(np.ascontiguousarray(x), xq4, xd, xs16)
+    return xq4, xd, xs16
+
+
+def run(kw: KWeights, act: tuple, rows: int, threads: int, t: slice | None = None) -> np.ndarray:
+    xq4, xd, xs16 = (a if t is None else np.ascontiguousarray(a[t]) for a in act)
+    out = np.full((xq4.shape[0], rows), np.nan, np.float32)
+    mk.matmul_k_kernel(xq4, xd, xs16, kw.wk, kw.qtype, out, threads)
+    return out
+
+
+def check_k(rng: np.random.Generator) -> None:
+    """Per K-quant type: the repacked record is the file's size, the twin's codes decode to the
+    reference dequantizer's values, the kernel equals the NumPy twin bit for bit, is close to
+    the float64 product, and is batch and thread invariant; the fused three-matrix launch gives
+    the same bits."""
+    rows, k, n = 37, 512, 6  # rows not a multiple of 16; 2 super-blocks; 6 tokens: a tile of 4 + 2
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    x[1] = 0.0  # an all-zero token: scale 0
+    x[2, :256] *= 50.0  # super-blocks of very different ranges
+    act = quantize(x)
+    xq, xd, xs16 = ref.quantize_q8_16(x)
+    np.testing.assert_array_equal(act[0].view(np.int8).reshape(n, k), xq)
+    np.testing.assert_array_equal(act[1], xd)
+    np.testing.assert_array_equal(act[2], xs16)
+    for mine, theirs in zip(act[:2], quantize_rows(x)[:2]):  # the same codes as the other int8 matrices
+        np.testing.assert_array_equal(mine, theirs)
+    xdeq = (xq.astype(np.float64).reshape(n, -1, 32) * xd[:, :, None]).reshape(n, k)
+    mats = []
+    for qtype in K_TYPES:
+        w = random_rows(qtype, rows, k, rng, edge=False)
+        kw = repack_k(w, qtype, rows, k)
+        assert kw.wk.shape[2] == 16 * FILE_BYTES[qtype] == K_FORMATS[qtype][0]
+        codes, sc, mn, d, dmin = ref.k_codes(w, qtype)
+        width = 16 if mn is None else 32
+        scale = np.repeat(sc, width, axis=-1).reshape(rows, k).astype(np.float64) * np.repeat(d, 256, axis=1)
+        if mn is None:
+            values = scale * (codes - 32)
+        else:
+            values = scale * codes - np.repeat(mn, 32, axis=-1).reshape(rows, k) * np.repeat(dmin, 256, axis=1)
+        dense = ref.decode_rows(w, qtype).astype(np.float64)
+        np.testing.assert_allclose(values, dense, rtol=1e-6, atol=1e-6 * np.abs(dense).max(), err_msg=f"codes {qtype}")
+        got = run(kw, act, rows, 2)
+        np.testing.assert_array_equal(got, ref.matmul_k(xq, xd, xs16, w, qtype), err_msg=f"twin {qtype}")
+        bound = np.abs(xdeq) @ np.abs(dense).T
+        assert np.all(np.abs(got - xdeq @ dense.T) <= 1e-5 * bound + 1e-6), qtype
+        assert np.all(got[1] == 0.0)
+        for t in range(n):  # a token alone, with 1 or 3 threads, gives the identical row
+            np.testing.assert_array_equal(run(kw, act, rows, 1, slice(t, t + 1))[0], got[t])
+            np.testing.assert_array_equal(run(kw, act, rows, 3, slice(t, t + 1))[0], got[t])
+        mats.append((kw, got))
+    outs = [np.full((n, rows), np.nan, np.float32) for _ in mats]
+    xbuf = tuple(np.empty_like(a) for a in act)
+    args: list[object] = [x, *xbuf]
+    for (kw, _), o in zip(mats, outs):
+        args += [kw.wk, kw.qtype, o]
+    mk.matmul3_k_kernel(*args, 2)
+    for (_, want), o in zip(mats, outs):
+        np.testing.assert_array_equal(o, want)
