@@ -28,7 +28,8 @@ def requantize(model: str, qtype: str, threads: int) -> Path:
     import llama_cpp as lc
 
     src = hub.resolve_model(model)
-    dst = hub.cache_dir() / "models" / "derived" / f"{Path(str(model)).stem}-{qtype}.gguf"
+    name = model if model in hub.KNOWN_MODELS else Path(model).stem
+    dst = hub.cache_dir() / "models" / "derived" / f"{name}-{qtype}.gguf"
     if dst.exists():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,7 @@ def plot_pp_tg(results: list[dict[str, Any]], path: str | Path, title: str = "")
                 ax.annotate(f"{e / b:.2f}x", (x - 0.2, e), ha="center", va="bottom", fontsize=8)
         n = results[0]["n_prompt"] if key == "pp_tps" else results[0]["n_gen"]
         ax.set_title(f"{label} ({'pp' if key == 'pp_tps' else 'tg'}{n})")
-        ax.set_xticks(list(xs), names, rotation=15, fontsize=8)
+        ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("tokens/s")
         ax.legend(fontsize=8)
     threads = results[0].get("threads")
