@@ -25,18 +25,7 @@ import numba
 import numpy as np
 
 from ._jit import kernel, prefetch
-from .simd_i8 import (
-    GROUP,
-    block_scales,
-    dot_block,
-    dot_block4,
-    dot_block4_q4,
-    dot_block4_q5,
-    dot_block_q4,
-    dot_block_q5,
-    scale_accumulate,
-    scale_min_accumulate,
-)
+from .simd_i8 import GROUP, block_scales, dot_tile, scale_accumulate, scale_min_accumulate
 
 PREFETCH_SCALES = 128  # ahead of the block's scales, in scales (8 blocks); see simd_i8
 TOKEN_TILE = 4  # tokens that share each weight load in the GEMM path
@@ -121,19 +110,7 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):  #
                         prefetch(mflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
                     wo = (g * nb + b) * bb
                     x0 = t * k4 + b * 8
-                    if n == TOKEN_TILE:
-                        if bits == 8:
-                            dot_block4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                        elif bits == 4:
-                            dot_block4_q4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                        else:
-                            dot_block4_q5(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                    elif bits == 8:
-                        dot_block(iacc, wflat, wo, xflat, x0)
-                    elif bits == 4:
-                        dot_block_q4(iacc, wflat, wo, xflat, x0)
-                    else:
-                        dot_block_q5(iacc, wflat, wo, xflat, x0)
+                    dot_tile(n, bits, iacc, wflat, wo, xflat, x0, k4)
                     so = (g * nb + b) * GROUP
                     block_scales(dflat, so, dtmp)
                     if with_min:

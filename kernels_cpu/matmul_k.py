@@ -24,18 +24,7 @@ import numpy as np
 from ._jit import kernel
 from .dequant import Q6_K
 from .matmul_i8 import SERIAL_QUANTIZE_VALUES, TOKEN_TILE, token_chunk
-from .simd_i8 import (
-    GROUP,
-    block_scales,
-    dot_block4_q4,
-    dot_block4_q5,
-    dot_block4_q6,
-    dot_block_q4,
-    dot_block_q5,
-    dot_block_q6,
-    scale_accumulate,
-    scale_min_accumulate,
-)
+from .simd_i8 import GROUP, block_scales, dot_tile, scale_accumulate, scale_min_accumulate
 from .simd_k import imadd, imul_set, scale_rows, unpack_scales_q4k, widen_scales_q6k
 
 
@@ -111,19 +100,7 @@ def _k_groups(xq4, xd, xs16, wk, qtype, out, g0, g1, iacc, isc, imn, ai, facc, d
                     for b in range(8):
                         wo = base + head + b * blk
                         x0 = t * k4 + s * 64 + b * 8
-                        if n == TOKEN_TILE:
-                            if bits == 4:
-                                dot_block4_q4(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                            elif bits == 5:
-                                dot_block4_q5(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                            else:
-                                dot_block4_q6(iacc, wflat, wo, xflat, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-                        elif bits == 4:
-                            dot_block_q4(iacc, wflat, wo, xflat, x0)
-                        elif bits == 5:
-                            dot_block_q5(iacc, wflat, wo, xflat, x0)
-                        else:
-                            dot_block_q6(iacc, wflat, wo, xflat, x0)
+                        dot_tile(n, bits, iacc, wflat, wo, xflat, x0, k4)
                         blk32 = s * 8 + b
                         for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
                             dx = xd[t + u, blk32]

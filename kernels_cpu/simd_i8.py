@@ -144,6 +144,29 @@ dot_block_q6 = _dot1(6, "6-bit format, one token, two half-block sums", split=Tr
 dot_block4_q6 = _dot4(6, "6-bit format, four tokens, two half-block sums each", split=True)
 
 
+@kernel(inline=True)
+def dot_tile(n, bits, iacc, w, wo, x4, x0, k4):  # type: ignore[no-untyped-def]
+    """The block's dot products for n tokens (n = 4: the tokens at x0, x0 + k4, ..., one weight
+    load each; otherwise the one at x0), in the format of `bits` (8, 4, 5, or 6 split)."""
+    if n == 4:
+        if bits == 8:
+            dot_block4(iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+        elif bits == 4:
+            dot_block4_q4(iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+        elif bits == 5:
+            dot_block4_q5(iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+        else:
+            dot_block4_q6(iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+    elif bits == 8:
+        dot_block(iacc, w, wo, x4, x0)
+    elif bits == 4:
+        dot_block_q4(iacc, w, wo, x4, x0)
+    elif bits == 5:
+        dot_block_q5(iacc, w, wo, x4, x0)
+    else:
+        dot_block_q6(iacc, w, wo, x4, x0)
+
+
 def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         i32, f32 = ir.IntType(32), ir.FloatType()

@@ -86,21 +86,25 @@ def widen_scales_q6k(typingctx, sc, src, off):  # type: ignore[no-untyped-def]
     return types.void(sc, src, off), codegen
 
 
-@intrinsic
-def imadd(typingctx, acc, ao, a, aoff, b, bo, corr):  # type: ignore[no-untyped-def]
-    """acc[ao + l] += (a[aoff + l] - corr) * b[bo + l] for the 16 lanes (int32 arrays, int corr)."""
-    if not _arrays(acc, a, b):
-        return None
-
+def _imul_codegen(accumulate):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         pa = _ptr(context, builder, signature, args, 0, 1, _V16I32)
         x = builder.load(_ptr(context, builder, signature, args, 2, 3, _V16I32), align=4)
         y = builder.load(_ptr(context, builder, signature, args, 4, 5, _V16I32), align=4)
         x = builder.sub(x, _splat(context, builder, signature, args, 6, _V16I32, types.int32))
-        builder.store(builder.add(builder.load(pa, align=4), builder.mul(x, y)), pa, align=4)
+        v = builder.mul(x, y)
+        builder.store(builder.add(builder.load(pa, align=4), v) if accumulate else v, pa, align=4)
         return context.get_dummy_value()
 
-    return types.void(acc, ao, a, aoff, b, bo, corr), codegen
+    return codegen
+
+
+@intrinsic
+def imadd(typingctx, acc, ao, a, aoff, b, bo, corr):  # type: ignore[no-untyped-def]
+    """acc[ao + l] += (a[aoff + l] - corr) * b[bo + l] for the 16 lanes (int32 arrays, int corr)."""
+    if not _arrays(acc, a, b):
+        return None
+    return types.void(acc, ao, a, aoff, b, bo, corr), _imul_codegen(True)
 
 
 @intrinsic
@@ -108,16 +112,7 @@ def imul_set(typingctx, acc, ao, a, aoff, b, bo, corr):  # type: ignore[no-untyp
     """acc[ao + l] = (a[aoff + l] - corr) * b[bo + l] for the 16 lanes (int32 arrays, int corr)."""
     if not _arrays(acc, a, b):
         return None
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        pa = _ptr(context, builder, signature, args, 0, 1, _V16I32)
-        x = builder.load(_ptr(context, builder, signature, args, 2, 3, _V16I32), align=4)
-        y = builder.load(_ptr(context, builder, signature, args, 4, 5, _V16I32), align=4)
-        x = builder.sub(x, _splat(context, builder, signature, args, 6, _V16I32, types.int32))
-        builder.store(builder.mul(x, y), pa, align=4)
-        return context.get_dummy_value()
-
-    return types.void(acc, ao, a, aoff, b, bo, corr), codegen
+    return types.void(acc, ao, a, aoff, b, bo, corr), _imul_codegen(False)
 
 
 @intrinsic

@@ -50,13 +50,14 @@ KL_LLAMA_CPP_MAX = 0.01  # mean KL(llama.cpp || ours)
 # (qwen2). Ours now quantizes activations too (the int8 kernel takes the Q4/Q5/Q8_0 matrices),
 # with its own rounding, and measures 96.09% (smollm2), 95.78% (gemma3), 97.07% (qwen2): above
 # llama.cpp's own floor on each model, so the bar sits at that floor. Every disagreement must
-# also be a near-tie in llama.cpp's logits (TIE_LOGITS). llama.cpp's own top-1 sits up to 0.83
-# logit below the exact top-1 (gemma3, position 40, against reference_forward's float64 logits;
-# its mean KL from exact math there is 0.0058, ours 0.0026 with the K-quant int8 kernel), so a
-# disagreement within that is a near-tie at llama.cpp's own precision; the largest measured of
-# ours is 0.573 (gemma3, position 32: exact math has the two tokens 0.21 apart).
+# also be a near-tie: within TIE_LOGITS of llama.cpp's top-1 in llama.cpp's logits, or else
+# within EXACT_TIE_LOGITS of the best in exact math (reference_forward's float64 logits).
+# llama.cpp's own top-1 sits up to 0.83 logit below the exact top-1 (gemma3, position 40; its
+# mean KL from exact math there is 0.0058, ours 0.0026), so a gap in its logits alone can come
+# from its rounding: ours measured 0.57 (gemma3) and 0.74-0.89 (qwen2.5-1.5B, between builds).
 TOP1_MIN = 0.95
-TIE_LOGITS = 0.85
+TIE_LOGITS = 0.5
+EXACT_TIE_LOGITS = 0.5
 GREEDY_SELF_GAP = 0.01  # our greedy token vs the argmax of our own teacher-forced logits
 GREEDY_LLAMA_CPP_GAP = 0.5  # ... vs llama.cpp's top-1 logit
 GREEDY_LLAMA_CPP_FRAC = 0.99
@@ -208,7 +209,7 @@ def llama_cpp(case: Case, greedy: Greedy) -> LlamaCppResult:
         m.close()
 
 
-@pytest.fixture  # used by one test: freed right after it
+@pytest.fixture(scope="module")  # one model's at a time (the case fixture's order)
 def reference(case: Case) -> np.ndarray:
     from reference_forward import reference_logits
 
@@ -225,9 +226,10 @@ def test_matches_numpy_reference(case: Case, reference: np.ndarray) -> None:
     assert kl.mean() <= KL_REF_MAX, f"{case.name}: mean KL(reference || ours) {kl.mean():.4g} > {KL_REF_MAX}"
 
 
-def test_matches_llama_cpp(case: Case, llama_cpp: LlamaCppResult) -> None:
+def test_matches_llama_cpp(case: Case, llama_cpp: LlamaCppResult, reference: np.ndarray) -> None:
     keep = np.setdiff1d(np.arange(len(case.ours)), LLAMA_CPP_OFF.get(case.name, ()))
     ref, ours = llama_cpp.text[keep], case.ours[keep]
+    exact = reference[keep]
     kl = kl_rows(ref, ours)
     ref_top, our_top = ref.argmax(-1), ours.argmax(-1)
     top1 = float(np.mean(ref_top == our_top))
@@ -242,10 +244,16 @@ def test_matches_llama_cpp(case: Case, llama_cpp: LlamaCppResult) -> None:
         f"{case.name}: mean KL(llama.cpp || ours) {kl.mean():.4g} > {KL_LLAMA_CPP_MAX}"
     )
     assert top1 >= TOP1_MIN, f"{case.name}: top-1 agreement with llama.cpp {top1:.4f} < {TOP1_MIN}"
-    worst = int(gap.argmax())
-    assert gap.max() <= TIE_LOGITS, (
-        f"{case.name}: at position {worst} our top-1 {our_top[worst]} is {gap[worst]:.3f} logits below "
-        f"llama.cpp's top-1 {ref_top[worst]} (more than a near-tie)"
+    # a wider disagreement must be a near-tie in exact math: llama.cpp's own rounding moves it too
+    wide = np.flatnonzero(gap > TIE_LOGITS)
+    exact_gap = exact[wide].max(-1) - exact[wide, our_top[wide]]
+    if wide.size:
+        print(f"  {wide.size} positions past {TIE_LOGITS} logit of llama.cpp's top-1; in exact math ours is "
+              f"{exact_gap.max():.3f} below the best there")
+    bad = wide[exact_gap > EXACT_TIE_LOGITS]
+    assert bad.size == 0, (
+        f"{case.name}: at position {keep[bad[0]]} our top-1 {our_top[bad[0]]} is {gap[bad[0]]:.3f} logits below "
+        f"llama.cpp's top-1 {ref_top[bad[0]]} and {exact_gap.max():.3f} below exact math's (more than a near-tie)"
     )
 
 
