@@ -20,8 +20,9 @@ Weights: uint8 [R, row_bytes], a row's GGUF blocks as in the file; qtype is the 
 Int8 path (matmul_i8, its vector intrinsics in simd_i8, repack_i8), for Q8_0 / Q4_0 / Q4_1 /
 Q5_0 / Q5_1 weights repacked once at load into a 16-row-interleaved layout (G = ceil(R / 16)
 groups, nb = K / 32 blocks; see matmul_i8):
-  quantize_rows_q8(x f32 [T, K], xq4 i32 [T, K/4], xd f32 [T, K/32], xsum i32 [T, K/32])
-      per 32-block: d = max|x| / 127, int8 codes rint(x / d) packed 4 per int32, their sum.
+  quantize_rows_q8(x f32 [T, K], xq4 i32 [T, K/4], xd f32 [T, K/32], xsum i32 [T, K/32 | K/16])
+      per 32-block: d = max|x| / 127, int8 codes rint(x / d) packed 4 per int32, their sum
+      (or the sums of its two halves, for the K-quant kernel).
   matmul_i8_kernel(xq4, xd, xsum, wi u8 [G, nb, 512 | 256 | 320], wd u16 [G, nb, 16] (f16 bits),
                    wm u16 [G, nb, 16] or [0, 0, 0], w_offset, out f32 [T, R], n_threads)
       out[t, r] = sum over blocks of float(sum(code * xq) - w_offset * xsum) * (d_w * d_x)
@@ -37,8 +38,6 @@ groups, nb = K / 32 blocks; see matmul_i8):
 K-quant path (matmul_k, its vector intrinsics in simd_k and simd_i8, repack_k), for Q4_K / Q5_K
 / Q6_K weights with 256-wide rows, repacked at the file's size into one record per (16-row
 group, 256-column super-block) (G groups, S = K / 256; see repack_k):
-  quantize_rows_q8_16(x f32 [T, K], xq4 i32 [T, K/4], xd f32 [T, K/32], xs16 i32 [T, K/16])
-      quantize_rows_q8's codes and scales, with sums per 16 values.
   matmul_k_kernel(xq4, xd, xs16, wk u8 [G, S, 2304 | 2816 | 3360], qtype, out f32 [T, R], n_threads)
       per 32-column block: exact integer dot products, then float(isum) * ((d * sc) * d_x)
       [- (dmin * m) * (d_x * xsum)] (Q6_K: its two 16-column halves combined with their scales

@@ -44,19 +44,22 @@ def token_chunk(k):  # type: ignore[no-untyped-def]
 
 @kernel(inline=True)
 def _quantize_row(x, t, xq, xd, xsum):  # type: ignore[no-untyped-def]
+    per = x.shape[1] // xsum.shape[1]  # values per sum: 32 (the int8 kernel) or 16 (the K-quant one)
     for b in range(x.shape[1] // 32):
         amax = np.float32(0.0)
         for j in range(32):
             amax = max(amax, abs(x[t, b * 32 + j]))
         d = amax / np.float32(127.0)
         inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
-        s = np.int32(0)
-        for j in range(32):
-            v = np.int32(np.rint(x[t, b * 32 + j] * inv))
-            xq[t, b * 32 + j] = np.int8(v)
-            s += v
+        for h in range(32 // per):
+            s = np.int32(0)
+            for j in range(per):
+                c = b * 32 + h * per + j
+                v = np.int32(np.rint(x[t, c] * inv))
+                xq[t, c] = np.int8(v)
+                s += v
+            xsum[t, b * (32 // per) + h] = s
         xd[t, b] = d
-        xsum[t, b] = s
 
 
 SERIAL_QUANTIZE_VALUES = 4096  # below this many activations a parallel launch costs more
@@ -65,7 +68,8 @@ SERIAL_QUANTIZE_VALUES = 4096  # below this many activations a parallel launch c
 @kernel(parallel=True)
 def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
     """Per token and 32-block: d = max|x| / 127, q = rint(x / d) (int8, packed 4 per int32 in
-    xq4 [T, K/4]), xd [T, K/32] = d, xsum [T, K/32] = sum of q (int32). (Rounding d to float16
+    xq4 [T, K/4]), xd [T, K/32] = d, xsum [T, K/32] = sum of q (int32), or xsum [T, K/16]:
+    the sums per 16 (the K-quant kernel's; codes and scales the same bits). (Rounding d to float16
     and scaling by 127 / max|x|, as llama.cpp does, was tried: it agreed less with llama.cpp's
     logits, not more, and moved ours further from exact math.)"""
     T, K = x.shape

@@ -23,43 +23,9 @@ import numpy as np
 
 from ._jit import kernel
 from .dequant import Q6_K
-from .matmul_i8 import SERIAL_QUANTIZE_VALUES, TOKEN_TILE, token_chunk
+from .matmul_i8 import TOKEN_TILE, quantize_rows_q8, token_chunk
 from .simd_i8 import GROUP, block_scales, dot_tile, scale_accumulate, scale_min_accumulate
 from .simd_k import imadd, imul_set, scale_rows, unpack_scales_q4k, widen_scales_q6k
-
-
-@kernel(inline=True)
-def _quantize_row16(x, t, xq, xd, xs16):  # type: ignore[no-untyped-def]
-    for b in range(x.shape[1] // 32):
-        amax = np.float32(0.0)
-        for j in range(32):
-            amax = max(amax, abs(x[t, b * 32 + j]))
-        d = amax / np.float32(127.0)
-        inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
-        for h in range(2):
-            s = np.int32(0)
-            for j in range(16):
-                c = b * 32 + h * 16 + j
-                v = np.int32(np.rint(x[t, c] * inv))
-                xq[t, c] = np.int8(v)
-                s += v
-            xs16[t, 2 * b + h] = s
-        xd[t, b] = d
-
-
-@kernel(parallel=True)
-def quantize_rows_q8_16(x, xq4, xd, xs16):  # type: ignore[no-untyped-def]
-    """Per token and 32-block, as matmul_i8.quantize_rows_q8 (the same codes and scales, bit
-    for bit): q int8 packed 4 per int32 in xq4 [T, K/4], xd [T, K/32] = d; and xs16 [T, K/16]
-    the sums of q per 16 (int32)."""
-    T, K = x.shape
-    xq = xq4.view(np.int8).reshape(T, K)
-    if T * K < SERIAL_QUANTIZE_VALUES:
-        for t in range(T):
-            _quantize_row16(x, t, xq, xd, xs16)
-    else:
-        for t in numba.prange(T):
-            _quantize_row16(x, t, xq, xd, xs16)
 
 
 @kernel
@@ -136,7 +102,7 @@ def _k_range(xq4, xd, xs16, wk, qtype, out, g0, g1):  # type: ignore[no-untyped-
 
 @kernel(parallel=True)
 def matmul_k_kernel(xq4, xd, xs16, wk, qtype, out, n_threads):  # type: ignore[no-untyped-def]
-    """out[t, r] for r < out.shape[1]: xq4/xd/xs16 from quantize_rows_q8_16; wk: uint8 [G, S, B]
+    """out[t, r] for r < out.shape[1]: xq4/xd/xs16 from quantize_rows_q8 (sums per 16); wk: uint8 [G, S, B]
     (kernels_cpu.repack_k) of GGML type qtype. Row groups split evenly over n_threads."""
     G = wk.shape[0]
     per = (G + n_threads - 1) // n_threads
@@ -147,10 +113,10 @@ def matmul_k_kernel(xq4, xd, xs16, wk, qtype, out, n_threads):  # type: ignore[n
 @kernel(parallel=True)
 def matmul3_k_kernel(x, xq4, xd, xs16, wka, qa, outa, wkb, qb, outb, wkc, qc, outc, n_threads):  # type: ignore[no-untyped-def]
     """Up to three K-quant matmuls of the same float input x [T, K] in one launch (Q, K and V;
-    gate and up; or one matrix): x quantized once (quantize_rows_q8_16), then the row groups of
+    gate and up; or one matrix): x quantized once (quantize_rows_q8 (sums per 16)), then the row groups of
     all the matrices split evenly over n_threads, each computed as by matmul_k_kernel. A matrix
     with zero groups is skipped."""
-    quantize_rows_q8_16(x, xq4, xd, xs16)  # serially when small: no second launch
+    quantize_rows_q8(x, xq4, xd, xs16)  # serially when small: no second launch
     na, nb, nc = wka.shape[0], wkb.shape[0], wkc.shape[0]
     total = na + nb + nc
     per = (total + n_threads - 1) // n_threads

@@ -173,7 +173,7 @@ def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def quantize_q8_16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x float32 [T, K] -> (int8 codes [T, K], scales float32 [T, K/32], sums int64 [T, K/16]),
-    as kernels_cpu.matmul_k.quantize_rows_q8_16 (float32 math, round half to even)."""
+    as kernels_cpu.matmul_i8.quantize_rows_q8 with sums per 16 (float32 math, round half to even)."""
     t, k = x.shape
     blocks = x.reshape(t, -1, 32)
     d = (np.abs(blocks).max(-1) / np.float32(127.0)).astype(np.float32)

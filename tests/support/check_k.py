@@ -10,6 +10,7 @@ from edge_infer.kernels_cpu import dequant as dq
 from edge_infer.kernels_cpu import matmul_k as mk
 from edge_infer.kernels_cpu import reference as ref
 from edge_infer.kernels_cpu.backend import quantize_rows
+from edge_infer.kernels_cpu.matmul_i8 import quantize_rows_q8
 from edge_infer.kernels_cpu.repack_k import FILE_BYTES, K_FORMATS, KWeights, repack_k
 
 K_TYPES = (dq.Q4_K, dq.Q5_K, dq.Q6_K)
@@ -19,7 +20,7 @@ def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x float32 [T, K] -> the kernel's activations (xq4, xd, xs16)."""
     t, k = x.shape
     xq4, xd, xs16 = np.empty((t, k // 4), np.int32), np.empty((t, k // 32), np.float32), np.empty((t, k // 16), np.int32)
-    mk.quantize_rows_q8_16(np.ascontiguousarray(x), xq4, xd, xs16)
+    quantize_rows_q8(np.ascontiguousarray(x), xq4, xd, xs16)
     return xq4, xd, xs16
 
 
