@@ -97,70 +97,106 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):  # 
 
 @kernel(fastmath=True)
 def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
-                  window, sc, qh, acc, out):  # type: ignore[no-untyped-def]
+                  window, sc, qh, kv, vs, acc, out):  # type: ignore[no-untyped-def]
     """Heads r0..r1-1 of kv group g for query token i of sequence s (block_tables row).
 
-    Per head, three passes over the visible keys lo..p: scores (one dot product per key, the
-    key row converted on load), softmax (max, then exp and sum), then the weighted sum of the
-    value rows. Each query is computed on its own by this one function, whatever else is in the
-    batch, so every result has one fixed operation order (fastmath lets LLVM vectorize the dot
-    products and sums, in the same way each time)."""
+    GQA: the heads of a group share their keys and values, so each key and value row is read
+    from the pool and converted to float32 once (into kv) for all of them. Three passes over the
+    visible keys lo..p: scores (one dot product per key and head), softmax per head (max, then
+    exp and sum), then the weighted sum of the value rows. Each head's arithmetic is the same
+    sequence of operations whichever heads share the call and whatever else is in the batch
+    (fastmath lets LLVM vectorize the dot products and sums, in the same way each time).
+    sc: float32 [>= n_rep, >= p + 1]; qh, acc: float32 [>= n_rep, head_dim]; kv: [4, head_dim]; vs: [4]."""
     bs, hd = k_cache.shape[1], k_cache.shape[3]
     n_rep = q.shape[1] // (k_cache.shape[2] * hd)
     quant = k_scale.shape[0] > 0
     p = positions[i]
     lo = max(0, p - window + 1) if window > 0 else 0
     n = p + 1 - lo
-    for r in range(r0, r1):
-        qoff = (g * n_rep + r) * hd
+    nr = r1 - r0
+    for r in range(nr):
+        qoff = (g * n_rep + r0 + r) * hd
         qrow = q[i, qoff : qoff + hd]  # a view: q[i, qoff + d] would be a gather (qoff's sign is unknown)
         for d in range(hd):
-            qh[d] = qrow[d]
-        j = 0
-        for b in range(lo // bs, p // bs + 1):
-            blk = block_tables[s, b]
-            for off in range(max(lo, b * bs) - b * bs, min(bs, p + 1 - b * bs)):
-                dot = np.float32(0.0)
+            qh[r, d] = qrow[d]
+    j = 0
+    for b in range(lo // bs, p // bs + 1):
+        blk = block_tables[s, b]
+        o0, o1 = max(lo, b * bs) - b * bs, min(bs, p + 1 - b * bs)
+        # four key rows per pass, as for the values below: each head's query row is loaded once
+        # for the four dot products
+        for off in range(o0, o1, 4):
+            m = min(4, o1 - off)
+            for u in range(m):
                 for d in range(hd):
-                    dot += qh[d] * value_at(k_cache, blk, off, g, d)
-                if quant:
-                    dot *= k_scale[blk, off, g]
-                sc[j] = dot * scale
-                j += 1
-        mx = sc[0]
+                    kv[u, d] = value_at(k_cache, blk, off + u, g, d)
+                vs[u] = scale * k_scale[blk, off + u, g] if quant else scale
+            if m == 4:
+                k0, k1, k2, k3 = kv[0], kv[1], kv[2], kv[3]
+                for r in range(nr):
+                    t0 = t1 = t2 = t3 = np.float32(0.0)
+                    for d in range(hd):
+                        x = qh[r, d]
+                        t0 += x * k0[d]
+                        t1 += x * k1[d]
+                        t2 += x * k2[d]
+                        t3 += x * k3[d]
+                    sc[r, j], sc[r, j + 1], sc[r, j + 2], sc[r, j + 3] = t0 * vs[0], t1 * vs[1], t2 * vs[2], t3 * vs[3]
+            else:
+                for u in range(m):
+                    ku = kv[u]
+                    for r in range(nr):
+                        t0 = np.float32(0.0)
+                        for d in range(hd):
+                            t0 += qh[r, d] * ku[d]
+                        sc[r, j + u] = t0 * vs[u]
+            j += m
+    for r in range(nr):
+        mx = sc[r, 0]
         for j in range(1, n):
-            mx = max(mx, sc[j])
+            mx = max(mx, sc[r, j])
         den = np.float32(0.0)
         for j in range(n):
-            e = fast_exp(sc[j] - mx)
-            sc[j] = e
+            e = fast_exp(sc[r, j] - mx)
+            sc[r, j] = e
             den += e
+        qh[r, 0] = np.float32(1.0) / den  # qh is free now: it keeps each head's 1 / sum
         for d in range(hd):
-            acc[d] = 0.0
-        j = 0
-        for b in range(lo // bs, p // bs + 1):
-            blk = block_tables[s, b]
-            o0, o1 = max(lo, b * bs) - b * bs, min(bs, p + 1 - b * bs)
-            # two value rows per pass over acc: half the store-to-load chains through it
-            for off in range(o0, o1 - 1, 2):
-                w0, w1 = sc[j], sc[j + 1]
-                j += 2
-                if quant:
-                    w0 *= v_scale[blk, off, g]
-                    w1 *= v_scale[blk, off + 1, g]
+            acc[r, d] = 0.0
+    j = 0
+    for b in range(lo // bs, p // bs + 1):
+        blk = block_tables[s, b]
+        o0, o1 = max(lo, b * bs) - b * bs, min(bs, p + 1 - b * bs)
+        # four value rows per pass over acc (the last pass of a block takes the 1-3 left):
+        # a quarter of the loads and stores of acc, which bound this loop otherwise
+        for off in range(o0, o1, 4):
+            m = min(4, o1 - off)
+            for u in range(m):
                 for d in range(hd):
-                    acc[d] += w0 * value_at(v_cache, blk, off, g, d) + w1 * value_at(v_cache, blk, off + 1, g, d)
-            if (o1 - o0) & 1:
-                w0 = sc[j]
-                j += 1
-                if quant:
-                    w0 *= v_scale[blk, o1 - 1, g]
-                for d in range(hd):
-                    acc[d] += w0 * value_at(v_cache, blk, o1 - 1, g, d)
-        inv = np.float32(1.0) / den
+                    kv[u, d] = value_at(v_cache, blk, off + u, g, d)
+                vs[u] = v_scale[blk, off + u, g] if quant else np.float32(1.0)
+            if m == 4:
+                v0, v1, v2, v3 = kv[0], kv[1], kv[2], kv[3]
+                for r in range(nr):
+                    w0, w1, w2, w3 = sc[r, j], sc[r, j + 1], sc[r, j + 2], sc[r, j + 3]
+                    if quant:
+                        w0, w1, w2, w3 = w0 * vs[0], w1 * vs[1], w2 * vs[2], w3 * vs[3]
+                    for d in range(hd):
+                        acc[r, d] += (w0 * v0[d] + w1 * v1[d]) + (w2 * v2[d] + w3 * v3[d])
+            else:
+                for u in range(m):
+                    vu = kv[u]
+                    for r in range(nr):
+                        w0 = sc[r, j + u] * vs[u] if quant else sc[r, j + u]
+                        for d in range(hd):
+                            acc[r, d] += w0 * vu[d]
+            j += m
+    for r in range(nr):
+        qoff = (g * n_rep + r0 + r) * hd
         orow = out[i, qoff : qoff + hd]
+        inv = qh[r, 0]
         for d in range(hd):
-            orow[d] = acc[d] * inv
+            orow[d] = acc[r, d] * inv
 
 
 @kernel(parallel=True)
@@ -186,15 +222,17 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
     split = n_rep if N * n_kv < n_threads or (N * n_kv % n_threads and N * n_kv < 4 * n_threads) else 1
     items = N * n_kv * split
     for tid in numba.prange(n_threads):
-        sc = np.empty(longest, np.float32)
-        acc = np.empty(hd, np.float32)
-        qh = np.empty(hd, np.float32)
+        sc = np.empty((n_rep, longest), np.float32)
+        acc = np.empty((n_rep, hd), np.float32)
+        qh = np.empty((n_rep, hd), np.float32)
+        kv = np.empty((4, hd), np.float32)
+        vs = np.empty(4, np.float32)
         for it in range(tid, items, n_threads):
             i, rest = it // (n_kv * split), it % (n_kv * split)
             g, part = rest // split, rest % split
             r0, r1 = part * n_rep // split, (part + 1) * n_rep // split
             _attend_query(q, i, g, r0, r1, token_seq[i], block_tables, k_cache, k_scale, v_cache, v_scale,
-                          positions, scale, window, sc, qh, acc, out)
+                          positions, scale, window, sc, qh, kv, vs, acc, out)
 
 
 @kernel(inline=True)

@@ -130,14 +130,15 @@ def test_k_quant_matmul_uses_vpdpbusd() -> None:
 
 def test_attention_has_no_gathers() -> None:
     """The per-query attention loops (dot products over the head dimension, the weighted value
-    sum) read contiguous rows: vector FMAs on f16 rows converted on load, never gathers."""
+    sum, for all the heads of a kv group) read contiguous rows: vector FMAs on f16 rows
+    converted once per row, never gathers."""
     from edge_infer.kernels_cpu import attention as at
 
     q_t, cache = nt.Array(nt.float32, 2, "C"), nt.Array(nt.uint16, 4, "C")
     scales, tables = nt.Array(nt.float32, 3, "C"), nt.Array(nt.int32, 2, "C")
     vec, i32 = nt.Array(nt.float32, 1, "C"), nt.Array(nt.int32, 1, "C")
     sig = (q_t, nt.int64, nt.int64, nt.int64, nt.int64, nt.int32, tables, cache, scales, cache, scales, i32,
-           nt.float32, nt.int64, vec, vec, vec, q_t)
+           nt.float32, nt.int64, q_t, q_t, q_t, vec, q_t, q_t)
     asm = asm_of(at._attend_query, sig, fastmath=True)
     assert uses(asm, "vfmadd", VREG) and uses(asm, "vcvtph2ps", VREG)
     assert "gather" not in asm
