@@ -57,17 +57,18 @@ positions: int32 [N]; token_seq: int32 [N], the block_tables row of each token.
                   v_cache, v_scale)
       writes each token's K and V (rounded to the pool's type) at its slot.
   qkv_finish_kernel(q f32 [N, n_heads*hd], k, v f32 [N, n_kv*hd], bq, bk, bv, q_norm, k_norm,
-                    n_rot, positions, inv_freq f64 [n_rot/2], neox, eps, slot_mapping,
+                    n_rot, positions, inv_freq f64 [n_rot/2], mscale, neox, eps, slot_mapping,
                     k_cache, k_scale, v_cache, v_scale)
       in place on q, k, v: + biases (bq, bk, bv f32 [C], or empty [0]); RMSNorm of each head of
-      q and k (q_norm, k_norm f32 [hd], or empty: no norm); RoPE of q and k on the first n_rot
-      dims (angle = position * inv_freq[i]; neox: pairs (i, i + n_rot/2), else (2i, 2i + 1));
-      then stores k, v like store_kv_kernel.
+      q and k (q_norm, k_norm f32 [hd]), or of the whole rows (f32 [n_heads*hd], [n_kv*hd]), or
+      none (empty); RoPE of q and k on the first n_rot dims (angle = position * inv_freq[i], cos
+      and sin times mscale; neox: pairs (i, i + n_rot/2), else (2i, 2i + 1)); then stores k, v
+      like store_kv_kernel.
   paged_attention_kernel(q f32 [N, n_heads*hd], k_cache, k_scale, v_cache, v_scale,
-                         block_tables, token_seq, positions, scale, window,
+                         block_tables, token_seq, positions, scale, window, softcap,
                          out f32 [N, n_heads*hd], n_threads)
-      causal softmax(scale * q.K) V over keys 0..p of the token's own sequence (window > 0:
-      only keys j with p - j < window). A sequence's tokens are consecutive in the batch with
+      causal softmax(s) V, s = scale * q.K (softcap > 0: softcap * tanh(s / softcap)), over
+      keys 0..p of the token's own sequence (window > 0: only keys j with p - j < window). A sequence's tokens are consecutive in the batch with
       increasing positions. K/V are read from the pool, including this step's (store first).
 
 Per-row ops, float32, rows independent:

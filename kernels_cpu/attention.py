@@ -97,7 +97,7 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):  # 
 
 @kernel(fastmath=True)
 def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
-                  window, sc, qh, kv, vs, acc, out):  # type: ignore[no-untyped-def]
+                  window, softcap, sc, qh, kv, vs, acc, out):  # type: ignore[no-untyped-def]
     """Heads r0..r1-1 of kv group g for query token i of sequence s (block_tables row).
 
     GQA: the heads of a group share their keys and values, so each key and value row is read
@@ -152,6 +152,10 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
                         sc[r, j + u] = t0 * vs[u]
             j += m
     for r in range(nr):
+        if softcap > 0:  # gemma2: scores = cap * tanh(scores / cap)
+            inv_cap = np.float32(1.0) / softcap
+            for j in range(n):
+                sc[r, j] = np.float32(np.tanh(sc[r, j] * inv_cap)) * softcap
         mx = sc[r, 0]
         for j in range(1, n):
             mx = max(mx, sc[r, j])
@@ -200,12 +204,14 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
 
 
 @kernel(parallel=True)
-def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions, scale, window, out, n_threads):  # type: ignore[no-untyped-def]
+def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions, scale, window,
+                           softcap, out, n_threads):  # type: ignore[no-untyped-def]
     """Causal attention of every query token against its own sequence's cached keys.
 
     q: float32 [N, n_heads * head_dim] (RoPE applied); token_seq: int32 [N] row of block_tables
     for each token; positions: int32 [N]; window: 0 = full attention, else a key at position j
-    is visible to a query at p only if p - j < window (sliding-window layers); out: float32
+    is visible to a query at p only if p - j < window (sliding-window layers); softcap: 0 = none,
+    else each score (q.k times scale) becomes softcap * tanh(score / softcap); out: float32
     [N, n_heads * head_dim]. Work items (query token, kv-head) are dealt to the n_threads
     threads round-robin; when there are fewer of them than threads (decoding one sequence of a
     model with one kv-head), or a few that the threads cannot share evenly, each query head is an
@@ -232,20 +238,26 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
             g, part = rest // split, rest % split
             r0, r1 = part * n_rep // split, (part + 1) * n_rep // split
             _attend_query(q, i, g, r0, r1, token_seq[i], block_tables, k_cache, k_scale, v_cache, v_scale,
-                          positions, scale, window, sc, qh, kv, vs, acc, out)
+                          positions, scale, window, softcap, sc, qh, kv, vs, acc, out)
+
+
+@kernel(inline=True)
+def _norm_span(x, t, o, n, norm_w, eps):  # type: ignore[no-untyped-def]
+    """RMSNorm of x[t, o:o+n] in place (a sum of squares in float64), times norm_w [n]."""
+    s = 0.0
+    for d in range(n):
+        v = np.float64(x[t, o + d])
+        s += v * v
+    sc = np.float32(1.0 / np.sqrt(s / n + eps))
+    for d in range(n):
+        x[t, o + d] = np.float32(x[t, o + d] * sc) * norm_w[d]
 
 
 @kernel(inline=True)
 def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps):  # type: ignore[no-untyped-def]
     o = h * hd
     if has_norm:
-        s = 0.0
-        for d in range(hd):
-            v = np.float64(x[t, o + d])
-            s += v * v
-        sc = np.float32(1.0 / np.sqrt(s / hd + eps))
-        for d in range(hd):
-            x[t, o + d] = np.float32(x[t, o + d] * sc) * norm_w[d]
+        _norm_span(x, t, o, hd, norm_w, eps)
     half = n_rot // 2
     for i in range(half):
         if neox:
@@ -259,11 +271,13 @@ def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps): 
 
 
 @kernel(inline=True)
-def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps, slot_mapping,
-                      k_cache, k_scale, v_cache, v_scale, t):  # type: ignore[no-untyped-def]
+def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, mscale, neox, eps,
+                      slot_mapping, k_cache, k_scale, v_cache, v_scale, t):  # type: ignore[no-untyped-def]
     hd = k_cache.shape[3]
     n_heads, n_kv = q.shape[1] // hd, k.shape[1] // hd
-    has_bias, has_norm = bq.shape[0] > 0, q_norm.shape[0] > 0
+    # a norm as wide as the whole row (olmo2) is applied before the heads are rotated
+    full_norm = q_norm.shape[0] == q.shape[1] and n_heads > 1
+    has_bias, has_norm = bq.shape[0] > 0, q_norm.shape[0] > 0 and not full_norm
     bs = k_cache.shape[1]
     if has_bias:
         for c in range(q.shape[1]):
@@ -271,13 +285,16 @@ def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv
         for c in range(k.shape[1]):
             k[t, c] += bk[c]
             v[t, c] += bv[c]
+    if full_norm:
+        _norm_span(q, t, 0, q.shape[1], q_norm, eps)
+        _norm_span(k, t, 0, k.shape[1], k_norm, eps)
     p = np.float64(positions[t])
     cos = np.empty(n_rot // 2, np.float32)  # the rotation angles of this position, once for all heads
     sin = np.empty(n_rot // 2, np.float32)
     for i in range(n_rot // 2):
         th = p * inv_freq[i]
-        cos[i] = np.float32(np.cos(th))
-        sin[i] = np.float32(np.sin(th))
+        cos[i] = np.float32(np.cos(th) * mscale)
+        sin[i] = np.float32(np.sin(th) * mscale)
     for h in range(n_heads):
         _head_norm_rope(q, t, h, hd, n_rot, q_norm, has_norm, cos, sin, neox, eps)
     for h in range(n_kv):
@@ -290,19 +307,21 @@ def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv
 
 
 @kernel(parallel=True)
-def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps, slot_mapping,
-                      k_cache, k_scale, v_cache, v_scale):  # type: ignore[no-untyped-def]
+def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, mscale, neox, eps,
+                      slot_mapping, k_cache, k_scale, v_cache, v_scale):  # type: ignore[no-untyped-def]
     """Everything between the Q/K/V projections and attention, per token: biases (when bq has
-    elements), RMSNorm of each head of Q and K (when q_norm has elements: gemma's QK-norm), RoPE
-    of Q and K (inv_freq: float64 [n_rot / 2], base^(-2i / n_rot) times the position scale;
-    neox: rotate pairs (i, i + n_rot / 2) instead of (2i, 2i + 1); dimensions past n_rot are left
-    as they are), and the K/V store into the pool.
+    elements), RMSNorm of Q and K (when q_norm has elements: per head for a head_dim-long q_norm,
+    gemma's and qwen3's QK-norm; over the whole row for a row-long one, olmo2's), RoPE of Q and K
+    (inv_freq: float64 [n_rot / 2], each pair's angle per position, all zero for a layer without
+    RoPE; cos and sin are multiplied by mscale, YaRN's and longrope's attention factor; neox:
+    rotate pairs (i, i + n_rot / 2) instead of (2i, 2i + 1); dimensions past n_rot are left as
+    they are), and the K/V store into the pool.
     The same per-element arithmetic as the separate kernels, in one launch (none for a single
     token: the launch would cost more than the work)."""
     if q.shape[0] == 1:
-        _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps,
+        _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, mscale, neox, eps,
                           slot_mapping, k_cache, k_scale, v_cache, v_scale, 0)
     else:
         for t in numba.prange(q.shape[0]):
-            _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps,
+            _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, mscale, neox, eps,
                               slot_mapping, k_cache, k_scale, v_cache, v_scale, t)

@@ -137,15 +137,17 @@ class CpuBackend:
 
     def qkv_finish(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, bq: np.ndarray, bk: np.ndarray,
                    bv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray, n_rot: int, positions: np.ndarray,
-                   inv_freq: np.ndarray, neox: bool, eps: np.float32, slot_mapping: np.ndarray, kv: KVLayer) -> None:
-        attention.qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps,
+                   inv_freq: np.ndarray, mscale: float, neox: bool, eps: np.float32, slot_mapping: np.ndarray,
+                   kv: KVLayer) -> None:
+        attention.qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, mscale, neox, eps,
                                     slot_mapping, *kv)
 
     def attention(self, q: np.ndarray, kv: KVLayer, block_tables: np.ndarray, token_seq: np.ndarray,
-                  positions: np.ndarray, scale: np.float32, window: int, out: np.ndarray) -> None:
+                  positions: np.ndarray, scale: np.float32, window: int, softcap: np.float32,
+                  out: np.ndarray) -> None:
         k_cache, k_scale, v_cache, v_scale = kv
         attention.paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions,
-                                         scale, window, out, self.n_threads)
+                                         scale, window, softcap, out, self.n_threads)
 
     rmsnorm = staticmethod(ops.rmsnorm_kernel)
     add_rmsnorm = staticmethod(ops.add_rmsnorm_kernel)
@@ -156,6 +158,16 @@ class CpuBackend:
     def take_rows(x: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
         """out[i] = x[rows[i]] (rows are in range: clip mode writes out directly, unbuffered)."""
         np.take(x, rows, axis=0, out=out, mode="clip")
+
+    @staticmethod
+    def scale(x: np.ndarray, factor: np.float32) -> None:
+        """x *= factor, in place."""
+        ops.scale_kernel(x, factor)
+
+    @staticmethod
+    def add(h: np.ndarray, delta: np.ndarray) -> None:
+        """h += delta, in place (a residual add with no norm after it)."""
+        np.add(h, delta, out=h)
 
     @staticmethod
     def softcap(x: np.ndarray, cap: np.float32) -> None:

@@ -37,10 +37,10 @@ def head_rmsnorm(x: np.ndarray, n_heads: int, head_dim: int, w: np.ndarray, eps:
 
 
 def rope(x: np.ndarray, n_heads: int, head_dim: int, n_rot: int, positions: np.ndarray, inv_freq: np.ndarray,
-         neox: bool) -> np.ndarray:
+         neox: bool, mscale: float = 1.0) -> np.ndarray:
     out = x.astype(np.float64).reshape(x.shape[0], n_heads, head_dim).copy()
     theta = positions.astype(np.float64)[:, None] * inv_freq[None, :]  # [T, n_rot/2]
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    c, s = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]
     half = n_rot // 2
     if neox:
         a, b = out[..., :half].copy(), out[..., half:n_rot].copy()
@@ -73,7 +73,7 @@ def cache_values(cache: np.ndarray, scale: np.ndarray | None = None) -> np.ndarr
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_cache: np.ndarray,
                     v_scale: np.ndarray, block_tables: np.ndarray, token_seq: np.ndarray, positions: np.ndarray,
-                    scale: float, window: int) -> np.ndarray:
+                    scale: float, window: int, softcap: float = 0.0) -> np.ndarray:
     """Dense causal attention: gather each sequence's keys 0..p from its block table."""
     n_kv, hd = k_cache.shape[2], k_cache.shape[3]
     bs = k_cache.shape[1]
@@ -90,6 +90,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_c
         for h in range(n_heads):
             g = h // rep
             s = keys[:, g, :] @ q[i, h * hd : (h + 1) * hd].astype(np.float64) * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
             e = np.exp(s - s.max())
             out[i, h * hd : (h + 1) * hd] = (e / e.sum()) @ vals[:, g, :]
     return out.astype(np.float32)

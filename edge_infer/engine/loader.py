@@ -83,7 +83,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     plan = RuntimePlan(str(path), num_blocks, config.block_size, num_blocks * per_block, config.kv_cache_dtype,
                        max_len, n_threads, "cpu", decode_weight_bytes(weights))
     runner = ModelRunner(cfg, weights, backend, num_blocks, config.block_size, config.kv_cache_dtype,
-                         config.max_num_batched_tokens)
+                         config.max_num_batched_tokens, max_len)
     bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     sched = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
                       config.prefill_chunk_while_decoding)

@@ -23,10 +23,11 @@ def kv_block_bytes(backend: Backend, cfg: ModelConfig, block_size: int, kv_dtype
 
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend, num_blocks: int, block_size: int,
-                 kv_dtype: str, max_step_tokens: int) -> None:
-        """max_step_tokens: the workspace's first size (a larger step grows it)."""
+                 kv_dtype: str, max_step_tokens: int, max_model_len: int | None = None) -> None:
+        """max_step_tokens: the workspace's first size (a larger step grows it); max_model_len:
+        the longest sequence (it picks Phi-3's long or short rope factors)."""
         self.cfg, self.block_size, self.backend = cfg, block_size, backend
-        self.model = Transformer(cfg, weights, backend, max_step_tokens)
+        self.model = Transformer(cfg, weights, backend, max_step_tokens, max_model_len)
         self.kv = backend.make_kv_pool(cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
 
     def build_inputs(self, chunks: list[ScheduledChunk]) -> StepInputs:

@@ -7,10 +7,12 @@ from types import ModuleType
 
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
-from edge_infer.models import gemma3, llama, qwen2
+from edge_infer.models import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, smollm3
 from edge_infer.models.config import ModelConfig
 
-ARCHITECTURES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2, gemma3)}
+ARCHITECTURES: dict[str, ModuleType] = {
+    m.ARCH: m for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3)
+}
 
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:

@@ -10,15 +10,21 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from edge_infer.errors import UnsupportedModelError
+from edge_infer.errors import EdgeInferError, UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
+from edge_infer.formats.quants import dequantize
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Shapes and switches of one model. Head dims are per head; `swa_layers[i]` says whether
     layer i uses sliding-window attention (window `sliding_window` tokens, rope base
-    `rope_base_swa`); rope_neox: rotate pairs (i, i + n_rot/2) instead of (2i, 2i + 1)."""
+    `rope_base_swa`, no rope scaling); rope_neox: rotate pairs (i, i + n_rot/2) instead of
+    (2i, 2i + 1). RoPE follows ggml's rope (models/rope.py): `rope_scaling` "none" | "linear" |
+    "yarn" with `rope_scale` = 1 / factor and `rope_orig_ctx` (YaRN's original context; for
+    longrope the context above which the long factors apply), per-pair frequency divisors
+    (`rope_freqs`: Llama 3's rope_freqs.weight; `rope_factors_long` / `_short`: Phi-3's), and
+    `rope_attn_factor` multiplying cos and sin. Multipliers far from 1 are granite's."""
 
     arch: str
     n_layers: int
@@ -32,19 +38,35 @@ class ModelConfig:
     norm_eps: float
     rope_base: float
     rope_scale: float = 1.0  # positions are multiplied by this (linear rope scaling: 1 / factor)
+    rope_scaling: str = "none"
+    rope_orig_ctx: int = 0
+    rope_attn_factor: float = 1.0
+    rope_freqs: tuple[float, ...] = ()
+    rope_factors_long: tuple[float, ...] = ()
+    rope_factors_short: tuple[float, ...] = ()
+    nope_layers: tuple[bool, ...] = ()  # layers without RoPE (smollm3: every 4th); () = none
     n_rot: int = 0
     rope_neox: bool = False
     rope_base_swa: float = 10000.0
+    swa_rope_unscaled: bool = False  # gemma3, olmo2: sliding-window layers rotate without scaling
     sliding_window: int = 0
     swa_layers: tuple[bool, ...] = ()
     qkv_bias: bool = False
-    qk_norm: bool = False
-    post_norms: bool = False  # gemma: norms after attention and after the FFN
+    qk_norm: bool = False  # RMSNorm of each head of Q and K (gemma, qwen3)
+    qk_norm_full: bool = False  # RMSNorm of the whole Q and K rows (olmo2)
+    pre_norms: bool = True  # norms before attention and the FFN (olmo2 has none)
+    post_norms: bool = False  # gemma, olmo2: norms after attention and after the FFN
+    fused_qkv: bool = False  # phi3: one attn_qkv matrix, rows [Q | K | V]
+    fused_gate_up: bool = False  # phi3: one ffn_up matrix, rows [gate | up]
     activation: str = "silu"  # "silu" (SwiGLU) | "gelu" (GeGLU, tanh approximation)
     embed_scale: float = 1.0
     attn_scale: float = 0.0  # softmax scale; 0 means 1/sqrt(head_dim)
+    attn_softcap: float = 0.0  # gemma2: scores = cap * tanh(scores / cap)
     final_logit_softcap: float = 0.0
+    residual_scale: float = 1.0  # granite: each block output is multiplied by this before the add
+    logit_scale: float = 1.0  # granite: the logits are divided by this
     tied_embeddings: bool = False
+    ignored_tensors: tuple[str, ...] = ()  # fnmatch patterns of tensors the architecture may carry unused
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size", "context_length"):
@@ -59,6 +81,21 @@ class ModelConfig:
             raise UnsupportedModelError(f"{self.arch}: unknown activation {self.activation!r}")
         if len(self.swa_layers) != self.n_layers:
             raise UnsupportedModelError(f"{self.arch}: swa_layers has {len(self.swa_layers)} entries for {self.n_layers} layers")
+        if self.nope_layers and len(self.nope_layers) != self.n_layers:
+            raise UnsupportedModelError(f"{self.arch}: nope_layers has {len(self.nope_layers)} entries for {self.n_layers} layers")
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise UnsupportedModelError(f"{self.arch}: rope scaling {self.rope_scaling!r} (supported: {', '.join(ROPE_SCALINGS)})")
+        if self.rope_scaling == "yarn" and self.rope_orig_ctx <= 0:
+            raise UnsupportedModelError(f"{self.arch}: yarn rope scaling needs rope.scaling.original_context_length")
+        for name in ("rope_freqs", "rope_factors_long", "rope_factors_short"):
+            v = getattr(self, name)
+            if v and (len(v) != self.n_rot // 2 or min(v) <= 0):
+                raise UnsupportedModelError(f"{self.arch}: {name} must hold {self.n_rot // 2} positive factors, got {len(v)}")
+        if bool(self.rope_factors_long) != bool(self.rope_factors_short):
+            raise UnsupportedModelError(f"{self.arch}: rope_factors_long and rope_factors_short come together")
+        for name in ("rope_scale", "rope_attn_factor", "residual_scale", "logit_scale"):
+            if not getattr(self, name) > 0:
+                raise UnsupportedModelError(f"{self.arch}: {name} must be positive, got {getattr(self, name)!r}")
 
     @property
     def q_dim(self) -> int:
@@ -80,6 +117,9 @@ class ModelConfig:
         return self.rope_base_swa if self.swa_layers[layer] else self.rope_base
 
 
+ROPE_SCALINGS = ("none", "linear", "yarn")
+
+
 class MetadataReader:
     """Typed access to `<arch>.<key>` metadata with errors that name the missing key."""
 
@@ -99,15 +139,35 @@ class MetadataReader:
             raise UnsupportedModelError(f"{self.f.path}: metadata {full!r} must be a number, got {v!r}")
         return kind(v)
 
-    def rope_scale(self) -> float:
-        """Position multiplier for linear rope scaling; other scaling types are refused."""
-        kind = self.f.metadata.get(f"{self.arch}.rope.scaling.type", "none")
-        if kind in ("none", ""):
-            return 1.0
-        if kind == "linear":
-            factor = self.get("rope.scaling.factor", 1.0, float)
-            return 1.0 / factor if factor > 0 else 1.0
-        raise UnsupportedModelError(f"{self.f.path}: rope scaling type {kind!r} is not supported (none, linear)")
+    def rope_scaling(self) -> dict[str, Any]:
+        """ModelConfig's rope fields from `rope.scaling.*` as llama.cpp reads them: no type means
+        "linear" (with no factor, no scaling); other types are refused, naming the key."""
+        key = f"{self.arch}.rope.scaling.type"
+        kind = self.f.metadata.get(key, "linear")
+        if kind not in ROPE_SCALINGS:
+            raise UnsupportedModelError(
+                f"{self.f.path}: {key} = {kind!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})"
+            )
+        factor = self.get("rope.scaling.factor", self.get("rope.scale_linear", 0.0, float), float)
+        scale = 1.0 / factor if factor > 0 and kind != "none" else 1.0
+        return dict(
+            rope_scaling=kind if scale != 1.0 else "none",
+            rope_scale=scale,
+            rope_orig_ctx=self.get("rope.scaling.original_context_length", self.get("context_length"), int),
+            rope_attn_factor=self.get("rope.scaling.attn_factor", 1.0, float),
+        )
+
+    def factors(self, name: str) -> tuple[float, ...]:
+        """A global rope-factor tensor (rope_freqs.weight, rope_factors_long.weight, ...) as
+        floats, () when the file has none."""
+        t = self.f.tensors.get(name)
+        if t is None:
+            return ()
+        try:
+            values = dequantize(t)
+        except EdgeInferError as e:
+            raise UnsupportedModelError(f"{self.f.path}: tensor {name!r} has unsupported type {t.type.name}") from e
+        return tuple(float(x) for x in values.reshape(-1))
 
     def vocab_size(self) -> int:
         tokens = self.f.metadata.get("tokenizer.ggml.tokens")

@@ -38,5 +38,6 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         sliding_window=window,
         swa_layers=swa,
         rope_base_swa=md.get("rope.freq_base_swa", 10000.0, float),
+        swa_rope_unscaled=True,
         final_logit_softcap=md.get("final_logit_softcapping", 0.0, float),
     )

@@ -1,5 +1,6 @@
 """qwen2 architecture (Qwen2 / Qwen2.5 and their coder variants): llama's block with biases on
-the Q, K and V projections and RoPE in NEOX pair order."""
+the Q, K and V projections and RoPE in NEOX pair order; YaRN (Qwen2.5's long-context setting:
+`rope.scaling.type = yarn`, factor, original context length) as ggml computes it."""
 
 from __future__ import annotations
 

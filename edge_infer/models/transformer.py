@@ -1,5 +1,6 @@
-"""The decoder forward pass shared by llama, qwen2 and gemma3: a batch of tokens from any number
-of sequences in, logits for the requested rows out. Every matmul sees all the step's tokens at
+"""The decoder forward pass shared by every dense architecture: a batch of tokens from any number
+of sequences in, logits for the requested rows out. The switches of ModelConfig select the
+variants (pre- and post-norms, QK-norms, multipliers, softcaps, per-layer RoPE tables). Every matmul sees all the step's tokens at
 once (one pass over the weights); attention reads each sequence's keys through its block table.
 All compute goes through the backend; all scratch is its preallocated workspace.
 """
@@ -13,6 +14,7 @@ import numpy as np
 
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.rope import layer_rope
 from edge_infer.models.weights import ModelWeights
 
 _EMPTY = np.empty(0, np.float32)
@@ -42,23 +44,32 @@ class StepInputs:
 
 class Transformer:
     """Runs the layers of one model on a backend; owns no KV memory (it is passed in) and one
-    workspace, made by the backend and grown when a step has more tokens than it holds."""
+    workspace, made by the backend and grown when a step has more tokens than it holds.
+    n_ctx: the longest sequence the engine allows (Phi-3's long rope factors apply above
+    rope_orig_ctx); the model's context length when not given."""
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend, capacity: int = 256) -> None:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend, capacity: int = 256,
+                 n_ctx: int | None = None) -> None:
         self.cfg, self.w, self.b = cfg, weights, backend
-        self.inv_freq = [self._inv_freq(layer) for layer in range(cfg.n_layers)]
+        self.rope = [layer_rope(cfg, layer, n_ctx or cfg.context_length) for layer in range(cfg.n_layers)]
         # float32 scalars made once (making one allocates)
         self.eps, self.scale = np.float32(cfg.norm_eps), np.float32(cfg.softmax_scale)
         self.embed_scale, self.softcap = np.float32(cfg.embed_scale), np.float32(cfg.final_logit_softcap)
+        self.attn_softcap = np.float32(cfg.attn_softcap)
+        self.residual_scale, self.inv_logit_scale = np.float32(cfg.residual_scale), np.float32(1.0 / cfg.logit_scale)
         self.ws: Any = None
         self._reserve(capacity)
 
-    def _inv_freq(self, layer: int) -> np.ndarray:
-        cfg = self.cfg
-        base = cfg.layer_rope_base(layer)
-        scale = 1.0 if cfg.swa_layers[layer] else cfg.rope_scale
-        i = np.arange(cfg.n_rot // 2, dtype=np.float64)
-        return base ** (-2.0 * i / cfg.n_rot) * scale
+    def _residual(self, h: np.ndarray, delta: np.ndarray, norm: np.ndarray | None, xn: np.ndarray) -> np.ndarray:
+        """h += delta (times granite's residual multiplier); returns the next block's input: h
+        normed into xn, or h itself where that block has no pre-norm (olmo2)."""
+        if self.cfg.residual_scale != 1.0:
+            self.b.scale(delta, self.residual_scale)
+        if norm is None:
+            self.b.add(h, delta)
+            return h
+        self.b.add_rmsnorm(h, delta, norm, self.eps, xn)
+        return xn
 
     def _reserve(self, n_tokens: int) -> None:
         if self.ws is None or self.ws.capacity < n_tokens:
@@ -76,11 +87,15 @@ class Transformer:
         attn, o, o2, gate, up, act = ws.attn[:n], ws.o[:n], ws.o2[:n], ws.gate[:n], ws.up[:n], ws.act[:n]
         token_seq, positions = inp.token_seq, inp.positions
         b.embed(inp.tokens, self.w.token_embd, self.embed_scale, h)
-        b.rmsnorm(h, self.w.layers[0].attn_norm, eps, xn)
+        x = h
+        if self.w.layers[0].attn_norm is not None:
+            b.rmsnorm(h, self.w.layers[0].attn_norm, eps, xn)
+            x = xn
         for li, lw in enumerate(self.w.layers):
-            b.matmuls(xn, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
+            inv_freq, mscale = self.rope[li]
+            b.matmuls(x, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
             b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
-                         _or_empty(lw.k_norm), cfg.n_rot, inp.positions, self.inv_freq[li], cfg.rope_neox, eps,
+                         _or_empty(lw.k_norm), cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps,
                          inp.slot_mapping, kv[li])
             if li == cfg.n_layers - 1 and m < n:
                 # Last layer: K/V of every token are stored; the rest is only needed for the
@@ -93,20 +108,23 @@ class Transformer:
                 q, h, xn = ws.q_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
                 token_seq, positions = ws.seq_rows[:m], ws.pos_rows[:m]
                 attn, o, o2, gate, up, act = attn[:m], o[:m], o2[:m], gate[:m], up[:m], act[:m]
-            b.attention(q, kv[li], inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li), attn)
+            b.attention(q, kv[li], inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
+                        self.attn_softcap, attn)
             b.matmuls(attn, (lw.wo,), (o,), ws)
             if lw.post_attn_norm is not None:
                 b.rmsnorm(o, lw.post_attn_norm, eps, o2)
-            b.add_rmsnorm(h, o if lw.post_attn_norm is None else o2, lw.ffn_norm, eps, xn)
-            b.matmuls(xn, (lw.w_gate, lw.w_up), (gate, up), ws)
+            x = self._residual(h, o if lw.post_attn_norm is None else o2, lw.ffn_norm, xn)
+            b.matmuls(x, (lw.w_gate, lw.w_up), (gate, up), ws)
             (b.gelu_mul if cfg.activation == "gelu" else b.silu_mul)(gate, up, act)
             b.matmuls(act, (lw.w_down,), (o,), ws)
             if lw.post_ffn_norm is not None:
                 b.rmsnorm(o, lw.post_ffn_norm, eps, o2)
             next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
-            b.add_rmsnorm(h, o if lw.post_ffn_norm is None else o2, next_norm, eps, xn)
+            x = self._residual(h, o if lw.post_ffn_norm is None else o2, next_norm, xn)
         logits = np.empty((m, cfg.vocab_size), np.float32)  # handed to the caller: not scratch
-        b.matmuls(xn, (self.w.output,), (logits,), ws)
+        b.matmuls(x, (self.w.output,), (logits,), ws)
         if cfg.final_logit_softcap:
             b.softcap(logits, self.softcap)
+        if cfg.logit_scale != 1.0:
+            b.scale(logits, self.inv_logit_scale)
         return logits

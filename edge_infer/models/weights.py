@@ -5,6 +5,7 @@ norms and biases become float32."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatch
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -21,12 +22,12 @@ MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 @dataclass(slots=True)
 class LayerWeights:
-    attn_norm: np.ndarray
+    attn_norm: np.ndarray | None  # None: no pre-norm (olmo2)
     wq: QMatrix
     wk: QMatrix
     wv: QMatrix
     wo: QMatrix
-    ffn_norm: np.ndarray
+    ffn_norm: np.ndarray | None
     w_gate: QMatrix
     w_up: QMatrix
     w_down: QMatrix
@@ -89,46 +90,94 @@ def _tensor(f: GGUFFile, name: str) -> TensorInfo:
     return t
 
 
+def row_slices(m: QMatrix, rows: tuple[int, ...]) -> list[QMatrix]:
+    """A fused matrix split by output rows into zero-copy views (phi3's attn_qkv, ffn_up)."""
+    out, at = [], 0
+    for n in rows:
+        out.append(QMatrix(m.name, m.data[at : at + n], m.qtype, n, m.cols))
+        at += n
+    return out
+
+
+class _Tensors:
+    """The file's tensors as load_weights takes them, remembering which it took."""
+
+    def __init__(self, f: GGUFFile, types: tuple[int, ...]) -> None:
+        self.f, self.types, self.used = f, types, set[str]()
+
+    def mat(self, name: str, rows: int, cols: int) -> QMatrix:
+        self.used.add(name)
+        return qmatrix(self.f, name, rows, cols, self.types)
+
+    def vec(self, name: str, n: int) -> np.ndarray:
+        self.used.add(name)
+        return vector(self.f, name, n)
+
+    def opt_vec(self, name: str, n: int) -> np.ndarray | None:
+        return self.vec(name, n) if name in self.f.tensors else None
+
+    def check_all_used(self, cfg: ModelConfig) -> None:
+        """Every tensor is used or on the architecture's list of tensors it may ignore."""
+        used = self.used | {name for name, factors in (("rope_freqs.weight", cfg.rope_freqs),
+                                                       ("rope_factors_long.weight", cfg.rope_factors_long),
+                                                       ("rope_factors_short.weight", cfg.rope_factors_short)) if factors}
+        left = sorted(n for n in self.f.tensors if n not in used and not any(fnmatch(n, p) for p in cfg.ignored_tensors))
+        if left:
+            more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+            raise UnsupportedModelError(
+                f"{self.f.path}: tensor{'s' if len(left) > 1 else ''} {', '.join(map(repr, left[:5]))}{more} "
+                f"not used by edge-infer's {cfg.arch} model (a variant it does not support: supported architectures "
+                f"and their tensors are listed in the README)"
+            )
+
+
 def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeights:
-    """All weights of a llama/qwen2/gemma3-style model, prepared by the backend; nothing is
-    copied but small vectors (and what the backend repacks)."""
-    d, q_dim, kv_dim, ff = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim
-    types = tuple(backend.matrix_types)
-
-    def mat(name: str, rows: int, cols: int) -> QMatrix:
-        return qmatrix(f, name, rows, cols, types)
-
-    emb = mat("token_embd.weight", cfg.vocab_size, d)
-    output = emb if "output.weight" not in f.tensors else mat("output.weight", cfg.vocab_size, d)
+    """All weights of a model, prepared by the backend; nothing is copied but small vectors (and
+    what the backend repacks). Every tensor of the file must be used (or ignorable)."""
+    d, q_dim, kv_dim, ff, hd = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim, cfg.head_dim
+    t = _Tensors(f, tuple(backend.matrix_types))
+    emb = t.mat("token_embd.weight", cfg.vocab_size, d)
+    output = emb if cfg.tied_embeddings else t.mat("output.weight", cfg.vocab_size, d)
+    qk_norm_width = hd if cfg.qk_norm else 0
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
+        if cfg.fused_qkv:
+            wq, wk, wv = row_slices(t.mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d), (q_dim, kv_dim, kv_dim))
+        else:
+            wq, wk, wv = (t.mat(p + "attn_q.weight", q_dim, d), t.mat(p + "attn_k.weight", kv_dim, d),
+                          t.mat(p + "attn_v.weight", kv_dim, d))
+        if cfg.fused_gate_up:
+            w_gate, w_up = row_slices(t.mat(p + "ffn_up.weight", 2 * ff, d), (ff, ff))
+        else:
+            w_gate, w_up = t.mat(p + "ffn_gate.weight", ff, d), t.mat(p + "ffn_up.weight", ff, d)
         lw = LayerWeights(
-            attn_norm=vector(f, p + "attn_norm.weight", d),
-            wq=mat(p + "attn_q.weight", q_dim, d),
-            wk=mat(p + "attn_k.weight", kv_dim, d),
-            wv=mat(p + "attn_v.weight", kv_dim, d),
-            wo=mat(p + "attn_output.weight", d, q_dim),
-            ffn_norm=vector(f, p + "ffn_norm.weight", d),
-            w_gate=mat(p + "ffn_gate.weight", ff, d),
-            w_up=mat(p + "ffn_up.weight", ff, d),
-            w_down=mat(p + "ffn_down.weight", d, ff),
+            attn_norm=t.vec(p + "attn_norm.weight", d) if cfg.pre_norms else None,
+            wq=wq, wk=wk, wv=wv,
+            wo=t.mat(p + "attn_output.weight", d, q_dim),
+            ffn_norm=t.vec(p + "ffn_norm.weight", d) if cfg.pre_norms else None,
+            w_gate=w_gate, w_up=w_up,
+            w_down=t.mat(p + "ffn_down.weight", d, ff),
         )
-        if cfg.qkv_bias:
-            lw.bq = vector(f, p + "attn_q.bias", q_dim)
-            lw.bk = vector(f, p + "attn_k.bias", kv_dim)
-            lw.bv = vector(f, p + "attn_v.bias", kv_dim)
-        if cfg.qk_norm:
-            lw.q_norm = vector(f, p + "attn_q_norm.weight", cfg.head_dim)
-            lw.k_norm = vector(f, p + "attn_k_norm.weight", cfg.head_dim)
+        if cfg.qkv_bias:  # required (qwen2)
+            lw.bq, lw.bk, lw.bv = t.vec(p + "attn_q.bias", q_dim), t.vec(p + "attn_k.bias", kv_dim), t.vec(
+                p + "attn_v.bias", kv_dim)
+        elif p + "attn_q.bias" in f.tensors:  # optional (llama)
+            lw.bq, lw.bk, lw.bv = t.vec(p + "attn_q.bias", q_dim), t.vec(p + "attn_k.bias", kv_dim), t.vec(
+                p + "attn_v.bias", kv_dim)
+        if qk_norm_width or cfg.qk_norm_full:
+            lw.q_norm = t.vec(p + "attn_q_norm.weight", q_dim if cfg.qk_norm_full else hd)
+            lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
         if cfg.post_norms:
-            lw.post_attn_norm = vector(f, p + "post_attention_norm.weight", d)
-            lw.post_ffn_norm = vector(f, p + "post_ffw_norm.weight", d)
+            lw.post_attn_norm = t.vec(p + "post_attention_norm.weight", d)
+            lw.post_ffn_norm = t.vec(p + "post_ffw_norm.weight", d)
         layers.append(lw)
+    output_norm = t.vec("output_norm.weight", d)
+    t.check_all_used(cfg)
     # the backend's form of every matrix (the token embedding is read by rows: left as it is)
     roles = [("layer", getattr(lw, name)) for lw in layers for name in MATRIX_FIELDS] + [("output", output)]
     prepared = iter(backend.prepare_weights(f, roles))
     for lw in layers:
         for name in MATRIX_FIELDS:
             setattr(lw, name, next(prepared))
-    return ModelWeights(emb, vector(f, "output_norm.weight", d), next(prepared), layers)
+    return ModelWeights(emb, output_norm, next(prepared), layers)

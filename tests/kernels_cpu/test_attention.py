@@ -37,9 +37,11 @@ def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: in
 
 @pytest.mark.parametrize("rep", [1, 3, 7])
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32, np.int8])
-@pytest.mark.parametrize(("window", "bs"), [(0, 4), (5, 4), (0, 16), (19, 16)])
-def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int) -> None:
+@pytest.mark.parametrize(("window", "bs", "softcap"), [(0, 4, 0.0), (5, 4, 1.5), (0, 16, 1.5), (19, 16, 0.0)])
+def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int, softcap: float) -> None:
+    """softcap 1.5 bites: the scores of these random queries reach several units."""
     rng = np.random.default_rng(rep * 10 + window + bs)
+    cap = np.float32(softcap)
     n_kv, hd = 2, 32
     lens = [1, 7, 13] if bs == 4 else [1, 23, 41]
     kc, ks, vc, vs, tables = build(rng, lens, n_kv, rep, hd, bs, dtype)
@@ -49,8 +51,8 @@ def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int) -> None
     positions = np.array([last - 2, last - 1, last, 0, lens[1] - 1], np.int32)
     q = rng.standard_normal((5, n_kv * rep * hd)).astype(np.float32)
     out = np.full_like(q, np.nan)
-    paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), window, out, 2)
-    want = ref.paged_attention(q, kc, ks, vc, vs, tables, token_seq, positions, 0.2, window)
+    paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), window, cap, out, 2)
+    want = ref.paged_attention(q, kc, ks, vc, vs, tables, token_seq, positions, 0.2, window, float(cap))
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
     # batch invariance: each query alone gives the identical row, whether its kv-heads are
     # work items (1 thread) or, split into query heads, share 3 threads
@@ -58,7 +60,7 @@ def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int) -> None
         for threads in (1, 3):
             alone = np.empty((1, q.shape[1]), np.float32)
             paged_attention_kernel(q[i : i + 1], kc, ks, vc, vs, tables, token_seq[i : i + 1],
-                                   positions[i : i + 1], np.float32(0.2), window, alone, threads)
+                                   positions[i : i + 1], np.float32(0.2), window, cap, alone, threads)
             np.testing.assert_array_equal(alone[0], out[i])
 
 
@@ -85,9 +87,10 @@ def test_q8_0_store_round_trip() -> None:
 
 
 @pytest.mark.parametrize("neox", [False, True])
-@pytest.mark.parametrize("extras", [False, True])
-def test_qkv_finish_matches_reference(neox: bool, extras: bool) -> None:
-    """Biases, per-head QK-norm, RoPE (partial rotary dims too) and the K/V store, in one kernel."""
+@pytest.mark.parametrize("extras", [False, True, "full"])
+def test_qkv_finish_matches_reference(neox: bool, extras: bool | str) -> None:
+    """Biases, QK-norm per head (gemma, qwen3) or over the whole row (extras="full": olmo2),
+    RoPE (partial rotary dims too, cos and sin scaled by mscale) and the K/V store, in one kernel."""
     rng = np.random.default_rng(5)
     T, n_heads, n_kv, hd, n_rot, bs = 5, 4, 2, 32, 16, 4
     q = rng.standard_normal((T, n_heads * hd)).astype(np.float32)
@@ -96,6 +99,9 @@ def test_qkv_finish_matches_reference(neox: bool, extras: bool) -> None:
     none = np.empty(0, np.float32)
     bq, bk, bv = (rng.standard_normal(a.shape[1]).astype(np.float32) if extras else none for a in (q, k, v))
     qn, kn = (rng.standard_normal(hd).astype(np.float32) if extras else none for _ in range(2))
+    if extras == "full":
+        qn, kn = rng.standard_normal(n_heads * hd).astype(np.float32), rng.standard_normal(n_kv * hd).astype(np.float32)
+    mscale = 1.3 if extras else 1.0
     pos = np.array([0, 3, 7, 100, 4000], np.int32)
     inv = 10000.0 ** (-2.0 * np.arange(n_rot // 2) / n_rot)
     kc = np.zeros((3, bs, n_kv, hd), np.float32)
@@ -105,11 +111,13 @@ def test_qkv_finish_matches_reference(neox: bool, extras: bool) -> None:
     want_q, want_k, want_v = q.copy(), k.copy(), v.copy()
     if extras:
         want_q, want_k, want_v = want_q + bq, want_k + bk, want_v + bv
-        want_q = ref.rmsnorm(want_q.reshape(T, n_heads, hd), qn, 1e-6).reshape(T, -1)
-        want_k = ref.rmsnorm(want_k.reshape(T, n_kv, hd), kn, 1e-6).reshape(T, -1)
-    want_q = ref.rope(want_q, n_heads, hd, n_rot, pos, inv, neox)
-    want_k = ref.rope(want_k, n_kv, hd, n_rot, pos, inv, neox)
-    qkv_finish_kernel(q, k, v, bq, bk, bv, qn, kn, n_rot, pos, inv, neox, np.float32(1e-6), slots, kc, e3, vc, e3)
+        full = extras == "full"
+        want_q = ref.rmsnorm(want_q.reshape(T, -1, n_heads * hd if full else hd), qn, 1e-6).reshape(T, -1)
+        want_k = ref.rmsnorm(want_k.reshape(T, -1, n_kv * hd if full else hd), kn, 1e-6).reshape(T, -1)
+    want_q = ref.rope(want_q, n_heads, hd, n_rot, pos, inv, neox, mscale)
+    want_k = ref.rope(want_k, n_kv, hd, n_rot, pos, inv, neox, mscale)
+    qkv_finish_kernel(q, k, v, bq, bk, bv, qn, kn, n_rot, pos, inv, mscale, neox, np.float32(1e-6), slots, kc, e3,
+                      vc, e3)
     np.testing.assert_allclose(q, want_q, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(k, want_k, rtol=2e-5, atol=2e-5)
     for t, s in enumerate(slots):

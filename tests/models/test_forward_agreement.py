@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_oracle import model_params
+from llama_oracle import LlamaCpp, kl_rows
 
 from edge_infer import LLM, SamplingParams
 from edge_infer.engine.sampler import top_logprobs
@@ -77,65 +77,6 @@ PROMPTS = (
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def kl_rows(p_logits: np.ndarray, q_logits: np.ndarray, chunk: int = 32) -> np.ndarray:
-    """KL(p || q) per row, in float64 from the log-softmaxes, in chunks of rows (gemma's
-    vocabulary is 262144 wide): sum softmax(a) * (a - b) - log Z_a + log Z_b, a and b the logits
-    less their row maxima."""
-    out = np.empty(len(p_logits))
-    for r in range(0, len(p_logits), chunk):
-        a = p_logits[r : r + chunk].astype(np.float64)
-        b = q_logits[r : r + chunk].astype(np.float64)
-        a -= a.max(axis=-1, keepdims=True)
-        b -= b.max(axis=-1, keepdims=True)
-        ea = np.exp(a)
-        za, zb = ea.sum(axis=-1), np.exp(b).sum(axis=-1)
-        out[r : r + chunk] = np.einsum("ij,ij->i", ea, a - b) / za - np.log(za) + np.log(zb)
-    return out
-
-
-class LlamaCpp:
-    """llama.cpp (llama-cpp-python's low-level API) scoring whole sequences teacher-forced."""
-
-    def __init__(self, path: Path, n_ctx: int) -> None:
-        lc = pytest.importorskip("llama_cpp")
-        from llama_cpp._logger import set_verbose
-
-        set_verbose(False)
-        lc.llama_backend_init()
-        self.lc = lc
-        mp = model_params(lc)
-        self.model = lc.llama_model_load_from_file(str(path).encode(), mp)
-        assert self.model, f"llama.cpp could not load {path}"
-        cp = lc.llama_context_default_params()
-        cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
-        cp.n_threads = cp.n_threads_batch = 2
-        self.ctx = lc.llama_init_from_model(self.model, cp)
-        assert self.ctx, "llama.cpp could not create a context"
-        self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
-
-    def logits(self, ids: list[int]) -> np.ndarray:
-        """float32 [len(ids), vocab]: one sequence from position 0, in one batch."""
-        lc, n = self.lc, len(ids)
-        lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
-        b = lc.llama_batch_init(n, 0, 1)
-        try:
-            for i, t in enumerate(ids):
-                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, i, 1, 1
-                b.seq_id[i][0] = 0
-            b.n_tokens = n
-            assert lc.llama_decode(self.ctx, b) == 0, "llama_decode failed"
-            out = np.empty((n, self.n_vocab), np.float32)
-            for i in range(n):
-                out[i] = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
-            return out
-        finally:
-            lc.llama_batch_free(b)
-
-    def close(self) -> None:
-        self.lc.llama_free(self.ctx)
-        self.lc.llama_model_free(self.model)
-
-
 # -- per-model state, computed once ---------------------------------------------------------
 @dataclass
 class Case:

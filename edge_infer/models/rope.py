@@ -1,0 +1,66 @@
+"""Per-layer RoPE tables as ggml computes them: each rotated pair's angle per position
+(inv_freq, float64 [n_rot / 2]) and the factor cos and sin are multiplied by (mscale).
+
+The angle of pair k at position p is p * base^(-2k / n_rot) / ff[k] * s, where ff are the
+frequency divisors (Llama 3's rope_freqs, or Phi-3's long / short factors) and s the scaling:
+`rope_scale` for linear scaling, and for YaRN a per-pair mix of the scaled and unscaled angle
+(pairs below ggml's "low" correction dimension keep the original frequency, those above "high"
+take the scaled one, a linear ramp between), with mscale = 1 + 0.1 ln(1 / rope_scale).
+Sliding-window layers rotate with their own base (`rope_base_swa`), and with no scaling where
+`swa_rope_unscaled` (gemma3, olmo2); layers without RoPE (smollm3) get zero angles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edge_infer.models.config import ModelConfig
+
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # llama.cpp's defaults
+
+
+def yarn_corr_dims(n_rot: int, orig_ctx: int, base: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the pair indices where YaRN's ramp starts and ends."""
+
+    def corr_dim(n_rotations: float) -> float:
+        return n_rot * math.log(orig_ctx / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(0.0, math.floor(corr_dim(YARN_BETA_FAST)))
+    high = min(n_rot - 1.0, math.ceil(corr_dim(YARN_BETA_SLOW)))
+    return low, high
+
+
+def frequency_divisors(cfg: ModelConfig, n_ctx: int) -> tuple[float, ...]:
+    """rope_freqs if the file has them, else Phi-3's long factors when the context (n_ctx tokens)
+    exceeds rope_orig_ctx and its short ones otherwise (llama.cpp's get_rope_factors)."""
+    if cfg.rope_freqs:
+        return cfg.rope_freqs
+    if cfg.rope_factors_long:
+        return cfg.rope_factors_long if n_ctx > cfg.rope_orig_ctx else cfg.rope_factors_short
+    return ()
+
+
+def layer_rope(cfg: ModelConfig, layer: int, n_ctx: int) -> tuple[np.ndarray, float]:
+    """(inv_freq float64 [n_rot / 2], mscale) of one layer for a context of n_ctx tokens."""
+    half = cfg.n_rot // 2
+    if cfg.nope_layers and cfg.nope_layers[layer]:
+        return np.zeros(half, np.float64), 1.0
+    base = cfg.layer_rope_base(layer)
+    k = np.arange(half, dtype=np.float64)
+    inv = base ** (-2.0 * k / cfg.n_rot)
+    if cfg.swa_layers[layer] and cfg.swa_rope_unscaled:
+        return inv, 1.0
+    divisors = frequency_divisors(cfg, n_ctx)
+    if divisors:
+        inv = inv / np.asarray(divisors, np.float64)
+    mscale = cfg.rope_attn_factor
+    if cfg.rope_scaling == "yarn":
+        low, high = yarn_corr_dims(cfg.n_rot, cfg.rope_orig_ctx, base)
+        ramp = 1.0 - np.clip((k - low) / max(0.001, high - low), 0.0, 1.0)  # 1: keep the original angle
+        inv = inv * (cfg.rope_scale * (1.0 - ramp) + ramp)
+        mscale *= 1.0 + 0.1 * math.log(1.0 / cfg.rope_scale)
+    else:
+        inv = inv * cfg.rope_scale
+    return inv, mscale

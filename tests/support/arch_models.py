@@ -1,0 +1,89 @@
+"""Tiny random-weight GGUFs of every dense architecture, in the tensor layout llama.cpp loads
+(names, shapes, fused matrices, global rope-factor tensors), for the llama.cpp comparison in
+tests/models/test_architectures.py. `meta` adds metadata keys (floats, ints or strings) that
+switch features on; `factors` adds global rope-factor tensors (rope_freqs.weight, ...)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+from tiny_models import VOCAB_SIZE, _add_tokenizer, _Weights
+
+NEOX_NORM = {"qwen3", "olmo2"}  # per-head (qwen3) or full-width (olmo2) QK norm
+PRE_NORMS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "granite", "smollm3"}
+POST_NORMS = {"gemma2", "olmo2"}
+
+
+def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int = 4, d_model: int = 64,
+                     n_heads: int = 4, n_kv_heads: int = 2, ffn: int = 128, n_rot: int | None = None,
+                     context_length: int = 128, seed: int = 0, output_std: float = 0.5, meta: dict[str, object] | None = None,
+                     factors: dict[str, np.ndarray] | None = None) -> Path:
+    hd = d_model // n_heads
+    q_dim, kv_dim = n_heads * hd, n_kv_heads * hd
+    w = GGUFWriter(str(path), arch)
+    # not the architecture's name: llama.cpp gives files named "phi3" per-token attributes that
+    # need the real Phi-3 vocabulary
+    w.add_name("tiny random model")
+    for key, value in {"block_count": n_layers, "embedding_length": d_model, "attention.head_count": n_heads,
+                       "attention.head_count_kv": n_kv_heads, "feed_forward_length": ffn,
+                       "context_length": context_length, "rope.dimension_count": n_rot or hd}.items():
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    for key, value in (meta or {}).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_uint32(key, int(value))
+    _add_tokenizer(w, add_bos=True)
+    wt = _Weights(w, qtype, seed)
+    # wider models get proportionally smaller weights: the same activation and logit sizes
+    widen = np.sqrt(64 / d_model)
+    matrix = wt.matrix
+    wt.matrix = lambda name, rows, cols, std=None: matrix(name, rows, cols, std=(std or wt.std) * widen)  # type: ignore[method-assign]
+    gemma = arch == "gemma2"
+    wt.matrix("token_embd.weight", VOCAB_SIZE, d_model, std=0.5 / np.sqrt(d_model) if gemma else 0.5)
+    if not gemma:
+        wt.matrix("output.weight", VOCAB_SIZE, d_model, std=output_std)
+    wt.vector("output_norm.weight", d_model, mean=1.0)
+    for name, values in (factors or {}).items():
+        w.add_tensor(name, values.astype(np.float32))
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        if arch in PRE_NORMS:
+            wt.vector(p + "attn_norm.weight", d_model, mean=1.0)
+            wt.vector(p + "ffn_norm.weight", d_model, mean=1.0)
+        if arch == "phi3":
+            wt.matrix(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d_model, std=0.2)
+        else:
+            wt.matrix(p + "attn_q.weight", q_dim, d_model, std=0.2)
+            wt.matrix(p + "attn_k.weight", kv_dim, d_model, std=0.2)
+            wt.matrix(p + "attn_v.weight", kv_dim, d_model, std=0.3)
+        wt.matrix(p + "attn_output.weight", d_model, q_dim, std=0.3)
+        if arch == "qwen2":
+            for name, n in (("attn_q.bias", q_dim), ("attn_k.bias", kv_dim), ("attn_v.bias", kv_dim)):
+                wt.vector(p + name, n, std=0.1)
+        if arch in NEOX_NORM:
+            full = arch == "olmo2"
+            wt.vector(p + "attn_q_norm.weight", q_dim if full else hd, mean=1.0, std=0.2)
+            wt.vector(p + "attn_k_norm.weight", kv_dim if full else hd, mean=1.0, std=0.2)
+        if arch in POST_NORMS:
+            wt.vector(p + "post_attention_norm.weight", d_model, mean=1.0)
+            wt.vector(p + "post_ffw_norm.weight", d_model, mean=1.0)
+        if arch == "phi3":
+            wt.matrix(p + "ffn_up.weight", 2 * ffn, d_model)
+        else:
+            wt.matrix(p + "ffn_gate.weight", ffn, d_model)
+            wt.matrix(p + "ffn_up.weight", ffn, d_model)
+        wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
