@@ -180,6 +180,9 @@ VARIANTS = {
     ),
     "smollm-as-default": ("smollm2-135m", {"tokenizer.ggml.pre": "default"}),
     "smollm-as-qwen2": ("smollm2-135m", {"tokenizer.ggml.pre": "qwen2"}),
+    # what Phi-4, OLMo 2 and the 100k-vocabulary Granite files declare, and Granite 3.0/3.1
+    "smollm-as-dbrx": ("smollm2-135m", {"tokenizer.ggml.pre": "dbrx"}),
+    "smollm-as-refact": ("smollm2-135m", {"tokenizer.ggml.pre": "refact"}),
     "gemma-with-space-prefix": ("gemma3-270m", {"tokenizer.ggml.add_space_prefix": True}),
 }
 
