@@ -95,6 +95,16 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):  # 
             store_row(v, i, g, v_cache, v_scale, b, o)
 
 
+@kernel(inline=True)
+def _load_rows(cache, scales, quant, blk, off, m, g, factor, kv, vs):  # type: ignore[no-untyped-def]
+    """kv[u] = row off + u of block blk, kv-head g, as float32 (u < m); vs[u] = factor times
+    the row's q8_0 scale, or factor for an f16/f32 pool."""
+    for u in range(m):
+        for d in range(cache.shape[3]):
+            kv[u, d] = value_at(cache, blk, off + u, g, d)
+        vs[u] = factor * scales[blk, off + u, g] if quant else factor
+
+
 @kernel(fastmath=True)
 def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
                   window, softcap, sc, qh, kv, vs, acc, out):  # type: ignore[no-untyped-def]
@@ -127,10 +137,7 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
         # for the four dot products
         for off in range(o0, o1, 4):
             m = min(4, o1 - off)
-            for u in range(m):
-                for d in range(hd):
-                    kv[u, d] = value_at(k_cache, blk, off + u, g, d)
-                vs[u] = scale * k_scale[blk, off + u, g] if quant else scale
+            _load_rows(k_cache, k_scale, quant, blk, off, m, g, scale, kv, vs)
             if m == 4:
                 k0, k1, k2, k3 = kv[0], kv[1], kv[2], kv[3]
                 for r in range(nr):
@@ -151,9 +158,9 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
                             t0 += qh[r, d] * ku[d]
                         sc[r, j + u] = t0 * vs[u]
             j += m
+    inv_cap = np.float32(1.0) / softcap if softcap > 0 else np.float32(0.0)
     for r in range(nr):
         if softcap > 0:  # gemma2: scores = cap * tanh(scores / cap)
-            inv_cap = np.float32(1.0) / softcap
             for j in range(n):
                 sc[r, j] = np.float32(np.tanh(sc[r, j] * inv_cap)) * softcap
         mx = sc[r, 0]
@@ -175,10 +182,7 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
         # a quarter of the loads and stores of acc, which bound this loop otherwise
         for off in range(o0, o1, 4):
             m = min(4, o1 - off)
-            for u in range(m):
-                for d in range(hd):
-                    kv[u, d] = value_at(v_cache, blk, off + u, g, d)
-                vs[u] = v_scale[blk, off + u, g] if quant else np.float32(1.0)
+            _load_rows(v_cache, v_scale, quant, blk, off, m, g, np.float32(1.0), kv, vs)
             if m == 4:
                 v0, v1, v2, v3 = kv[0], kv[1], kv[2], kv[3]
                 for r in range(nr):

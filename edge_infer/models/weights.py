@@ -113,9 +113,6 @@ class _Tensors:
         self.used.add(name)
         return vector(self.f, name, n)
 
-    def opt_vec(self, name: str, n: int) -> np.ndarray | None:
-        return self.vec(name, n) if name in self.f.tensors else None
-
     def check_all_used(self, cfg: ModelConfig) -> None:
         """Every tensor is used or on the architecture's list of tensors it may ignore."""
         used = self.used | {name for name, factors in (("rope_freqs.weight", cfg.rope_freqs),
@@ -138,7 +135,6 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
     t = _Tensors(f, tuple(backend.matrix_types))
     emb = t.mat("token_embd.weight", cfg.vocab_size, d)
     output = emb if cfg.tied_embeddings else t.mat("output.weight", cfg.vocab_size, d)
-    qk_norm_width = hd if cfg.qk_norm else 0
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
@@ -159,13 +155,9 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
             w_gate=w_gate, w_up=w_up,
             w_down=t.mat(p + "ffn_down.weight", d, ff),
         )
-        if cfg.qkv_bias:  # required (qwen2)
-            lw.bq, lw.bk, lw.bv = t.vec(p + "attn_q.bias", q_dim), t.vec(p + "attn_k.bias", kv_dim), t.vec(
-                p + "attn_v.bias", kv_dim)
-        elif p + "attn_q.bias" in f.tensors:  # optional (llama)
-            lw.bq, lw.bk, lw.bv = t.vec(p + "attn_q.bias", q_dim), t.vec(p + "attn_k.bias", kv_dim), t.vec(
-                p + "attn_v.bias", kv_dim)
-        if qk_norm_width or cfg.qk_norm_full:
+        if cfg.qkv_bias or p + "attn_q.bias" in f.tensors:  # required (qwen2) or optional (llama)
+            lw.bq, lw.bk, lw.bv = (t.vec(p + f"attn_{x}.bias", n) for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
+        if cfg.qk_norm or cfg.qk_norm_full:
             lw.q_norm = t.vec(p + "attn_q_norm.weight", q_dim if cfg.qk_norm_full else hd)
             lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
         if cfg.post_norms:

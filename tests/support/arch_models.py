@@ -42,11 +42,8 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
         else:
             w.add_uint32(key, int(value))
     _add_tokenizer(w, add_bos=True)
-    wt = _Weights(w, qtype, seed)
     # wider models get proportionally smaller weights: the same activation and logit sizes
-    widen = np.sqrt(64 / d_model)
-    matrix = wt.matrix
-    wt.matrix = lambda name, rows, cols, std=None: matrix(name, rows, cols, std=(std or wt.std) * widen)  # type: ignore[method-assign]
+    wt = _Weights(w, qtype, seed, widen=float(np.sqrt(64 / d_model)))
     gemma = arch == "gemma2"
     wt.matrix("token_embd.weight", VOCAB_SIZE, d_model, std=0.5 / np.sqrt(d_model) if gemma else 0.5)
     if not gemma:

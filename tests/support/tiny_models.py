@@ -76,13 +76,15 @@ def _add_tokenizer(w: GGUFWriter, add_bos: bool) -> None:
 class _Weights:
     """Seeded random tensors added to a writer, quantized to `qtype` where they are matrices."""
 
-    def __init__(self, w: GGUFWriter, qtype: str, seed: int, std: float = 0.05) -> None:
-        self.w, self.qtype, self.std = w, qtype.upper(), std
+    def __init__(self, w: GGUFWriter, qtype: str, seed: int, std: float = 0.05, widen: float = 1.0) -> None:
+        """widen multiplies every matrix's std (wider models: smaller weights)."""
+        self.w, self.qtype, self.std, self.widen = w, qtype.upper(), std, widen
         self.rng = np.random.default_rng(seed)
 
     def matrix(self, name: str, rows: int, cols: int, std: float | None = None) -> None:
         """A [rows, cols] weight (GGUF shape (cols, rows)): rows are output features."""
-        x = self.rng.normal(0.0, self.std if std is None else std, (rows, cols)).astype(np.float32)
+        sd = (self.std if std is None else std) * self.widen
+        x = self.rng.normal(0.0, sd, (rows, cols)).astype(np.float32)
         if self.qtype in _FLOAT_TYPES:
             self.w.add_tensor(name, x.astype(_FLOAT_TYPES[self.qtype]))
             return
