@@ -14,7 +14,8 @@ class QMatrix:
     """A [rows, cols] weight in GGUF block layout: data is uint8 [rows, row_bytes] (a view of
     the mmap'd file), qtype the GGML type id. packed: None, or the backend's prepared form,
     which then computes every product with this matrix (data is kept for row lookups: tied
-    embeddings)."""
+    embeddings). A stack of a mixture-of-experts layer's experts has data uint8 [E, rows,
+    row_bytes]: expert e is the [rows, cols] matrix data[e]."""
 
     name: str
     data: np.ndarray
@@ -27,3 +28,8 @@ class QMatrix:
     def compute_nbytes(self) -> int:
         """Bytes one product with the matrix reads: its prepared form's, else its GGUF blocks'."""
         return int(self.packed.nbytes) if self.packed is not None else int(self.data.nbytes)
+
+    @property
+    def n_experts(self) -> int:
+        """Experts in a stack, 0 for a plain matrix."""
+        return int(self.data.shape[0]) if self.data.ndim == 3 else 0

@@ -45,6 +45,33 @@ group, 256-column super-block) (G groups, S = K / 256; see repack_k):
   matmul3_k_kernel(x f32 [T, K], xq4, xd, xs16, then (wk, qtype, out) x 3, n_threads)
       quantizes x once, then up to three matrices' row groups split over the threads.
 
+Mixture of experts (moe: routing and combination; matmul_experts: the grouped matmuls). A step's
+N tokens each choose k of E experts; the P = N * k (token, expert) pairs are numbered grouped by
+expert (expert order, then token order): expert e's pairs are rows offsets[e]..offsets[e + 1] - 1
+of every pair-major buffer. Expert stacks are QMatrix with data uint8 [E, R, row_bytes], packed
+with a leading expert axis (wk [E, G, S, B]; wi [E, G, nb, bb], wd, wm [E, G, nb, 16] or
+[E, 0, 0, 0]) when R is a multiple of 16, else left as GGUF blocks for the float path.
+  route_kernel(logits f32 [N, E], router f32 [E, D] or [0, 1] (logits given), norm, x f32 [N, D],
+               sel i32 [N, k], wts f32 [N, k], offsets i32 [E + 1], pair_token i32 [P],
+               pair_of i32 [N, k], xg f32 [P, D])
+      per token: logits = x . router rows (when given a router), softmax (float64 sum), the k
+      largest in descending order (ties: lower id), weights = their probabilities, / their sum
+      (clamped at 2^-14) when norm; then the grouping and xg[p] = x[pair_token[p]].
+  expert_matmul2_k_kernel(x f32 [P, K], xq4, xd, xs16, offsets, wka, qa, outa f32 [P, Ra],
+                          wkb, qb, outb, n_threads)
+  expert_matmul2_i8_kernel(x, xq4, xd, xsum, offsets, wia, wda, wma, offa, outa, wib, wdb, wmb,
+                           offb, outb, n_threads)
+  expert_matmul2_kernel(x, offsets, wa u8 [E, R, row_bytes], qa, outa, wb, qb, outb, n_threads)
+      out_m[p] = x[p] @ M[e].T for each pair p of expert e, one or two stacks (the second with
+      zero groups or rows when unused); x quantized once per row as by quantize_rows_q8; each
+      pair's row is bit-identical to the dense kernel's product of its token with expert e's
+      matrix; only experts with pairs are read; work items (expert, row group) split over the
+      threads by cost (pairs + ITEM_OVERHEAD).
+  combine_kernel(y f32 [P, D], pair_of, wts, out f32 [N, D])
+      out[t] = sum over j (in choice order) of wts[t, j] * y[pair_of[t, j]].
+  gated_add_kernel(x f32 [N, D], g f32 [D], y f32 [N, D], out f32 [N, D])
+      out[t] += sigmoid(x[t] . g) * y[t] (qwen2moe's shared expert).
+
 KV pool of one layer: k_cache, v_cache [num_blocks, block_size, n_kv, hd] of uint16 (IEEE half
 bits: numba has no float16), float32, or int8 with float32 scales k_scale, v_scale
 [num_blocks, block_size, n_kv] (value = q * s, s = max|x| / 127 per token and head); for f16
@@ -95,6 +122,10 @@ The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.mod
       slot_mapping, kv_layer); attention(q, kv_layer, block_tables, token_seq, positions, scale,
       window, out); rmsnorm, add_rmsnorm, silu_mul, gelu_mul as the kernels below;
       take_rows(x, rows, out); softcap(x, cap)    x = tanh(x / cap) * cap in place.
+  make_workspace(..., experts=(E, k, Fe)) adds workspace.moe (ExpertWorkspace: router logits,
+      choices, pair buffers). route_experts(router, x, norm, workspace) (an F32 router inside
+      route_kernel, others by a matmul first); expert_matmuls(x [P, K], (stack, ...), (out, ...),
+      workspace); combine_experts(y, out, workspace); gated_add(x, g, y, out).
 
 Batch invariance (every kernel, every backend): a token's outputs depend only on its own
 inputs, the weights and its sequence's cached K/V, never on the rest of the batch, its place in
@@ -104,7 +135,7 @@ attention reads this step's K/V back from the pool, so a token's output is the s
 context was computed in this chunk or an earlier one.
 
 Modules: backend, workspace, dequant, matmul, matmul_i8 (its vector intrinsics in simd_i8),
-repack_i8, matmul_k (simd_k), repack_k, membw (read bandwidth), attention, ops, fastmath (vectorizable exp/tanh/silu/gelu), reference (the NumPy
+repack_i8, matmul_k (simd_k), repack_k, moe, matmul_experts, membw (read bandwidth), attention, ops, fastmath (vectorizable exp/tanh/silu/gelu), reference (the NumPy
 twins), _jit (codegen settings, the kernel decorator, f16/bf16 bit helpers). This file imports
 nothing: importing the package stays cheap.
 """

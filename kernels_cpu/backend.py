@@ -12,10 +12,11 @@ import numpy as np
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.formats.qmatrix import QMatrix
 
-from . import attention, matmul, matmul_i8, matmul_k, ops
-from .dequant import KERNEL_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from . import attention, matmul, matmul_experts, matmul_i8, matmul_k, moe, ops
+from .dequant import F32, KERNEL_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .repack_i8 import I8Weights, repack
 from .repack_k import KWeights, repack_k
+from .simd_i8 import GROUP
 from .workspace import Workspace, i8_activation_buffers, i8_views, k_views, make_workspace
 
 # int8 kernel (activations quantized per 32-block, integer dot products) for the types whose
@@ -32,6 +33,21 @@ KVLayer = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # k_cache, k_sc
 _NO_ROWS = np.empty((0, 1), np.uint8)  # an unused matrix slot of a three-matmul launch
 _NO_I8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0)
 _NO_K = (np.empty((0, 1, 2304), np.uint8), Q4_K)
+# an unused second matrix of an expert launch (zero groups or rows per expert)
+_NO_EXPERT_K = (np.empty((1, 0, 1, 2304), np.uint8), Q4_K)
+_NO_EXPERT_I8 = (np.empty((1, 0, 1, 256), np.uint8), np.empty((1, 0, 1, 16), np.uint16),
+                 np.empty((1, 0, 0, 0), np.uint16), 0)
+_NO_EXPERT_ROWS = (np.empty((1, 0, 1), np.uint8), 0)
+_NO_ROUTER = np.empty((0, 1), np.float32)  # logits given: the routing kernel multiplies nothing
+
+
+def _stack_experts(packed: I8Weights | KWeights, n_exp: int) -> I8Weights | KWeights:
+    """A repacked [E * R]-row matrix viewed with a leading expert axis (groups never straddle)."""
+    if isinstance(packed, KWeights):
+        return KWeights(packed.wk.reshape(n_exp, -1, *packed.wk.shape[1:]), packed.qtype)
+    wi, wd, wm = packed.wi, packed.wd, packed.wm
+    wm = wm.reshape(n_exp, -1, *wm.shape[1:]) if wm.size else np.empty((n_exp, 0, 0, 0), np.uint16)
+    return I8Weights(wi.reshape(n_exp, -1, *wi.shape[1:]), wd.reshape(n_exp, -1, *wd.shape[1:]), wm, packed.offset)
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -57,22 +73,31 @@ class CpuBackend:
         """Each (role, matrix), role "layer" or "output", in the form the matmuls take: 4/5-bit
         layer matrices and a Q8_0 output matrix repacked for the int8 kernel, Q4_K / Q5_K / Q6_K
         matrices with 256-wide rows for the K-quant one; the copy then replaces the tensor's
-        mmap'd pages (dropped here; a row lookup faults its page back)."""
+        mmap'd pages (dropped here; a row lookup faults its page back). A stack of experts (data
+        [E, R, row_bytes]) is repacked as one matrix of E * R rows when R is a multiple of the
+        16-row groups, then viewed with a leading expert axis."""
         out = []
         for role, w in matrices:
             packed: I8Weights | KWeights | None = None
-            if w.qtype in I8_TYPES[role] and w.cols % 32 == 0:
-                packed = repack(w.data, w.qtype, w.rows, w.cols)
+            n_exp = w.data.shape[0] if w.data.ndim == 3 else 0
+            flat = w.data.reshape(-1, w.data.shape[-1])
+            if n_exp and w.rows % GROUP:
+                pass  # groups would straddle two experts: the float path
+            elif w.qtype in I8_TYPES[role] and w.cols % 32 == 0:
+                packed = repack(flat, w.qtype, flat.shape[0], w.cols)
             elif w.qtype in K_TYPES and w.cols % 256 == 0:
-                packed = repack_k(w.data, w.qtype, w.rows, w.cols)
+                packed = repack_k(flat, w.qtype, flat.shape[0], w.cols)
+            if packed is not None and n_exp:
+                packed = _stack_experts(packed, n_exp)
             if packed is not None:
                 f.drop_pages(f.tensors[w.name])
                 w = QMatrix(w.name, w.data, w.qtype, w.rows, w.cols, packed)
             out.append(w)
         return out
 
-    def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int) -> Workspace:
-        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim)
+    def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
+                       experts: tuple[int, int, int] | None = None) -> Workspace:
+        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim, experts)
 
     @staticmethod
     def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -128,6 +153,60 @@ class CpuBackend:
             for _ in range(3 - len(fl)):
                 args += [_NO_ROWS, 0, work.no_out[:n]]
             matmul.matmul3_kernel(x, *args, self.n_threads)
+
+    # -- mixture of experts (kernels_cpu.moe, matmul_experts) --------------------------------
+    def route_experts(self, router: QMatrix, x: np.ndarray, norm: bool, work: Workspace) -> None:
+        """Each token's experts and weights from its router logits x @ router.T [N, E] (an F32
+        router inside the routing kernel, others by a matmul first), the pairs grouped by expert
+        and x [N, D] gathered into work.moe.xg [N * k, D]."""
+        m = work.moe
+        n, k = x.shape[0], m.sel.shape[1]
+        logits = m.logits[:n]
+        if router.qtype == F32 and router.packed is None:
+            r = router.data.view(np.float32)
+        else:
+            self.matmuls(x, (router,), (logits,), work)
+            r = _NO_ROUTER
+        moe.route_kernel(logits, r, norm, x, m.sel[:n], m.wts[:n], m.offsets, m.pair_token[: n * k], m.pair_of[:n],
+                         m.xg[: n * k])
+
+    def expert_matmuls(self, x: np.ndarray, ws: Sequence[QMatrix], outs: Sequence[np.ndarray], work: Workspace) -> None:
+        """outs[m][p] = x[p] @ ws[m][e].T for each pair p of expert e (route_experts' grouping),
+        for one or two expert stacks; each form in one launch that reads only the chosen experts."""
+        m = work.moe
+        n, width = x.shape
+        kq = [(w.packed, o) for w, o in zip(ws, outs) if isinstance(w.packed, KWeights)]
+        if kq:
+            args_k: list[object] = [x, *k_views(m, n, width), m.offsets]
+            for kw, o in kq:
+                args_k += [kw.wk, kw.qtype, o]
+            if len(kq) == 1:
+                args_k += [*_NO_EXPERT_K, m.y[:n, :0]]
+            matmul_experts.expert_matmul2_k_kernel(*args_k, self.n_threads)
+        i8 = [(w.packed, o) for w, o in zip(ws, outs) if isinstance(w.packed, I8Weights)]
+        if i8:
+            args: list[object] = [x, *i8_views(m, n, width), m.offsets]
+            for iw, o in i8:
+                args += [iw.wi, iw.wd, iw.wm, iw.offset, o]
+            if len(i8) == 1:
+                args += [*_NO_EXPERT_I8, m.y[:n, :0]]
+            matmul_experts.expert_matmul2_i8_kernel(*args, self.n_threads)
+        fl = [(w, o) for w, o in zip(ws, outs) if w.packed is None]
+        if fl:
+            args = [x, m.offsets]
+            for w, o in fl:
+                args += [w.data, w.qtype, o]
+            if len(fl) == 1:
+                args += [*_NO_EXPERT_ROWS, m.y[:n, :0]]
+            matmul_experts.expert_matmul2_kernel(*args, self.n_threads)
+
+    def combine_experts(self, y: np.ndarray, out: np.ndarray, work: Workspace) -> None:
+        """out[t] = sum over the token's choices j of weight_j * y[its pair j]."""
+        m = work.moe
+        n = out.shape[0]
+        moe.combine_kernel(y, m.pair_of[:n], m.wts[:n], out)
+
+    gated_add = staticmethod(moe.gated_add_kernel)
 
     def embed(self, tokens: np.ndarray, emb: QMatrix, scale: np.float32, out: np.ndarray) -> None:
         """out[i] = row tokens[i] of the embedding, times scale."""

@@ -25,7 +25,7 @@ import numba
 import numpy as np
 
 from ._jit import kernel, prefetch
-from .simd_i8 import GROUP, block_scales, dot_tile, scale_accumulate, scale_min_accumulate
+from .simd_i8 import GROUP, block_scales, dot_tile, dot_tile4, scale_accumulate, scale_min_accumulate
 
 PREFETCH_SCALES = 128  # ahead of the block's scales, in scales (8 blocks); see simd_i8
 TOKEN_TILE = 4  # tokens that share each weight load in the GEMM path
@@ -104,7 +104,7 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):  #
         for g in range(g0, g1):
             t = c0
             while t < c1:
-                n = TOKEN_TILE if c1 - t >= TOKEN_TILE else 1
+                n = min(TOKEN_TILE, c1 - t)  # 2..3 tokens share a padded four-token tile
                 for u in range(n):
                     for ln in range(GROUP):
                         facc[u, ln] = 0.0
@@ -114,7 +114,11 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):  #
                         prefetch(mflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
                     wo = (g * nb + b) * bb
                     x0 = t * k4 + b * 8
-                    dot_tile(n, bits, iacc, wflat, wo, xflat, x0, k4)
+                    if n > 1:
+                        dot_tile4(bits, iacc, wflat, wo, xflat, x0, x0 + k4, x0 + min(2, n - 1) * k4,
+                                  x0 + min(3, n - 1) * k4)
+                    else:
+                        dot_tile(1, bits, iacc, wflat, wo, xflat, x0, k4)
                     so = (g * nb + b) * GROUP
                     block_scales(dflat, so, dtmp)
                     if with_min:

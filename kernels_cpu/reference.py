@@ -211,3 +211,16 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
             ms = mn[:, s, j].astype(np.float32) * -dmin[:, s]
             acc = acc + (isum.astype(np.float32) * (ds[None, :] * dx) + ms[None, :] * (dx * (lo + hi).astype(np.float32)))
     return acc
+
+
+def route(logits: np.ndarray, k: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Twin of moe.route_kernel's choice: softmax of each row of logits [N, E], the k largest
+    (descending, ties to the lower expert), their probabilities, divided by their sum when norm
+    (clamped below at 2^-14). Returns (experts i32 [N, k], weights f32 [N, k])."""
+    z = np.exp((logits - logits.max(axis=1, keepdims=True)).astype(np.float64))
+    p = z / z.sum(axis=1, keepdims=True)
+    sel = np.argsort(-p, axis=1, kind="stable")[:, :k].astype(np.int32)
+    w = np.take_along_axis(p, sel, axis=1)
+    if norm:
+        w = w / np.maximum(w.sum(axis=1, keepdims=True), 2.0**-14)
+    return sel, w.astype(np.float32)

@@ -145,18 +145,25 @@ dot_block4_q6 = _dot4(6, "6-bit format, four tokens, two half-block sums each", 
 
 
 @kernel(inline=True)
+def dot_tile4(bits, iacc, w, wo, x4, xa, xb, xc, xd):  # type: ignore[no-untyped-def]
+    """The block's dot products for the four tokens at x4 offsets xa..xd (one weight load each;
+    an offset may repeat, padding a short tile: each token's integers are its own either way)."""
+    if bits == 8:
+        dot_block4(iacc, w, wo, x4, xa, xb, xc, xd)
+    elif bits == 4:
+        dot_block4_q4(iacc, w, wo, x4, xa, xb, xc, xd)
+    elif bits == 5:
+        dot_block4_q5(iacc, w, wo, x4, xa, xb, xc, xd)
+    else:
+        dot_block4_q6(iacc, w, wo, x4, xa, xb, xc, xd)
+
+
+@kernel(inline=True)
 def dot_tile(n, bits, iacc, w, wo, x4, x0, k4):  # type: ignore[no-untyped-def]
     """The block's dot products for n tokens (n = 4: the tokens at x0, x0 + k4, ..., one weight
     load each; otherwise the one at x0), in the format of `bits` (8, 4, 5, or 6 split)."""
     if n == 4:
-        if bits == 8:
-            dot_block4(iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-        elif bits == 4:
-            dot_block4_q4(iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-        elif bits == 5:
-            dot_block4_q5(iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
-        else:
-            dot_block4_q6(iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
+        dot_tile4(bits, iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
     elif bits == 8:
         dot_block(iacc, w, wo, x4, x0)
     elif bits == 4:

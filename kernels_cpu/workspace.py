@@ -36,13 +36,40 @@ class Workspace:
     xsum: np.ndarray  # i32 [T * K_max / 32] activation block sums (viewed [n, K/32])
     xs16: np.ndarray  # i32 [T * K_max / 16] K-quant activation sums per 16 (viewed [n, K/16])
     no_out: np.ndarray  # f32 [T, 0] the output of an unused matrix slot in a fused launch
+    moe: ExpertWorkspace | None = None  # mixture-of-experts layers' buffers
 
 
-def make_workspace(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int) -> Workspace:
-    """Buffers for steps of up to `capacity` tokens."""
+@dataclass(slots=True)
+class ExpertWorkspace:
+    """A mixture-of-experts FFN's buffers: T tokens, E experts, k chosen per token, P = T * k
+    (token, expert) pairs in expert-grouped order (kernels_cpu.moe), D model width, Fe an
+    expert's FFN width, K_max = max(D, Fe)."""
+
+    logits: np.ndarray  # f32 [T, E] router logits
+    sel: np.ndarray  # i32 [T, k] chosen experts
+    wts: np.ndarray  # f32 [T, k] their weights
+    pair_of: np.ndarray  # i32 [T, k] the pair row of each (token, choice)
+    offsets: np.ndarray  # i32 [E + 1] expert e's pairs are rows offsets[e]..offsets[e + 1] - 1
+    pair_token: np.ndarray  # i32 [P] the token of each pair
+    xg: np.ndarray  # f32 [P, D] the FFN input of each pair's token
+    gate: np.ndarray  # f32 [P, Fe]
+    up: np.ndarray  # f32 [P, Fe]
+    act: np.ndarray  # f32 [P, Fe]
+    y: np.ndarray  # f32 [P, D] each pair's expert output
+    xq4: np.ndarray  # i32 [P * K_max / 4] the pairs' int8 activation codes (viewed [P, K/4])
+    xd: np.ndarray  # f32 [P * K_max / 32]
+    xsum: np.ndarray  # i32 [P * K_max / 32]
+    xs16: np.ndarray  # i32 [P * K_max / 16]
+
+
+def make_workspace(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
+                   experts: tuple[int, int, int] | None = None) -> Workspace:
+    """Buffers for steps of up to `capacity` tokens; experts: (E, k, Fe) of a mixture-of-experts
+    model."""
     t = capacity
     f32 = np.float32
     k_max = max(d_model, q_dim, ffn_dim)
+    moe = make_expert_workspace(capacity, d_model, *experts) if experts else None
     return Workspace(
         t, np.empty((t, d_model), f32), np.empty((t, d_model), f32), np.empty((t, q_dim), f32),
         np.empty((t, kv_dim), f32), np.empty((t, kv_dim), f32), np.empty((t, q_dim), f32),
@@ -50,7 +77,19 @@ def make_workspace(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim
         np.empty((t, ffn_dim), f32), np.empty((t, ffn_dim), f32), np.empty((t, q_dim), f32),
         np.empty((t, d_model), f32), np.empty((t, d_model), f32), np.empty(t, np.int32), np.empty(t, np.int32),
         np.empty(t * k_max // 4, np.int32), np.empty(t * k_max // 32, f32), np.empty(t * k_max // 32, np.int32),
-        np.empty(t * k_max // 16, np.int32), np.empty((t, 0), f32),
+        np.empty(t * k_max // 16, np.int32), np.empty((t, 0), f32), moe,
+    )
+
+
+def make_expert_workspace(capacity: int, d_model: int, n_experts: int, n_used: int, expert_ffn: int) -> ExpertWorkspace:
+    t, p, f32, i32 = capacity, capacity * n_used, np.float32, np.int32
+    k_max = max(d_model, expert_ffn)
+    return ExpertWorkspace(
+        np.empty((t, n_experts), f32), np.empty((t, n_used), i32), np.empty((t, n_used), f32),
+        np.empty((t, n_used), i32), np.empty(n_experts + 1, i32), np.empty(p, i32), np.empty((p, d_model), f32),
+        np.empty((p, expert_ffn), f32), np.empty((p, expert_ffn), f32), np.empty((p, expert_ffn), f32),
+        np.empty((p, d_model), f32), np.empty(p * k_max // 4, i32), np.empty(p * k_max // 32, f32),
+        np.empty(p * k_max // 32, i32), np.empty(p * k_max // 16, i32),
     )
 
 

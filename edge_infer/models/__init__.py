@@ -7,11 +7,24 @@ from types import ModuleType
 
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
-from edge_infer.models import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, smollm3
+from edge_infer.models import (
+    gemma2,
+    gemma3,
+    granite,
+    llama,
+    olmo2,
+    olmoe,
+    phi3,
+    qwen2,
+    qwen2moe,
+    qwen3,
+    qwen3moe,
+    smollm3,
+)
 from edge_infer.models.config import ModelConfig
 
 ARCHITECTURES: dict[str, ModuleType] = {
-    m.ARCH: m for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3)
+    m.ARCH: m for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe)
 }
 
 

@@ -22,8 +22,10 @@ class Backend(Protocol):
         """Each (role "layer" | "output", matrix) in the backend's form (repacked, uploaded)."""
         ...
 
-    def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int) -> Any:
-        """The forward's scratch for steps of up to `capacity` tokens (kernels_cpu.workspace)."""
+    def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
+                       experts: tuple[int, int, int] | None = None) -> Any:
+        """The forward's scratch for steps of up to `capacity` tokens (kernels_cpu.workspace);
+        experts: (E, k, Fe) of a mixture-of-experts model."""
         ...
 
     def kv_block_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -37,6 +39,19 @@ class Backend(Protocol):
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None: ...
 
     def matmuls(self, x: Array, ws: Sequence[QMatrix], outs: Sequence[Array], work: Any) -> None: ...
+
+    def route_experts(self, router: QMatrix, x: Array, norm: bool, work: Any) -> None:
+        """Router logits x @ router.T [N, E] -> each token's k experts and weights, pairs grouped
+        by expert, x gathered per pair into work.moe.xg."""
+        ...
+
+    def expert_matmuls(self, x: Array, ws: Sequence[QMatrix], outs: Sequence[Array], work: Any) -> None:
+        """Per pair p of expert e: outs[m][p] = x[p] @ ws[m][e].T, reading only chosen experts."""
+        ...
+
+    def combine_experts(self, y: Array, out: Array, work: Any) -> None: ...
+
+    def gated_add(self, x: Array, g: Array, y: Array, out: Array) -> None: ...
 
     def embed(self, tokens: Array, emb: QMatrix, scale: Any, out: Array) -> None: ...
 

@@ -66,6 +66,14 @@ class ModelConfig:
     residual_scale: float = 1.0  # granite: each block output is multiplied by this before the add
     logit_scale: float = 1.0  # granite: the logits are divided by this
     tied_embeddings: bool = False
+    # mixture of experts: every layer's FFN routes each token to n_experts_used of n_experts
+    # experts of width expert_ffn_dim; their weights divided by their sum when expert_weights_norm;
+    # shared_ffn_dim > 0: a gated shared expert beside them (qwen2moe)
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ffn_dim: int = 0
+    expert_weights_norm: bool = False
+    shared_ffn_dim: int = 0
     ignored_tensors: tuple[str, ...] = ()  # fnmatch patterns of tensors the architecture may carry unused
 
     def __post_init__(self) -> None:
@@ -93,6 +101,11 @@ class ModelConfig:
                 raise UnsupportedModelError(f"{self.arch}: {name} must hold {self.n_rot // 2} positive factors, got {len(v)}")
         if bool(self.rope_factors_long) != bool(self.rope_factors_short):
             raise UnsupportedModelError(f"{self.arch}: rope_factors_long and rope_factors_short come together")
+        if self.n_experts and not (0 < self.n_experts_used <= self.n_experts and self.expert_ffn_dim > 0):
+            raise UnsupportedModelError(
+                f"{self.arch}: {self.n_experts} experts need 1..{self.n_experts} used per token (got "
+                f"{self.n_experts_used}) and a positive expert FFN width (got {self.expert_ffn_dim})"
+            )
         for name in ("rope_scale", "rope_attn_factor", "residual_scale", "logit_scale"):
             if not getattr(self, name) > 0:
                 raise UnsupportedModelError(f"{self.arch}: {name} must be positive, got {getattr(self, name)!r}")
@@ -104,6 +117,11 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def dense_ffn_dim(self) -> int:
+        """Width of the dense FFN buffers: the FFN's, or a MoE model's shared expert's."""
+        return self.ffn_dim if not self.n_experts else max(1, self.shared_ffn_dim)
 
     @property
     def softmax_scale(self) -> float:
@@ -168,6 +186,22 @@ class MetadataReader:
         except EdgeInferError as e:
             raise UnsupportedModelError(f"{self.f.path}: tensor {name!r} has unsupported type {t.type.name}") from e
         return tuple(float(x) for x in values.reshape(-1))
+
+    def experts(self, norm: bool, shared: bool = False) -> dict[str, Any]:
+        """ModelConfig's mixture-of-experts fields as llama.cpp reads them: expert_count and
+        expert_used_count required; an expert's FFN width `expert_feed_forward_length`, else
+        feed_forward_length / used (qwen's default); `expert_weights_norm` when the file says, else
+        the architecture's `norm`; with a shared expert, its width
+        `expert_shared_feed_forward_length`, else feed_forward_length."""
+        n_ff = self.get("feed_forward_length")
+        used = self.get("expert_used_count")
+        return dict(
+            n_experts=self.get("expert_count"),
+            n_experts_used=used,
+            expert_ffn_dim=self.get("expert_feed_forward_length", n_ff // max(used, 1)),
+            expert_weights_norm=bool(self.f.metadata.get(f"{self.arch}.expert_weights_norm", norm)),
+            shared_ffn_dim=self.get("expert_shared_feed_forward_length", n_ff) if shared else 0,
+        )
 
     def vocab_size(self) -> int:
         tokens = self.f.metadata.get("tokenizer.ggml.tokens")

@@ -2,7 +2,9 @@
 in GGUF's "normal" pair order (the converter permutes Q/K rows for it), tied embeddings when
 `output.weight` is absent, optional Q/K/V biases. Llama 3.1+ files carry their rope scaling as
 the frequency divisors of `rope_freqs.weight`; a `sliding_window` in the metadata (Mistral v0.1)
-limits every layer's attention to that many tokens (llama.cpp ignores the key: full attention)."""
+limits every layer's attention to that many tokens (llama.cpp ignores the key: full attention).
+With `expert_count` > 0 (Mixtral) every FFN is a mixture of experts of feed_forward_length
+width, the chosen experts' weights normalised to sum to 1."""
 
 from __future__ import annotations
 
@@ -42,5 +44,7 @@ def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: object) -> Mode
         tied_embeddings="output.weight" not in f.tensors,
     )
     fields["rope_base_swa"] = fields["rope_base"]
+    if arch == ARCH and md.get("expert_count", 0) > 0:
+        fields.update(md.experts(norm=True), expert_ffn_dim=md.get("feed_forward_length"))
     fields.update(overrides)
     return ModelConfig(**fields)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The decoder forward pass shared by every dense architecture: a batch of tokens from any number
+"""The decoder forward pass shared by every architecture (a mixture-of-experts FFN is moe.py's): a batch of tokens from any number
 of sequences in, logits for the requested rows out. The switches of ModelConfig select the
 variants (pre- and post-norms, QK-norms, multipliers, softcaps, per-layer RoPE tables). Every matmul sees all the step's tokens at
 once (one pass over the weights); attention reads each sequence's keys through its block table.
@@ -14,6 +14,7 @@ import numpy as np
 
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.moe import moe_ffn
 from edge_infer.models.rope import layer_rope
 from edge_infer.models.weights import ModelWeights
 
@@ -74,7 +75,8 @@ class Transformer:
     def _reserve(self, n_tokens: int) -> None:
         if self.ws is None or self.ws.capacity < n_tokens:
             cfg = self.cfg
-            self.ws = self.b.make_workspace(n_tokens, cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim)
+            experts = (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) if cfg.n_experts else None
+            self.ws = self.b.make_workspace(n_tokens, cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.dense_ffn_dim, experts)
 
     def forward(self, inp: StepInputs, kv: list[Any]) -> np.ndarray:
         """Logits float32 [M, vocab] for inp.logits_rows; writes this step's K/V into `kv` (per
@@ -114,9 +116,13 @@ class Transformer:
             if lw.post_attn_norm is not None:
                 b.rmsnorm(o, lw.post_attn_norm, eps, o2)
             x = self._residual(h, o if lw.post_attn_norm is None else o2, lw.ffn_norm, xn)
-            b.matmuls(x, (lw.w_gate, lw.w_up), (gate, up), ws)
-            (b.gelu_mul if cfg.activation == "gelu" else b.silu_mul)(gate, up, act)
-            b.matmuls(act, (lw.w_down,), (o,), ws)
+            if lw.experts is not None:
+                moe_ffn(b, cfg, lw, x, o, ws)
+            else:
+                assert lw.w_gate is not None and lw.w_up is not None and lw.w_down is not None
+                b.matmuls(x, (lw.w_gate, lw.w_up), (gate, up), ws)
+                (b.gelu_mul if cfg.activation == "gelu" else b.silu_mul)(gate, up, act)
+                b.matmuls(act, (lw.w_down,), (o,), ws)
             if lw.post_ffn_norm is not None:
                 b.rmsnorm(o, lw.post_ffn_norm, eps, o2)
             next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm

@@ -18,6 +18,21 @@ from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
 
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+EXPERT_FIELDS = ("router", "gate", "up", "down")
+
+
+@dataclass(slots=True)
+class ExpertWeights:
+    """A mixture-of-experts FFN: the router [E, D] (ffn_gate_inp) and the experts' gate, up
+    [E, Fe, D] and down [E, D, Fe] stacks (QMatrix with 3-D data); n_used experts per token.
+    shared_gate f32 [D]: qwen2moe's gate of the shared expert (the layer's dense FFN)."""
+
+    router: QMatrix
+    gate: QMatrix
+    up: QMatrix
+    down: QMatrix
+    n_used: int
+    shared_gate: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -28,9 +43,9 @@ class LayerWeights:
     wv: QMatrix
     wo: QMatrix
     ffn_norm: np.ndarray | None
-    w_gate: QMatrix
-    w_up: QMatrix
-    w_down: QMatrix
+    w_gate: QMatrix | None  # None in a mixture-of-experts layer without a shared expert
+    w_up: QMatrix | None
+    w_down: QMatrix | None
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -38,6 +53,18 @@ class LayerWeights:
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
+    experts: ExpertWeights | None = None  # a mixture-of-experts FFN (the dense one, if any, is shared)
+
+    def matrices(self) -> list[tuple[str, QMatrix]]:
+        """(field, matrix) of every matrix the layer has: dense ones, then its experts'."""
+        out = [(name, m) for name in MATRIX_FIELDS if (m := getattr(self, name)) is not None]
+        if self.experts is not None:
+            out += [(f"experts.{name}", getattr(self.experts, name)) for name in EXPERT_FIELDS]
+        return out
+
+    def set_matrix(self, field: str, m: QMatrix) -> None:
+        owner, _, name = field.rpartition(".")
+        setattr(self.experts if owner else self, name, m)
 
 
 @dataclass(slots=True)
@@ -50,9 +77,14 @@ class ModelWeights:
 
 def decode_weight_bytes(w: ModelWeights) -> int:
     """Bytes of weights one decode step reads: every layer matrix and the output matrix in
-    the form the backend computes with (the embedding contributes a row per token: ignored)."""
-    layers = sum(getattr(lw, name).compute_nbytes for lw in w.layers for name in MATRIX_FIELDS)
-    return layers + w.output.compute_nbytes
+    the form the backend computes with (the embedding contributes a row per token: ignored; of
+    each expert stack, the n_used / E share a token reads)."""
+    total = w.output.compute_nbytes
+    for lw in w.layers:
+        for _, m in lw.matrices():
+            share = lw.experts.n_used / m.n_experts if m.n_experts and lw.experts else 1.0
+            total += int(m.compute_nbytes * share)
+    return total
 
 
 def qmatrix(f: GGUFFile, name: str, rows: int, cols: int, types: tuple[int, ...]) -> QMatrix:
@@ -61,14 +93,28 @@ def qmatrix(f: GGUFFile, name: str, rows: int, cols: int, types: tuple[int, ...]
     t = _tensor(f, name)
     if len(t.shape) != 2 or t.shape[0] != cols or t.shape[1] != rows:
         raise UnsupportedModelError(f"{f.path}: tensor {name!r} has shape {t.shape}, expected ({cols}, {rows})")
-    qtype = int(t.type)
-    if qtype not in types:
+    data = qmatrix_data(f, name, t, types)
+    return QMatrix(name, data.reshape(rows, t.nbytes // rows), int(t.type), rows, cols)
+
+
+def expert_stack(f: GGUFFile, name: str, n_experts: int, rows: int, cols: int, types: tuple[int, ...]) -> QMatrix:
+    """The 3-D tensor `name` checked to be [n_experts, rows, cols] (numpy order): E matrices."""
+    t = _tensor(f, name)
+    if tuple(t.shape) != (cols, rows, n_experts):
+        raise UnsupportedModelError(f"{f.path}: tensor {name!r} has shape {t.shape}, expected ({cols}, {rows}, {n_experts})")
+    m = qmatrix_data(f, name, t, types)
+    return QMatrix(name, m.reshape(n_experts, rows, t.nbytes // (n_experts * rows)), int(t.type), rows, cols)
+
+
+def qmatrix_data(f: GGUFFile, name: str, t: TensorInfo, types: tuple[int, ...]) -> np.ndarray:
+    """The tensor's bytes, refused by name when the backend cannot compute with its type."""
+    if int(t.type) not in types:
         names = ", ".join(GGMLQuantizationType(q).name for q in types)
         raise UnsupportedTensorType(
             f"{f.path}: tensor {name!r} has type {t.type.name}, which edge-infer cannot compute with "
             f"(supported: {names})"
         )
-    return QMatrix(name, t.data.reshape(rows, t.nbytes // rows), qtype, rows, cols)
+    return t.data
 
 
 def vector(f: GGUFFile, name: str, n: int) -> np.ndarray:
@@ -109,6 +155,10 @@ class _Tensors:
         self.used.add(name)
         return qmatrix(self.f, name, rows, cols, self.types)
 
+    def stack(self, name: str, n_experts: int, rows: int, cols: int) -> QMatrix:
+        self.used.add(name)
+        return expert_stack(self.f, name, n_experts, rows, cols, self.types)
+
     def vec(self, name: str, n: int) -> np.ndarray:
         self.used.add(name)
         return vector(self.f, name, n)
@@ -143,8 +193,14 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
         else:
             wq, wk, wv = (t.mat(p + "attn_q.weight", q_dim, d), t.mat(p + "attn_k.weight", kv_dim, d),
                           t.mat(p + "attn_v.weight", kv_dim, d))
+        w_gate = w_up = w_down = None
         if cfg.fused_gate_up:
             w_gate, w_up = row_slices(t.mat(p + "ffn_up.weight", 2 * ff, d), (ff, ff))
+        elif cfg.n_experts:
+            if cfg.shared_ffn_dim:
+                fs = cfg.shared_ffn_dim
+                w_gate, w_up = t.mat(p + "ffn_gate_shexp.weight", fs, d), t.mat(p + "ffn_up_shexp.weight", fs, d)
+                w_down = t.mat(p + "ffn_down_shexp.weight", d, fs)
         else:
             w_gate, w_up = t.mat(p + "ffn_gate.weight", ff, d), t.mat(p + "ffn_up.weight", ff, d)
         lw = LayerWeights(
@@ -153,7 +209,8 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
             wo=t.mat(p + "attn_output.weight", d, q_dim),
             ffn_norm=t.vec(p + "ffn_norm.weight", d) if cfg.pre_norms else None,
             w_gate=w_gate, w_up=w_up,
-            w_down=t.mat(p + "ffn_down.weight", d, ff),
+            w_down=w_down if cfg.n_experts else t.mat(p + "ffn_down.weight", d, ff),
+            experts=_experts(t, cfg, p),
         )
         if cfg.qkv_bias or p + "attn_q.bias" in f.tensors:  # required (qwen2) or optional (llama)
             lw.bq, lw.bk, lw.bv = (t.vec(p + f"attn_{x}.bias", n) for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
@@ -167,9 +224,23 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
     output_norm = t.vec("output_norm.weight", d)
     t.check_all_used(cfg)
     # the backend's form of every matrix (the token embedding is read by rows: left as it is)
-    roles = [("layer", getattr(lw, name)) for lw in layers for name in MATRIX_FIELDS] + [("output", output)]
-    prepared = iter(backend.prepare_weights(f, roles))
-    for lw in layers:
-        for name in MATRIX_FIELDS:
-            setattr(lw, name, next(prepared))
-    return ModelWeights(emb, output_norm, next(prepared), layers)
+    fields = [(lw, field, m) for lw in layers for field, m in lw.matrices()]
+    prepared = backend.prepare_weights(f, [("layer", m) for _, _, m in fields] + [("output", output)])
+    for (lw, field, _), m in zip(fields, prepared):
+        lw.set_matrix(field, m)
+    return ModelWeights(emb, output_norm, prepared[-1], layers)
+
+
+def _experts(t: _Tensors, cfg: ModelConfig, p: str) -> ExpertWeights | None:
+    """Layer p's mixture-of-experts FFN, or None in a dense model."""
+    if not cfg.n_experts:
+        return None
+    d, e, fe = cfg.d_model, cfg.n_experts, cfg.expert_ffn_dim
+    return ExpertWeights(
+        router=t.mat(p + "ffn_gate_inp.weight", e, d),
+        gate=t.stack(p + "ffn_gate_exps.weight", e, fe, d),
+        up=t.stack(p + "ffn_up_exps.weight", e, fe, d),
+        down=t.stack(p + "ffn_down_exps.weight", e, d, fe),
+        n_used=cfg.n_experts_used,
+        shared_gate=t.vec(p + "ffn_gate_inp_shexp.weight", d) if cfg.shared_ffn_dim else None,
+    )

@@ -4,7 +4,9 @@ of the logits <= 1e-3 and top-1 agreement >= 99% where llama.cpp's top-2 margin 
 in one prefill, one token at a time, and batched with another sequence. The metadata makes
 each feature bite (softcaps small, windows shorter than the sequence, multipliers far from 1,
 rope factors large), and each feature switched off in our config makes the comparison fail.
-Quantized to Q8_0 and Q4_K (widths multiples of 256), mean KL <= 0.01."""
+Quantized to Q8_0 and Q4_K (widths multiples of 256), mean KL <= 0.01. The mixture-of-experts
+architectures route each token to several experts with distinct weights; choosing one expert
+fewer, or normalising the weights the other way, fails the comparison."""
 
 from __future__ import annotations
 
@@ -61,6 +63,19 @@ CASES: dict[str, tuple[str, dict[str, object], dict[str, np.ndarray], dict[str, 
                 {"embedding_scale": {"embed_scale": 1.0}, "residual_scale": {"residual_scale": 1.0},
                  "attention.scale": {"attn_scale": 0.0}, "logit_scale": {"logit_scale": 1.0}}),
     "smollm3": ("smollm3", {}, {}, {"no-rope layers": {"nope_layers": ()}}),
+    "qwen3moe": ("qwen3moe", {}, {}, {"top-k": {"n_experts_used": 2}, "weights norm": {"expert_weights_norm": False}}),
+    "qwen2moe": ("qwen2moe", {}, {}, {"top-k": {"n_experts_used": 1}, "weights norm": {"expert_weights_norm": True},
+                                      "shared expert": {"shared_ffn_dim": 0, "ignored_tensors": ("*shexp*",)}}),
+    "olmoe": ("olmoe", {}, {}, {"top-k": {"n_experts_used": 1}}),
+    "mixtral": ("llama", {}, {}, {"top-k": {"n_experts_used": 1}}),
+}
+# the MoE cases' (E experts, k used, expert width; shared expert width), F32 and quantized
+# (llama and olmoe read the experts' width from feed_forward_length, as llama.cpp does)
+MOE_SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "qwen3moe": (dict(experts=(8, 3, 32)), dict(experts=(8, 3, 256))),
+    "qwen2moe": (dict(experts=(8, 2, 32), shared_ffn=48), dict(experts=(8, 2, 256), shared_ffn=256)),
+    "olmoe": (dict(experts=(8, 2, 128), ffn=128, n_kv_heads=4), dict(experts=(8, 2, 256), ffn=256, n_kv_heads=16)),
+    "mixtral": (dict(experts=(8, 2, 128), ffn=128), dict(experts=(8, 2, 256), ffn=256)),
 }
 
 
@@ -79,6 +94,8 @@ def write(tmp: Path, name: str, qtype: str = "F32") -> Path:
     # head_dim 16 either way; the quantized models' logits are softer (std ~2, as real models'
     # are): the F32 ones' (std ~4) make every rounding difference a large KL
     shape: dict[str, Any] = dict(d_model=256, ffn=512, n_heads=16, output_std=0.25) if wide else {}
+    if name in MOE_SHAPES:
+        shape.update(MOE_SHAPES[name][wide])
     return write_arch_model(tmp / f"{name}-{qtype}.gguf", arch, qtype=qtype, meta=meta, factors=factors, **shape)
 
 

@@ -1,6 +1,6 @@
 """The forward's scratch is the backend's preallocated workspace: a step allocates no array but
 the logits it hands back (counted through a numpy memory handler), on every architecture and
-on a real model with int8 matrices; a step larger than the workspace grows it, same logits."""
+on a real model with int8 matrices, on a mixture of experts; a step larger than the workspace grows it, same logits."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from arch_models import write_arch_model
 from numpy_allocations import counting_allocations
 from tiny_models import write_tiny_gemma3, write_tiny_llama, write_tiny_qwen2
 
@@ -40,7 +41,12 @@ def _allocations_per_forward(eng: LLMEngine, steps: int) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize("writer", [write_tiny_llama, write_tiny_qwen2, write_tiny_gemma3])
+def write_tiny_moe(path: Path) -> Path:
+    """qwen2moe, Q8_0: routed experts on the int8 path and a shared expert."""
+    return write_arch_model(path, "qwen2moe", qtype="Q8_0", experts=(8, 2, 32), shared_ffn=64)
+
+
+@pytest.mark.parametrize("writer", [write_tiny_llama, write_tiny_qwen2, write_tiny_gemma3, write_tiny_moe])
 def test_a_step_allocates_only_its_logits(writer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     eng = _engine(writer(tmp_path / "m.gguf"))
     counts = _allocations_per_forward(eng, steps=10)

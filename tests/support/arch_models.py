@@ -11,15 +11,18 @@ import numpy as np
 from gguf import GGUFWriter
 from tiny_models import VOCAB_SIZE, _add_tokenizer, _Weights
 
-NEOX_NORM = {"qwen3", "olmo2"}  # per-head (qwen3) or full-width (olmo2) QK norm
-PRE_NORMS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "granite", "smollm3"}
+NEOX_NORM = {"qwen3", "olmo2", "qwen3moe", "olmoe"}  # per-head (qwen3) or full-width (olmo2, olmoe) QK norm
+FULL_QK_NORM = {"olmo2", "olmoe"}
+PRE_NORMS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "granite", "smollm3", "qwen2moe", "qwen3moe", "olmoe"}
+MOE = {"qwen2moe", "qwen3moe", "olmoe"}  # and llama with expert_count
 POST_NORMS = {"gemma2", "olmo2"}
 
 
 def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int = 4, d_model: int = 64,
                      n_heads: int = 4, n_kv_heads: int = 2, ffn: int = 128, n_rot: int | None = None,
                      context_length: int = 128, seed: int = 0, output_std: float = 0.5, meta: dict[str, object] | None = None,
-                     factors: dict[str, np.ndarray] | None = None) -> Path:
+                     factors: dict[str, np.ndarray] | None = None, experts: tuple[int, int, int] | None = None,
+                     shared_ffn: int = 0, router_std: float = 0.3) -> Path:
     hd = d_model // n_heads
     q_dim, kv_dim = n_heads * hd, n_kv_heads * hd
     w = GGUFWriter(str(path), arch)
@@ -30,6 +33,12 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
                        "attention.head_count_kv": n_kv_heads, "feed_forward_length": ffn,
                        "context_length": context_length, "rope.dimension_count": n_rot or hd}.items():
         w.add_uint32(f"{arch}.{key}", value)
+    if experts:
+        for key, value in (("expert_count", experts[0]), ("expert_used_count", experts[1]),
+                           ("expert_feed_forward_length", experts[2])):
+            w.add_uint32(f"{arch}.{key}", value)
+        if shared_ffn:
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", shared_ffn)
     w.add_float32(f"{arch}.rope.freq_base", 10000.0)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     for key, value in (meta or {}).items():
@@ -63,24 +72,42 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
             wt.matrix(p + "attn_k.weight", kv_dim, d_model, std=0.2)
             wt.matrix(p + "attn_v.weight", kv_dim, d_model, std=0.3)
         wt.matrix(p + "attn_output.weight", d_model, q_dim, std=0.3)
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2moe"):
             for name, n in (("attn_q.bias", q_dim), ("attn_k.bias", kv_dim), ("attn_v.bias", kv_dim)):
                 wt.vector(p + name, n, std=0.1)
         if arch in NEOX_NORM:
-            full = arch == "olmo2"
+            full = arch in FULL_QK_NORM
             wt.vector(p + "attn_q_norm.weight", q_dim if full else hd, mean=1.0, std=0.2)
             wt.vector(p + "attn_k_norm.weight", kv_dim if full else hd, mean=1.0, std=0.2)
         if arch in POST_NORMS:
             wt.vector(p + "post_attention_norm.weight", d_model, mean=1.0)
             wt.vector(p + "post_ffw_norm.weight", d_model, mean=1.0)
-        if arch == "phi3":
+        if experts:
+            _experts(wt, w, p, d_model, experts, shared_ffn, router_std)
+        elif arch == "phi3":
             wt.matrix(p + "ffn_up.weight", 2 * ffn, d_model)
         else:
             wt.matrix(p + "ffn_gate.weight", ffn, d_model)
             wt.matrix(p + "ffn_up.weight", ffn, d_model)
-        wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
+        if not experts:
+            wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _experts(wt: _Weights, w: GGUFWriter, p: str, d: int, experts: tuple[int, int, int], shared_ffn: int,
+             router_std: float) -> None:
+    """One layer's router, expert stacks [E, rows, cols] and shared expert."""
+    n_exp, _, fe = experts
+    w.add_tensor(p + "ffn_gate_inp.weight", wt.rng.normal(0.0, router_std, (n_exp, d)).astype(np.float32))
+    for name, rows, cols, std in (("ffn_gate_exps", fe, d, None), ("ffn_up_exps", fe, d, None),
+                                  ("ffn_down_exps", d, fe, 0.3)):
+        wt.stack(p + name + ".weight", n_exp, rows, cols, std=std)
+    if shared_ffn:
+        wt.vector(p + "ffn_gate_inp_shexp.weight", d, std=0.3)
+        wt.matrix(p + "ffn_gate_shexp.weight", shared_ffn, d)
+        wt.matrix(p + "ffn_up_shexp.weight", shared_ffn, d)
+        wt.matrix(p + "ffn_down_shexp.weight", d, shared_ffn, std=0.3)

@@ -95,6 +95,17 @@ class _Weights:
             raise ValueError(f"{name}: cannot quantize [{rows}, {cols}] to {self.qtype}: {e}") from e
         self.w.add_tensor(name, data, raw_dtype=qt)
 
+    def stack(self, name: str, n: int, rows: int, cols: int, std: float | None = None) -> None:
+        """n experts' [rows, cols] weights as one [n, rows, cols] tensor (GGUF shape (cols, rows, n))."""
+        sd = (self.std if std is None else std) * self.widen
+        x = self.rng.normal(0.0, sd, (n, rows, cols)).astype(np.float32)
+        if self.qtype in _FLOAT_TYPES:
+            self.w.add_tensor(name, x.astype(_FLOAT_TYPES[self.qtype]))
+            return
+        qt = T[self.qtype]
+        data = quantize(x.reshape(n * rows, cols), qt)
+        self.w.add_tensor(name, data.reshape(n, rows, -1), raw_dtype=qt)
+
     def vector(self, name: str, n: int, mean: float = 0.0, std: float = 0.02) -> None:
         self.w.add_tensor(name, (mean + self.rng.normal(0.0, std, n)).astype(np.float32))
 

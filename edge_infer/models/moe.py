@@ -1,0 +1,36 @@
+"""The mixture-of-experts FFN, beside the dense block of transformer.py: a router picks each
+token's experts (softmax over the router logits, top k, weights normalised when the
+architecture says), every chosen expert's SwiGLU runs on the tokens routed to it (one read of
+its weights per step, kernels_cpu.matmul_experts), and their outputs are summed with the
+weights in choice order; qwen2moe adds a shared expert gated per token by a sigmoid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edge_infer.models.backend import Backend
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.weights import LayerWeights
+
+
+def moe_ffn(b: Backend, cfg: ModelConfig, lw: LayerWeights, x: np.ndarray, out: np.ndarray, ws: Any) -> None:
+    """out f32 [N, D] = the layer's FFN of x f32 [N, D]; scratch is ws.moe (and the dense
+    buffers for a shared expert)."""
+    e, m = lw.experts, ws.moe
+    assert e is not None
+    n = x.shape[0]
+    p = n * cfg.n_experts_used
+    b.route_experts(e.router, x, cfg.expert_weights_norm, ws)
+    gate, up, act, y = m.gate[:p], m.up[:p], m.act[:p], m.y[:p]
+    b.expert_matmuls(m.xg[:p], (e.gate, e.up), (gate, up), ws)
+    b.silu_mul(gate, up, act)
+    b.expert_matmuls(act, (e.down,), (y,), ws)
+    b.combine_experts(y, out, ws)
+    if lw.w_gate is not None and lw.w_up is not None and lw.w_down is not None and e.shared_gate is not None:
+        sg, su, sa, sy = ws.gate[:n], ws.up[:n], ws.act[:n], ws.o2[:n]
+        b.matmuls(x, (lw.w_gate, lw.w_up), (sg, su), ws)
+        b.silu_mul(sg, su, sa)
+        b.matmuls(sa, (lw.w_down,), (sy,), ws)
+        b.gated_add(x, e.shared_gate, sy, out)

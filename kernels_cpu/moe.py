@@ -1,0 +1,153 @@
+"""Mixture-of-experts routing and combination (the grouped expert matmuls are matmul_experts.py).
+
+A step's N tokens each pick k of E experts; the (token, expert) pairs are numbered P = N * k,
+grouped by expert (counting sort: expert order, then token order), so each expert's pairs are
+one contiguous range [offsets[e], offsets[e + 1]) of every pair-major buffer and its weights
+are read once for all of them. Every per-token result (probabilities, choice, weights, the
+weighted sum) is computed in a fixed order from that token's own inputs: batch invariance holds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ._jit import kernel
+
+# llama.cpp clamps the sum of the chosen weights before normalising (the smallest normal f16)
+MIN_WEIGHT_SUM = np.float32(6.103515625e-5)
+SERIAL_PAIRS = 64  # below this many pairs the gather runs on the calling thread
+
+
+@kernel(inline=True)
+def _route_token(logits, t, k, norm, sel, wts, probs, taken):  # type: ignore[no-untyped-def]
+    """Softmax over the token's E router logits (float64 sum in index order), the k largest
+    probabilities in descending order (ties: the lower expert id), their weights, divided by
+    their sum when norm."""
+    E = logits.shape[1]
+    m = logits[t, 0]
+    for e in range(1, E):
+        m = max(m, logits[t, e])
+    s = 0.0
+    for e in range(E):
+        p = np.float32(math.exp(logits[t, e] - m))
+        probs[e] = p
+        s += p
+    inv = np.float32(1.0 / s)
+    for e in range(E):
+        probs[e] = probs[e] * inv
+        taken[e] = False
+    total = np.float32(0.0)
+    for j in range(k):
+        best = -1
+        for e in range(E):
+            if not taken[e] and (best < 0 or probs[e] > probs[best]):
+                best = e
+        taken[best] = True
+        sel[t, j] = best
+        wts[t, j] = probs[best]
+        total += probs[best]
+    if norm:
+        total = max(total, MIN_WEIGHT_SUM)
+        for j in range(k):
+            wts[t, j] = wts[t, j] / total
+
+
+@kernel(fastmath=True)
+def _router_logits(x, router, logits, t):  # type: ignore[no-untyped-def]
+    """logits[t, e] = x[t] . router[e] (float32; fastmath lets LLVM vectorize each reduction,
+    one fixed order for every token)."""
+    for e in range(router.shape[0]):
+        s = np.float32(0.0)
+        for d in range(x.shape[1]):
+            s += x[t, d] * router[e, d]
+        logits[t, e] = s
+
+
+SERIAL_TOKENS = 8  # below this many tokens routing runs on the calling thread
+
+
+@kernel(parallel=True)
+def route_kernel(logits, router, norm, x, sel, wts, offsets, pair_token, pair_of, xg):  # type: ignore[no-untyped-def]
+    """logits f32 [N, E] router logits, computed here from router f32 [E, D] (an F32 router
+    matrix) or given (router [0, D]: another type, multiplied by the caller); norm: divide the
+    chosen weights by their sum; x f32 [N, D] the FFN input. Writes sel i32 [N, k] the chosen
+    experts (descending probability), wts f32 [N, k] their weights, offsets i32 [E + 1] each
+    expert's pair range, pair_token i32 [P] the token of each pair, pair_of i32 [N, k] the pair
+    of (token, choice j), and xg f32 [P, D] = x[pair_token] (the experts' gathered input)."""
+    N, E = logits.shape
+    k = sel.shape[1]
+    given = router.shape[0] == 0
+    if N < SERIAL_TOKENS:
+        probs = np.empty(E, np.float32)
+        taken = np.empty(E, np.bool_)
+        for t in range(N):
+            if not given:
+                _router_logits(x, router, logits, t)
+            _route_token(logits, t, k, norm, sel, wts, probs, taken)
+    else:
+        for t in numba.prange(N):
+            probs = np.empty(E, np.float32)
+            taken = np.empty(E, np.bool_)
+            if not given:
+                _router_logits(x, router, logits, t)
+            _route_token(logits, t, k, norm, sel, wts, probs, taken)
+    for e in range(E + 1):
+        offsets[e] = 0
+    for t in range(N):
+        for j in range(k):
+            offsets[sel[t, j] + 1] += 1
+    for e in range(E):
+        offsets[e + 1] += offsets[e]
+    fill = offsets[:E].copy()
+    for t in range(N):  # token order within each expert
+        for j in range(k):
+            e = sel[t, j]
+            pair_token[fill[e]] = t
+            pair_of[t, j] = fill[e]
+            fill[e] += 1
+    P = N * k
+    if P < SERIAL_PAIRS:
+        for p in range(P):
+            xg[p] = x[pair_token[p]]
+    else:
+        for p in numba.prange(P):
+            xg[p] = x[pair_token[p]]
+
+
+@kernel(inline=True)
+def _combine_row(y, pair_of, wts, out, t):  # type: ignore[no-untyped-def]
+    k = pair_of.shape[1]
+    for d in range(out.shape[1]):
+        acc = wts[t, 0] * y[pair_of[t, 0], d]
+        for j in range(1, k):  # choice order, as llama.cpp adds the weighted experts
+            acc += wts[t, j] * y[pair_of[t, j], d]
+        out[t, d] = acc
+
+
+@kernel(parallel=True)
+def combine_kernel(y, pair_of, wts, out):  # type: ignore[no-untyped-def]
+    """out[t] = sum over j of wts[t, j] * y[pair_of[t, j]]: y f32 [P, D] the experts' outputs,
+    out f32 [N, D]."""
+    N = out.shape[0]
+    if N * pair_of.shape[1] < SERIAL_PAIRS:
+        for t in range(N):
+            _combine_row(y, pair_of, wts, out, t)
+    else:
+        for t in numba.prange(N):
+            _combine_row(y, pair_of, wts, out, t)
+
+
+@kernel(parallel=True)
+def gated_add_kernel(x, g, y, out):  # type: ignore[no-untyped-def]
+    """out[t] += sigmoid(x[t] . g) * y[t] (qwen2moe's gated shared expert): x, y, out f32
+    [N, D], g f32 [D]; the dot product in float64, index order."""
+    for t in numba.prange(out.shape[0]):
+        s = 0.0
+        for d in range(x.shape[1]):
+            s += np.float64(x[t, d]) * np.float64(g[d])
+        gate = np.float32(1.0 / (1.0 + math.exp(-s)))
+        for d in range(out.shape[1]):
+            out[t, d] += gate * y[t, d]
