@@ -119,12 +119,14 @@ def route_kernel(logits, router, norm, x, sel, wts, offsets, pair_token, pair_of
 
 @kernel(inline=True)
 def _combine_row(y, pair_of, wts, out, t):  # type: ignore[no-untyped-def]
-    k = pair_of.shape[1]
+    # choice order, as llama.cpp adds the weighted experts; one row at a time (contiguous)
+    w, r = wts[t, 0], pair_of[t, 0]
     for d in range(out.shape[1]):
-        acc = wts[t, 0] * y[pair_of[t, 0], d]
-        for j in range(1, k):  # choice order, as llama.cpp adds the weighted experts
-            acc += wts[t, j] * y[pair_of[t, j], d]
-        out[t, d] = acc
+        out[t, d] = w * y[r, d]
+    for j in range(1, pair_of.shape[1]):
+        w, r = wts[t, j], pair_of[t, j]
+        for d in range(out.shape[1]):
+            out[t, d] += w * y[r, d]
 
 
 @kernel(parallel=True)

@@ -194,9 +194,9 @@ class MetadataReader:
         the architecture's `norm`; with a shared expert, its width
         `expert_shared_feed_forward_length`, else feed_forward_length."""
         n_ff = self.get("feed_forward_length")
-        used = self.get("expert_used_count")
+        n_experts, used = self.get("expert_count"), self.get("expert_used_count")
         return dict(
-            n_experts=self.get("expert_count"),
+            n_experts=n_experts,
             n_experts_used=used,
             expert_ffn_dim=self.get("expert_feed_forward_length", n_ff // max(used, 1)),
             expert_weights_norm=bool(self.f.metadata.get(f"{self.arch}.expert_weights_norm", norm)),

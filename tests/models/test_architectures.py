@@ -222,3 +222,12 @@ def test_missing_tensor_and_unknown_architecture(files: Path) -> None:
     other = write_arch_model(files / "mamba.gguf", "mamba")
     with pytest.raises(UnsupportedModelError, match=r"architecture 'mamba' is not supported \(supported: gemma2, gemma3, granite"):
         config_from_gguf(GGUFFile(other))
+
+
+def test_bad_expert_counts_are_refused_by_name(files: Path) -> None:
+    path = write_arch_model(files / "qwen3moe-k9.gguf", "qwen3moe", experts=(8, 9, 32))
+    with pytest.raises(UnsupportedModelError, match=r"qwen3moe: 8 experts need 1\.\.8 used per token \(got 9\)"):
+        _load(path)
+    f = GGUFFile(write_arch_model(files / "qwen3moe-noexp.gguf", "qwen3moe"))  # no expert metadata
+    with pytest.raises(UnsupportedModelError, match=r"missing metadata key 'qwen3moe\.expert_count'"):
+        config_from_gguf(f)
