@@ -44,11 +44,25 @@ def _ceil_div(a, b):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _items(c, unit, n_items, lo, hi):  # type: ignore[no-untyped-def]
-    """The items j of one expert whose cost start c + j * unit lies in [lo, hi)."""
-    j0 = min(n_items, _ceil_div(max(lo - c, 0), unit))
-    j1 = min(n_items, _ceil_div(max(hi - c, 0), unit))
-    return j0, j1
+def _thread_plan(offsets, n_items, n_threads, tid, plan):  # type: ignore[no-untyped-def]
+    """Thread tid's share of the work: rows (e, j0, j1) of plan int64 [E, 3], expert e's items
+    j0..j1-1, those whose cost start c_e + j * unit lies in the thread's equal slice of the total
+    cost; returns how many rows."""
+    total = _total_cost(offsets, n_items)
+    lo, hi = total * tid // n_threads, total * (tid + 1) // n_threads
+    c, rows = 0, 0
+    for e in range(offsets.shape[0] - 1):
+        cnt = offsets[e + 1] - offsets[e]
+        if cnt == 0:
+            continue
+        unit = cnt + ITEM_OVERHEAD
+        j0 = min(n_items, _ceil_div(max(lo - c, 0), unit))
+        j1 = min(n_items, _ceil_div(max(hi - c, 0), unit))
+        if j0 < j1:
+            plan[rows, 0], plan[rows, 1], plan[rows, 2] = e, j0, j1
+            rows += 1
+        c += n_items * unit
+    return rows
 
 
 @kernel(parallel=True)
@@ -58,22 +72,15 @@ def expert_matmul2_k_kernel(x, xq4, xd, xs16, offsets, wka, qa, outa, wkb, qb, o
     wka, wkb uint8 [E, G, S, B] (wkb with zero groups: one matrix only)."""
     quantize_rows_q8(x, xq4, xd, xs16)
     ga, gb = wka.shape[1], wkb.shape[1]
-    n_items = ga + gb
-    total = _total_cost(offsets, n_items)
     for tid in numba.prange(n_threads):
-        lo, hi = total * tid // n_threads, total * (tid + 1) // n_threads
-        c = 0
-        for e in range(offsets.shape[0] - 1):
+        plan = np.empty((offsets.shape[0] - 1, 3), np.int64)
+        for i in range(_thread_plan(offsets, ga + gb, n_threads, tid, plan)):
+            e, j0, j1 = plan[i, 0], plan[i, 1], plan[i, 2]
             o0, o1 = offsets[e], offsets[e + 1]
-            if o1 == o0:
-                continue
-            unit = o1 - o0 + ITEM_OVERHEAD
-            j0, j1 = _items(c, unit, n_items, lo, hi)
             if j0 < min(j1, ga):
                 _k_range(xq4[o0:o1], xd[o0:o1], xs16[o0:o1], wka[e], qa, outa[o0:o1], j0, min(j1, ga))
-            if j1 > ga and gb > 0:
+            if j1 > ga:
                 _k_range(xq4[o0:o1], xd[o0:o1], xs16[o0:o1], wkb[e], qb, outb[o0:o1], max(j0, ga) - ga, j1 - ga)
-            c += n_items * unit
 
 
 @kernel(parallel=True)
@@ -84,26 +91,19 @@ def expert_matmul2_i8_kernel(x, xq4, xd, xsum, offsets, wia, wda, wma, offa, out
     off the u8 code of zero) and its activations (sums per 32)."""
     quantize_rows_q8(x, xq4, xd, xsum)
     ga, gb = wia.shape[1], wib.shape[1]
-    n_items = ga + gb
-    total = _total_cost(offsets, n_items)
     for tid in numba.prange(n_threads):
         iacc = np.zeros(TOKEN_TILE * GROUP, np.int32)
         facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
-        lo, hi = total * tid // n_threads, total * (tid + 1) // n_threads
-        c = 0
-        for e in range(offsets.shape[0] - 1):
+        plan = np.empty((offsets.shape[0] - 1, 3), np.int64)
+        for i in range(_thread_plan(offsets, ga + gb, n_threads, tid, plan)):
+            e, j0, j1 = plan[i, 0], plan[i, 1], plan[i, 2]
             o0, o1 = offsets[e], offsets[e + 1]
-            if o1 == o0:
-                continue
-            unit = o1 - o0 + ITEM_OVERHEAD
-            j0, j1 = _items(c, unit, n_items, lo, hi)
             if j0 < min(j1, ga):
                 _i8_groups(xq4[o0:o1], xd[o0:o1], xsum[o0:o1], wia[e], wda[e], wma[e], offa, outa[o0:o1],
                            j0, min(j1, ga), iacc, facc)
-            if j1 > ga and gb > 0:
+            if j1 > ga:
                 _i8_groups(xq4[o0:o1], xd[o0:o1], xsum[o0:o1], wib[e], wdb[e], wmb[e], offb, outb[o0:o1],
                            max(j0, ga) - ga, j1 - ga, iacc, facc)
-            c += n_items * unit
 
 
 @kernel(parallel=True)
@@ -112,20 +112,13 @@ def expert_matmul2_kernel(x, offsets, wa, qa, outa, wb, qb, outb, n_threads):  #
     blocks of GGML type qa, qb (wb with zero rows: one matrix only); x f32 [P, K]."""
     ga = (wa.shape[1] + ROW_GROUP - 1) // ROW_GROUP
     gb = (wb.shape[1] + ROW_GROUP - 1) // ROW_GROUP
-    n_items = ga + gb
-    total = _total_cost(offsets, n_items)
     for tid in numba.prange(n_threads):
         wg = np.zeros((2 * ROW_GROUP, x.shape[1]), np.float32)
-        lo, hi = total * tid // n_threads, total * (tid + 1) // n_threads
-        c = 0
-        for e in range(offsets.shape[0] - 1):
+        plan = np.empty((offsets.shape[0] - 1, 3), np.int64)
+        for i in range(_thread_plan(offsets, ga + gb, n_threads, tid, plan)):
+            e, j0, j1 = plan[i, 0], plan[i, 1], plan[i, 2]
             o0, o1 = offsets[e], offsets[e + 1]
-            if o1 == o0:
-                continue
-            unit = o1 - o0 + ITEM_OVERHEAD
-            j0, j1 = _items(c, unit, n_items, lo, hi)
             if j0 < min(j1, ga):
                 _row_groups(x[o0:o1], wa[e], qa, outa[o0:o1], j0, min(j1, ga), wg)
-            if j1 > ga and gb > 0:
+            if j1 > ga:
                 _row_groups(x[o0:o1], wb[e], qb, outb[o0:o1], max(j0, ga) - ga, j1 - ga, wg)
-            c += n_items * unit
