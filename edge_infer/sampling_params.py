@@ -9,6 +9,52 @@ from edge_infer.errors import InvalidRequest
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """A constraint on the generated text (vLLM's shape), exactly one of: json, a JSON schema
+    (a dict or its JSON text); json_object, any JSON object; regex, a regular expression the
+    whole output matches; choice, one of these strings; grammar, a Lark grammar (llguidance's
+    dialect) or a GBNF one (llama.cpp's, recognised by its `::=` rules). Compiled by llguidance;
+    a constraint it cannot compile is refused with InvalidRequest naming the problem."""
+
+    json: str | dict | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None]
+        if self.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            raise InvalidRequest(
+                "structured outputs take exactly one of json, json_object, regex, choice, grammar; got "
+                + (", ".join(given) if given else "none")
+            )
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise InvalidRequest(f"structured outputs json must be a JSON schema (an object or its text), got {type(self.json).__name__}")
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise InvalidRequest(f"structured outputs {name} must be a non-empty string")
+        if self.choice is not None:
+            choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
+            if not choice or not all(isinstance(c, str) and c for c in choice):
+                raise InvalidRequest("structured outputs choice must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "choice", choice)
+        if not isinstance(self.json_object, bool):
+            raise InvalidRequest(f"structured outputs json_object must be a boolean, got {self.json_object!r}")
+
+    @classmethod
+    def from_dict(cls, options: dict) -> StructuredOutputsParams:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidRequest(f"unknown structured outputs option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        return cls(**options)
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Per-request sampling settings (vLLM semantics).
 
@@ -47,6 +93,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1)
@@ -93,6 +140,14 @@ class SamplingParams:
             if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
                 raise InvalidRequest("stop_token_ids must be a list of non-negative token ids")
             object.__setattr__(self, "stop_token_ids", ids)
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            so = StructuredOutputsParams.from_dict(so)
+            object.__setattr__(self, "structured_outputs", so)
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise InvalidRequest(f"structured_outputs must be StructuredOutputsParams, got {type(so).__name__}")
+        if so is not None and self.ignore_eos:
+            raise InvalidRequest("ignore_eos cannot be combined with structured_outputs: the constraint ends generation")
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequest(f"{name} must be a boolean, got {getattr(self, name)!r}")

@@ -23,6 +23,7 @@ from edge_infer.engine.sampler import make_logits_processors, stop_ids
 from edge_infer.engine.scheduler import SampledTokens, ScheduledChunk
 from edge_infer.engine.sequence import Sequence, SequenceStatus
 from edge_infer.engine.spec_decode import Proposer, SpecDecoder
+from edge_infer.engine.structured import GrammarCompiler
 from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
 from edge_infer.outputs import RequestMetrics, RequestOutput
 from edge_infer.sampling_params import SamplingParams
@@ -38,6 +39,7 @@ class LLMEngine:
         self.runner, self.block_manager, self.scheduler = m.runner, m.block_manager, m.scheduler
         self.gguf = m.gguf
         self.eos_ids = tuple(sorted(self.tokenizer.stop_ids))
+        self._grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
         self.spec = self._spec_decoder(config.speculative) if isinstance(config.speculative, SpecConfig) else None
         self.requests: dict[str, Request] = {}
         self.output_processor = OutputProcessor(self.requests, self.eos_ids, self.plan.max_model_len)
@@ -80,17 +82,23 @@ class LLMEngine:
         now = time.monotonic() if arrival_time is None else arrival_time
         req = Request(request_id, text, ids, params, max_tokens, RequestMetrics(arrival_time=now))
         processors = make_logits_processors(params, stop_ids(params, self.eos_ids), self.model_config.vocab_size)
+        constrained = self._grammars().processors(params.structured_outputs, params.n) if params.structured_outputs else None
         for i in range(params.n):
             seq = Sequence(request_id, ids, params, index=i, priority=priority)
             seq.rng = self._seq_rng(params, i)
             seq.detok = self.tokenizer.detokenizer(skip_special=params.skip_special_tokens)
-            seq.logits_processors = processors
+            seq.logits_processors = processors + [constrained[i]] if constrained else processors
             req.seqs.append(seq)
         leader = req.seqs[0]
         leader.followers = req.seqs[1:]
         self.requests[request_id] = req
         self.scheduler.add(leader)
         self.stats["prompt_tokens"] += len(ids)
+
+    def _grammars(self) -> GrammarCompiler:
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, tuple(self.eos_ids), self.model_config.vocab_size)
+        return self._grammar_compiler
 
     def _check_prompt(self, ids: list[int], params: SamplingParams, generates: bool = True) -> list[int]:
         if not ids:

@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI-compatible API: parsing, strict type checks, SamplingParams.
 
 Types are checked strictly (a string where a number belongs is a 400, never coerced); values
-are checked by SamplingParams and the engine. Unknown fields are ignored (logged at debug
-level); a request-supplied chat template is refused.
+are checked by SamplingParams and the engine. A field that is not implemented is a 400 naming
+it, except the few accepted with no effect (IGNORED_FIELDS, listed in the README); a
+request-supplied chat template is refused. Structured outputs come as OpenAI's
+`response_format`, vLLM's `structured_outputs`, or its older `guided_*` fields (one of them).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from edge_infer.errors import InvalidRequest
-from edge_infer.sampling_params import SamplingParams
+from edge_infer.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.server.errors import APIError, from_engine_error
 
 log = logging.getLogger("edge_infer.server")
@@ -22,6 +24,10 @@ log = logging.getLogger("edge_infer.server")
 MAX_BODY_BYTES = 32 * 2**20
 ROLES = ("system", "developer", "user", "assistant", "tool")
 REFUSED_FIELDS = ("chat_template", "chat_template_kwargs")
+# accepted and without effect on generation (OpenAI platform bookkeeping)
+IGNORED_FIELDS = ("user", "metadata", "store", "service_tier")
+# vLLM's older names of the structured-outputs fields
+GUIDED_ALIASES = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 # Request fields copied into SamplingParams when given (not null).
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                     "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos",
@@ -57,6 +63,15 @@ class _Sampling(_Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         extra_stop: tuple[str, ...] = ()) -> SamplingParams:  # fmt: skip
@@ -68,9 +83,27 @@ class _Sampling(_Strict):
         opts["max_tokens"] = max_tokens
         opts["logprobs"] = logprobs
         try:
+            so = self.structured()
+            if so is not None:
+                opts["structured_outputs"] = so
             return SamplingParams(**opts)
         except InvalidRequest as e:
             raise from_engine_error(e, set(type(self).model_fields)) from None
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The request's constraint from whichever one field carries it (two is a 400)."""
+        given = [n for n in ("response_format", "structured_outputs", *GUIDED_ALIASES) if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise APIError(400, f"give one of {', '.join(given)}: they all set the structured output",
+                           param=given[1], code="invalid_value")  # fmt: skip
+        if not given:
+            return None
+        name = given[0]
+        if name == "structured_outputs":
+            return StructuredOutputsParams.from_dict(dict(self.structured_outputs or {}))
+        if name in GUIDED_ALIASES:
+            return StructuredOutputsParams(**{GUIDED_ALIASES[name]: getattr(self, name)})
+        return response_format(self.response_format or {})
 
 
 class CompletionRequest(_Sampling):
@@ -161,8 +194,35 @@ def parse_body(raw: bytes, model: type[M]) -> M:
     except ValidationError as e:
         raise _validation_error(e) from None
     if req.model_extra:
-        log.debug("ignoring unknown request field(s): %s", ", ".join(sorted(req.model_extra)))
+        name = sorted(req.model_extra)[0]
+        raise APIError(400, f"{name}: this request field is not supported by edge-infer (the README lists the "
+                       "fields it implements and the ones it accepts without effect)", param=name,
+                       code="unsupported_parameter")  # fmt: skip
     return req
+
+
+def response_format(rf: dict[str, Any]) -> StructuredOutputsParams | None:
+    """OpenAI's response_format: {"type": "text"} (no constraint), {"type": "json_object"}, or
+    {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}."""
+    kind = rf.get("type")
+    if kind == "text" and len(rf) == 1:
+        return None
+    if kind == "json_object" and len(rf) == 1:
+        return StructuredOutputsParams(json_object=True)
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        extra = sorted(set(rf) - {"type", "json_schema"}) + sorted(set(js or {}) - {"name", "schema", "strict", "description"})
+        if not isinstance(js, dict) or extra:
+            raise APIError(400, "response_format.json_schema must be an object with name, schema, strict, description"
+                           + (f" (unknown: {', '.join(extra)})" if extra else ""), param="response_format",
+                           code="invalid_value")  # fmt: skip
+        schema = js.get("schema", {"type": "object"})
+        if not isinstance(schema, dict) or not isinstance(js.get("strict", False), bool):
+            raise APIError(400, "response_format.json_schema.schema must be a JSON schema object and strict a boolean",
+                           param="response_format", code="invalid_value")  # fmt: skip
+        return StructuredOutputsParams(json=schema)  # always enforced: strict or not, the output matches
+    raise APIError(400, "response_format.type must be text, json_object or json_schema (with nothing else), got "
+                   f"{json.dumps(rf)[:120]}", param="response_format", code="invalid_value")  # fmt: skip
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -170,6 +230,10 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         raise APIError(400, "messages must hold at least one message", param="messages", code="invalid_value")
     out = []
     for i, m in enumerate(messages):
+        if m.model_extra:
+            name = sorted(m.model_extra)[0]
+            raise APIError(400, f"messages[{i}].{name}: this message field is not supported by edge-infer",
+                           param=f"messages[{i}].{name}", code="unsupported_parameter")  # fmt: skip
         if m.role not in ROLES:
             raise APIError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.role!r}",
                            param=f"messages[{i}].role", code="invalid_value")  # fmt: skip

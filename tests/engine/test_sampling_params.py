@@ -32,6 +32,7 @@ VLLM_DEFAULTS = {
     "logprobs": None,
     "skip_special_tokens": True,
     "include_stop_str_in_output": False,
+    "structured_outputs": None,
 }
 
 

@@ -109,8 +109,12 @@ def test_cors_only_for_allowed_origin(server) -> None:  # type: ignore[no-untype
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example"
 
 
-def test_unknown_fields_ignored_and_still_serving(server) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_field_is_400_naming_it_and_bookkeeping_fields_accepted(server) -> None:  # type: ignore[no-untyped-def]
     r = post(server, CHAT, {"messages": MSG, "max_tokens": 3, "temperature": 0, "frobnicate": {"x": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "frobnicate", r.text
+    assert "frobnicate" in r.json()["error"]["message"]
+    r = post(server, CHAT, {"messages": MSG, "max_tokens": 3, "temperature": 0, "user": "u1", "store": False,
+                            "metadata": {"k": "v"}, "service_tier": "auto"})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] >= 1
 
