@@ -94,6 +94,17 @@ class LLM:
             self._chat_template = ChatTemplate.from_gguf(self._worker.call(lambda e: e.gguf))
         return self._chat_template.encode(messages, self.tokenizer, add_generation_prompt=add_generation_prompt)
 
+    def embed(self, texts: str | Sequence[str | list[int]]) -> np.ndarray:
+        """Unit-norm embeddings float32 [n, width] of texts (or token-id lists), pooled as the
+        file's pooling_type says (decoder models: the last token), batched through the engine."""
+        items = [texts] if isinstance(texts, str) else list(texts)
+        if not items:
+            raise InvalidRequest("embed needs at least one input")
+        engine = self._worker.engine
+        assert engine is not None
+        ids = [engine.embed_ids(t) for t in items]  # tokenized here, off the engine thread
+        return self._worker.call(lambda e: e.embed(ids))
+
     def prompt_logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits float32 [len(token_ids), vocab]: row i predicts token i + 1."""
         ids = list(token_ids)

@@ -14,6 +14,7 @@ import numpy as np
 
 from edge_infer.config import EngineConfig, SpecConfig
 from edge_infer.engine.draft import DraftProposer
+from edge_infer.engine.embedding import embed as embed_prompts
 from edge_infer.engine.loader import LoadedModel, load_model
 from edge_infer.engine.ngram import NgramProposer
 from edge_infer.engine.output_processor import OutputProcessor
@@ -204,6 +205,21 @@ class LLMEngine:
         finally:
             bm.free(seq)
         return out
+
+    # -- embeddings ----------------------------------------------------------------------------
+    def embed(self, prompts: list[list[int]]) -> np.ndarray:
+        """Unit-norm embeddings float32 [n, d_model] of token-id prompts (engine/embedding.py);
+        tokenize text with embed_ids first (any thread)."""
+        return embed_prompts(self.runner, self.block_manager, prompts, self.model_config.pooling,
+                             self.config.max_num_batched_tokens)
+
+    def embed_ids(self, prompt: str | list[int]) -> list[int]:
+        """A text (tokenized with the model's special tokens) or token ids, checked for embedding."""
+        if isinstance(prompt, str):
+            prompt = self.tokenizer.encode(prompt, add_special=True, parse_special=False)
+        elif not isinstance(prompt, (list, tuple)):
+            raise InvalidRequest(f"an input must be a string or a list of token ids, got {type(prompt).__name__}")
+        return self._check_prompt(list(prompt), SamplingParams(max_tokens=None), generates=False)
 
     # -- metrics -----------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

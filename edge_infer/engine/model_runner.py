@@ -58,9 +58,10 @@ class ModelRunner:
             at += m
         return StepInputs(tokens, positions, slots, token_seq, tables, np.asarray(logit_rows, dtype=np.int64))
 
-    def run(self, chunks: list[ScheduledChunk]) -> np.ndarray:
-        """Forward the chunks; logits float32 [M, vocab], one row per logit index, chunk after chunk."""
-        return self.model.forward(self.build_inputs(chunks), self.kv)
+    def run(self, chunks: list[ScheduledChunk], hidden: bool = False) -> np.ndarray:
+        """Forward the chunks; logits float32 [M, vocab], one row per logit index, chunk after
+        chunk (hidden: the final normed hidden states [M, d_model] instead)."""
+        return self.model.forward(self.build_inputs(chunks), self.kv, hidden)
 
     def execute(self, sched: SchedulerOutput) -> np.ndarray:
         """Run one scheduled step (block copies first); logits as run() returns them."""

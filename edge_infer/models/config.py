@@ -74,6 +74,7 @@ class ModelConfig:
     expert_ffn_dim: int = 0
     expert_weights_norm: bool = False
     shared_ffn_dim: int = 0
+    pooling: str = "last"  # embeddings: "mean" | "cls" | "last" | "none" | "rank" (GGUF pooling_type; decoders: last)
     ignored_tensors: tuple[str, ...] = ()  # fnmatch patterns of tensors the architecture may carry unused
 
     def __post_init__(self) -> None:
@@ -136,6 +137,7 @@ class ModelConfig:
 
 
 ROPE_SCALINGS = ("none", "linear", "yarn")
+POOLINGS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama.cpp's enum llama_pooling_type
 
 
 class MetadataReader:
@@ -202,6 +204,13 @@ class MetadataReader:
             expert_weights_norm=bool(self.f.metadata.get(f"{self.arch}.expert_weights_norm", norm)),
             shared_ffn_dim=self.get("expert_shared_feed_forward_length", n_ff) if shared else 0,
         )
+
+    def pooling(self) -> str:
+        """`pooling_type` as ModelConfig.pooling names it; a decoder file without one: "last"."""
+        kind = self.get("pooling_type", 3)
+        if kind not in POOLINGS:
+            raise UnsupportedModelError(f"{self.f.path}: {self.arch}.pooling_type = {kind} is not a known pooling type")
+        return POOLINGS[kind]
 
     def vocab_size(self) -> int:
         tokens = self.f.metadata.get("tokenizer.ggml.tokens")

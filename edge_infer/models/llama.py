@@ -42,6 +42,7 @@ def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: object) -> Mode
         sliding_window=window,
         swa_layers=(window > 0,) * n_layers,
         tied_embeddings="output.weight" not in f.tensors,
+        pooling=md.pooling(),
     )
     fields["rope_base_swa"] = fields["rope_base"]
     if arch == ARCH and md.get("expert_count", 0) > 0:

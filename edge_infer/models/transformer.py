@@ -78,9 +78,11 @@ class Transformer:
             experts = (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) if cfg.n_experts else None
             self.ws = self.b.make_workspace(n_tokens, cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.dense_ffn_dim, experts)
 
-    def forward(self, inp: StepInputs, kv: list[Any]) -> np.ndarray:
+    def forward(self, inp: StepInputs, kv: list[Any], hidden: bool = False) -> np.ndarray:
         """Logits float32 [M, vocab] for inp.logits_rows; writes this step's K/V into `kv` (per
-        layer: k_cache, k_scale, v_cache, v_scale; see kernels_cpu.attention)."""
+        layer: k_cache, k_scale, v_cache, v_scale; see kernels_cpu.attention). hidden: return
+        the final normed hidden states float32 [M, d_model] of those rows instead (what
+        embeddings pool, llama.cpp's result_norm), without the output matmul."""
         cfg, eps, b = self.cfg, self.eps, self.b
         n, m = inp.tokens.shape[0], inp.logits_rows.shape[0]
         self._reserve(n)
@@ -127,6 +129,8 @@ class Transformer:
                 b.rmsnorm(o, lw.post_ffn_norm, eps, o2)
             next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
             x = self._residual(h, o if lw.post_ffn_norm is None else o2, next_norm, xn)
+        if hidden:
+            return np.array(x[:m], dtype=np.float32)  # handed to the caller: not scratch
         logits = np.empty((m, cfg.vocab_size), np.float32)  # handed to the caller: not scratch
         b.matmuls(x, (self.w.output,), (logits,), ws)
         if cfg.final_logit_softcap:

@@ -28,19 +28,21 @@ from edge_infer.config import EngineConfig
 from edge_infer.errors import EdgeInferError
 from edge_infer.server.chat import create_chat_completion
 from edge_infer.server.completions import create_completion
+from edge_infer.server.embeddings import create_embeddings
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError, error_body, from_engine_error
 from edge_infer.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
     parse_body,
     template_messages,
 )
 
 log = logging.getLogger("edge_infer.server")
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics", "/tokenize", "/detokenize")  # fmt: skip
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/health", "/metrics", "/tokenize", "/detokenize")  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -136,6 +138,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         req = parse_body(await body(request), ChatCompletionRequest)
         return await create_chat_completion(req, engine, check_model(req.model), request.receive)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        req = parse_body(await body(request), EmbeddingRequest)
+        return JSONResponse(await create_embeddings(req, engine, check_model(req.model)))
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:

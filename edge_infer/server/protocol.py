@@ -153,6 +153,27 @@ class ChatCompletionRequest(_Sampling):
         return template_messages(self.messages)
 
 
+class EmbeddingRequest(_Strict):
+    model: str | None = None
+    input: Any = None
+    encoding_format: str | None = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        """The inputs: a string, a list of strings, a token id list, or a list of those."""
+        p = self.input
+        if isinstance(p, str) and p:
+            return [p]
+        if isinstance(p, list) and p:
+            if all(_is_int(t) for t in p):
+                return [list(p)]
+            if all((isinstance(x, str) and x) or (isinstance(x, list) and x and all(_is_int(t) for t in x)) for x in p):
+                return list(p)
+        raise APIError(400, "input must be a non-empty string, a list of them, a list of token ids, or a list of "
+                       "token id lists", param="input", code="invalid_type")  # fmt: skip
+
+
 class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None

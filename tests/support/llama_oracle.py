@@ -46,7 +46,8 @@ def kl_rows(p_logits: np.ndarray, q_logits: np.ndarray, chunk: int = 32) -> np.n
 class LlamaCpp:
     """llama.cpp (llama-cpp-python's low-level API) scoring whole sequences teacher-forced."""
 
-    def __init__(self, path: Path, n_ctx: int) -> None:
+    def __init__(self, path: Path, n_ctx: int, pooling: int | None = None) -> None:
+        """pooling: a llama_pooling_type for an embeddings context (1 mean, 2 cls, 3 last)."""
         lc = pytest.importorskip("llama_cpp")
         from llama_cpp._logger import set_verbose
 
@@ -59,6 +60,8 @@ class LlamaCpp:
         cp = lc.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
         cp.n_threads = cp.n_threads_batch = 2
+        if pooling is not None:
+            cp.embeddings, cp.pooling_type = True, pooling
         self.ctx = lc.llama_init_from_model(self.model, cp)
         assert self.ctx, "llama.cpp could not create a context"
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
@@ -78,6 +81,22 @@ class LlamaCpp:
             for i in range(n):
                 out[i] = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
             return out
+        finally:
+            lc.llama_batch_free(b)
+
+    def embedding(self, ids: list[int]) -> np.ndarray:
+        """float32 [n_embd]: the pooled embedding of one sequence (an embeddings context)."""
+        lc, n = self.lc, len(ids)
+        lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
+        b = lc.llama_batch_init(n, 0, 1)
+        try:
+            for i, t in enumerate(ids):
+                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, i, 1, 1
+                b.seq_id[i][0] = 0
+            b.n_tokens = n
+            assert lc.llama_decode(self.ctx, b) == 0, "llama_decode failed"
+            width = lc.llama_model_n_embd(self.model)
+            return np.ctypeslib.as_array(lc.llama_get_embeddings_seq(self.ctx, 0), shape=(width,)).copy()
         finally:
             lc.llama_batch_free(b)
 
