@@ -24,6 +24,7 @@ from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
 from edge_infer.server.errors import APIError, from_engine_error
 from edge_infer.server.metrics import ServerMetrics
+from edge_infer.server.tools import MARKERS, detect_format
 
 if TYPE_CHECKING:
     from edge_infer.chat import ChatTemplate
@@ -232,10 +233,22 @@ class AsyncEngine:
             raise APIError(503, "the engine is not running", code="shutting_down")
         return await self.run(partial(worker.call, fn))
 
+    @property
+    def tool_format(self) -> str | None:
+        """The tool-call format of the model's chat template (server/tools.py), if any."""
+        return detect_format(self.chat_template.source if self.chat_template is not None else None)
+
+    def special_markers(self) -> dict[str, int]:
+        """Tool-call marker texts that are one token of the vocabulary -> that token's id."""
+        tok = self.tokenizer
+        found = {m: tok.token_id(m) for m in MARKERS} if tok is not None else {}
+        return {m: i for m, i in found.items() if i is not None}
+
     async def chat_prompt(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
     ) -> list[int]:
-        """Token ids of a conversation under the model's template (400 when it has none)."""
+        """Token ids of a conversation under the model's template (400 when it has none);
+        tools: the request's tools, the template's `tools` variable."""
         if self.chat_template is None:
             raise APIError(
                 400, self.chat_error or "no chat template", param="messages", code="no_chat_template"
@@ -244,7 +257,7 @@ class AsyncEngine:
         assert tok is not None
         try:
             return await self.run(
-                lambda: template.encode(messages, tok, add_generation_prompt=add_generation_prompt)
+                lambda: template.encode(messages, tok, add_generation_prompt=add_generation_prompt, tools=tools or None)
             )
         except EdgeInferError as e:
             raise from_engine_error(e) from None

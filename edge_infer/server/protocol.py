@@ -135,10 +135,23 @@ class ContentPart(_Strict):
     text: str | None = None
 
 
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    id: str
+    type: str = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Strict):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -147,6 +160,9 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Messages as plain dicts for the chat template; bad roles or parts are 400s."""
@@ -265,6 +281,12 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                     raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported, got "
                                    f"type {part.type!r}", param=f"messages[{i}].content", code="invalid_value")  # fmt: skip
             content = "\n".join(p.text or "" for p in content)
+        if m.tool_calls is not None and m.role != "assistant":
+            raise APIError(400, f"messages[{i}].tool_calls: only assistant messages carry tool calls",
+                           param=f"messages[{i}].tool_calls", code="invalid_value")  # fmt: skip
+        if m.role == "tool" and not m.tool_call_id:
+            raise APIError(400, f"messages[{i}].tool_call_id is required for role 'tool'",
+                           param=f"messages[{i}].tool_call_id", code="missing_required_parameter")  # fmt: skip
         if content is None and m.role != "assistant":
             raise APIError(400, f"messages[{i}].content is required for role {m.role!r}",
                            param=f"messages[{i}].content", code="invalid_value")  # fmt: skip
@@ -274,6 +296,10 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         }
         if m.name is not None:
             msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
         out.append(msg)
     return out
 
@@ -291,7 +317,8 @@ def _validation_error(e: ValidationError) -> APIError:
     return APIError(400, f"{path}: {err['msg']} (got {shown})", param=path or None, code="invalid_type")
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "ContentPart", "StreamOptions"}
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "ContentPart", "StreamOptions", "ToolCall",
+              "ToolCallFunction"}
 
 
 def _is_int(x: object) -> bool:
