@@ -22,15 +22,9 @@ from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.errors import APIError
 from edge_infer.server.logprobs import chat_logprobs
 from edge_infer.server.protocol import ChatCompletionRequest
+from edge_infer.server.replies import ReplyShaper
 from edge_infer.server.streaming import Receive, SSEResponse
-from edge_infer.server.tools import (
-    ToolPlan,
-    parse_tool_calls,
-    plan_tools,
-    stream_safe_prefix,
-    template_history,
-    tool_grammar,
-)
+from edge_infer.server.tools import plan_tools, template_history, tool_grammar
 
 
 async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine, model: str,
@@ -58,12 +52,13 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
         params = dataclasses.replace(params, structured_outputs=StructuredOutputsParams(grammar=grammar))
     engine.check_ready()
     prompt = await engine.chat_prompt(messages, tools=plan.tools if plan else None)
+    shaper = ReplyShaper(plan, engine.thinks, engine.thinking_opened(prompt))
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     streams = await engine.submit([prompt], params, rid)
     base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        chunks = _chunks(streams, base, n, k, include_usage, engine, plan)
+        chunks = _chunks(streams, base, n, k, include_usage, engine, shaper)
         return SSEResponse(chunks, lambda: engine.state == "draining")
     outs = await final_outputs(receive, streams, engine)
     if outs is None:
@@ -77,7 +72,7 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
             if k is not None and c.logprobs is not None
             else None
         )
-        message, finish = _message(c.text, c.finish_reason, plan)
+        message, finish = shaper.message(c.text, c.finish_reason)
         choices.append({"index": c.index, "message": message, "logprobs": lp,
                         "finish_reason": finish, "stop_reason": c.stop_reason})  # fmt: skip
     body = {**base, "object": "chat.completion", "choices": choices, "usage": usage(list(outs)),
@@ -85,20 +80,8 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
     return JSONResponse(body)
 
 
-def _message(text: str, finish: str | None, plan: ToolPlan | None) -> tuple[dict[str, Any], str | None]:
-    """The assistant message of a reply (tool calls parsed when the request has tools) and its
-    finish_reason ("tool_calls" when it ended in calls)."""
-    if plan is None or plan.choice == "none":
-        return {"role": "assistant", "content": text}, finish
-    content, calls = parse_tool_calls(text, plan.fmt)
-    if not calls:
-        return {"role": "assistant", "content": text}, finish
-    return ({"role": "assistant", "content": content, "tool_calls": calls if plan.parallel else calls[:1]},
-            "tool_calls" if finish == "stop" else finish)
-
-
 async def _chunks(streams: list[Stream], base: dict[str, Any], n: int, k: int | None, include_usage: bool,
-                  engine: AsyncEngine, plan: ToolPlan | None) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
+                  engine: AsyncEngine, shaper: ReplyShaper) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
     tok = engine.tokenizer
     assert tok is not None
     for i in range(n):
@@ -109,7 +92,7 @@ async def _chunks(streams: list[Stream], base: dict[str, Any], n: int, k: int | 
             "finish_reason": None,
         }
         yield {**base, "choices": [role]}
-    sent_text: dict[int, int] = {}
+    states = {i: shaper.stream() for i in range(n)}
     sent_tok: dict[int, int] = {}
     done: set[int] = set()
     last: list[RequestOutput | None] = [None]
@@ -118,21 +101,7 @@ async def _chunks(streams: list[Stream], base: dict[str, Any], n: int, k: int | 
         for c in out.outputs:
             if c.index in done:
                 continue
-            sent = sent_text.get(c.index, 0)
-            tools_on = plan is not None and plan.choice != "none"
-            if tools_on and c.finished:  # the whole reply is known: its calls, and the content not yet sent
-                message, finish = _message(c.text, c.finish_reason, plan)
-                calls = message.get("tool_calls") or []
-                rest = c.text[sent:] if not calls else (message["content"] or "")[sent:]
-                delta_body: dict[str, Any] = {"content": rest} if rest else {}
-                if calls:
-                    delta_body["tool_calls"] = [{"index": j, **call} for j, call in enumerate(calls)]
-                done.add(c.index)
-                yield {**base, "choices": [{"index": c.index, "delta": delta_body, "logprobs": None,
-                                            "finish_reason": finish, "stop_reason": c.stop_reason}]}  # fmt: skip
-                continue
-            safe = stream_safe_prefix(c.text, plan.fmt) if tools_on and plan is not None else len(c.text)
-            delta = c.text[sent:safe] if safe > sent else ""
+            delta, finish = states[c.index].step(c.text, c.finished, c.finish_reason)
             if not delta and not c.finished:
                 continue
             lp = None
@@ -140,9 +109,7 @@ async def _chunks(streams: list[Stream], base: dict[str, Any], n: int, k: int | 
                 t0 = sent_tok.get(c.index, 0)
                 lp = chat_logprobs(tok, c.token_ids[t0:], c.logprobs[t0:], k)
                 sent_tok[c.index] = len(c.token_ids)
-            sent_text[c.index] = sent + len(delta)
-            choice = {"index": c.index, "delta": {"content": delta} if delta else {}, "logprobs": lp,
-                      "finish_reason": c.finish_reason}  # fmt: skip
+            choice = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             if c.finished:
                 done.add(c.index)
                 choice["stop_reason"] = c.stop_reason

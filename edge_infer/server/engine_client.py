@@ -24,6 +24,7 @@ from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
 from edge_infer.server.errors import APIError, from_engine_error
 from edge_infer.server.metrics import ServerMetrics
+from edge_infer.server.reasoning import OPEN, thinks
 from edge_infer.server.tools import MARKERS, detect_format
 
 if TYPE_CHECKING:
@@ -237,6 +238,16 @@ class AsyncEngine:
     def tool_format(self) -> str | None:
         """The tool-call format of the model's chat template (server/tools.py), if any."""
         return detect_format(self.chat_template.source if self.chat_template is not None else None)
+
+    @property
+    def thinks(self) -> bool:
+        """Whether the chat template makes the model reason in <think> (server/reasoning.py)."""
+        return thinks(self.chat_template.source if self.chat_template is not None else None)
+
+    def thinking_opened(self, prompt: list[int]) -> bool:
+        """Whether a rendered chat prompt ends inside <think> (the reply starts thinking)."""
+        tok = self.tokenizer
+        return self.thinks and tok is not None and tok.decode(prompt[-16:]).rstrip().endswith(OPEN)
 
     def special_markers(self) -> dict[str, int]:
         """Tool-call marker texts that are one token of the vocabulary -> that token's id."""

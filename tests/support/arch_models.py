@@ -22,7 +22,7 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
                      n_heads: int = 4, n_kv_heads: int = 2, ffn: int = 128, n_rot: int | None = None,
                      context_length: int = 128, seed: int = 0, output_std: float = 0.5, meta: dict[str, object] | None = None,
                      factors: dict[str, np.ndarray] | None = None, experts: tuple[int, int, int] | None = None,
-                     shared_ffn: int = 0, router_std: float = 0.3) -> Path:
+                     shared_ffn: int = 0, router_std: float = 0.3, chat_template: str | None = None) -> Path:
     hd = d_model // n_heads
     q_dim, kv_dim = n_heads * hd, n_kv_heads * hd
     w = GGUFWriter(str(path), arch)
@@ -50,7 +50,7 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
             w.add_float32(key, value)
         else:
             w.add_uint32(key, int(value))
-    _add_tokenizer(w, add_bos=True)
+    _add_tokenizer(w, add_bos=True, **({"chat_template": chat_template} if chat_template else {}))
     # wider models get proportionally smaller weights: the same activation and logit sizes
     wt = _Weights(w, qtype, seed, widen=float(np.sqrt(64 / d_model)))
     gemma = arch == "gemma2"

@@ -60,7 +60,7 @@ def vocab_tokens() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, [f"{a} {b}" for a, b in MERGES]
 
 
-def _add_tokenizer(w: GGUFWriter, add_bos: bool) -> None:
+def _add_tokenizer(w: GGUFWriter, add_bos: bool, chat_template: str = CHATML) -> None:
     tokens, types, merges = vocab_tokens()
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -70,7 +70,7 @@ def _add_tokenizer(w: GGUFWriter, add_bos: bool) -> None:
     w.add_bos_token_id(ENDOFTEXT)
     w.add_eos_token_id(ENDOFTEXT)
     w.add_add_bos_token(add_bos)
-    w.add_chat_template(CHATML)
+    w.add_chat_template(chat_template)
 
 
 class _Weights:

@@ -1,0 +1,75 @@
+"""The assistant message of a chat reply, whole or as stream deltas: reasoning split off into
+`reasoning_content` when the template thinks (server/reasoning.py), then tool calls parsed
+from the content when the request has tools (server/tools.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edge_infer.server.reasoning import ReasoningStream, split_reasoning
+from edge_infer.server.tools import ToolPlan, parse_tool_calls, stream_safe_prefix
+
+
+class ReplyShaper:
+    """plan: the request's tools (None: no tools); thinking: the template reasons in <think>;
+    opened: the prompt ends inside <think>."""
+
+    def __init__(self, plan: ToolPlan | None, thinking: bool, opened: bool) -> None:
+        self.plan, self.thinking, self.opened = plan, thinking, opened
+        self.tools_on = plan is not None and plan.choice != "none"
+
+    def message(self, text: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
+        """(message, finish_reason) of a whole reply."""
+        reasoning, content = split_reasoning(text, self.opened) if self.thinking else (None, text)
+        msg, finish = self._with_tools(content, finish)
+        if reasoning is not None:
+            msg["reasoning_content"] = reasoning
+        return msg, finish
+
+    def _with_tools(self, content: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
+        if not self.tools_on or self.plan is None:
+            return {"role": "assistant", "content": content}, finish
+        rest, calls = parse_tool_calls(content, self.plan.fmt)
+        if not calls:
+            return {"role": "assistant", "content": content}, finish
+        return ({"role": "assistant", "content": rest, "tool_calls": calls if self.plan.parallel else calls[:1]},
+                "tool_calls" if finish == "stop" else finish)
+
+    def stream(self) -> ChoiceStream:
+        return ChoiceStream(self)
+
+
+class ChoiceStream:
+    """One choice's deltas as its text grows."""
+
+    def __init__(self, shaper: ReplyShaper) -> None:
+        self.s = shaper
+        self.router = ReasoningStream(shaper.opened) if shaper.thinking else None
+        self.fed = 0  # text consumed (without reasoning)
+        self.content = ""  # content so far
+        self.sent = 0  # content characters sent
+
+    def step(self, text: str, finished: bool, finish: str | None) -> tuple[dict[str, Any], str | None]:
+        """(delta, finish_reason or None) for the text so far; an empty delta sends nothing new."""
+        if self.router is not None:
+            r_delta, c_delta = self.router.feed(text, finished)
+        else:
+            r_delta, c_delta = "", text[self.fed :]
+            self.fed = len(text)
+        self.content += c_delta
+        delta: dict[str, Any] = {"reasoning_content": r_delta} if r_delta else {}
+        if finished and self.s.tools_on:
+            msg, finish = self.s._with_tools(self.content, finish)
+            calls = msg.get("tool_calls") or []
+            rest = (msg["content"] or "")[self.sent :] if calls else self.content[self.sent :]
+            if rest:
+                delta["content"] = rest
+            if calls:
+                delta["tool_calls"] = [{"index": j, **call} for j, call in enumerate(calls)]
+            return delta, finish
+        plan = self.s.plan
+        safe = stream_safe_prefix(self.content, plan.fmt) if self.s.tools_on and plan is not None else len(self.content)
+        if safe > self.sent:
+            delta["content"] = self.content[self.sent : safe]
+            self.sent = safe
+        return delta, finish if finished else None
