@@ -29,9 +29,9 @@ def _allocations_per_forward(eng: LLMEngine, steps: int) -> list[int]:
     model = eng.runner.model
     forward, counts = model.forward, []
 
-    def counted(inp, kv):  # type: ignore[no-untyped-def]
+    def counted(inp, kv, *rest):  # type: ignore[no-untyped-def]
         with counting_allocations() as n:
-            logits = forward(inp, kv)
+            logits = forward(inp, kv, *rest)
         counts.append(n[0])
         return logits
 
