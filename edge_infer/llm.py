@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,11 +22,19 @@ class LLM:
     """A loaded model. `LLM("smollm2-135m")` takes a known name (pulled on first use) or a .gguf
     path; keyword options are EngineConfig's (n_threads, kv_cache_memory, max_model_len, ...)
     and unknown ones are rejected. Calls from several threads are batched on the engine thread.
+
+    Lifetime: `close()` (or leaving a `with LLM(...)` block) stops the engine thread and frees
+    the weights and KV pool; an LLM dropped without it is finalized the same way when the
+    garbage collector takes it (or at interpreter exit), so dropped LLMs leave no thread and no
+    memory behind. Several live LLMs in one process are safe: their steps take turns.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, **options: Any) -> None:
         self.config = EngineConfig.from_options(str(model), **options)
         self._worker = EngineWorker(self.config)
+        # dropped without close(): the garbage collector (or interpreter exit) stops the engine
+        # thread and frees the weights and the KV pool all the same
+        self._finalizer = weakref.finalize(self, EngineWorker.shutdown, self._worker)
         engine = self._worker.engine
         assert engine is not None
         self.tokenizer = engine.tokenizer
@@ -125,7 +134,9 @@ class LLM:
         return self._worker
 
     def close(self) -> None:
-        self._worker.shutdown()
+        """Stop the engine thread and free the model (weights, KV pool); also what happens when
+        an LLM is garbage-collected or the interpreter exits. Calling it again does nothing."""
+        self._finalizer()
 
     def __enter__(self) -> LLM:
         return self

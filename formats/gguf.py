@@ -173,6 +173,8 @@ def _read_value(cur: _Cursor, vtype: int, what: str, in_array: bool = False) -> 
         dt = _SCALAR_DTYPES[vtype]
         cur.need(dt.itemsize, what)
         v = np.frombuffer(cur.buf, dtype=dt, count=1, offset=cur.pos)[0].item()
+        if vtype == ValueType.BOOL and v > 1:
+            raise cur.fail(f"{what}: a boolean must be 0 or 1, got {v}")
         cur.pos += dt.itemsize
         return bool(v) if vtype == ValueType.BOOL else v
     if vtype == ValueType.STRING:
@@ -193,6 +195,9 @@ def _read_value(cur: _Cursor, vtype: int, what: str, in_array: bool = False) -> 
         if count > (cur.size - cur.pos) // dt.itemsize:
             raise cur.fail(f"{what} declares {count} elements of {dt.itemsize} bytes, past the end of the file")
         arr = np.frombuffer(cur.buf, dtype=dt, count=count, offset=cur.pos)
+        if etype == ValueType.BOOL and count and int(arr.max()) > 1:
+            bad = int(np.argmax(arr > 1))
+            raise cur.fail(f"{what}[{bad}]: a boolean must be 0 or 1, got {int(arr[bad])}", cur.pos + bad)
         cur.pos += count * dt.itemsize
         return arr.astype(bool).tolist() if etype == ValueType.BOOL else arr.tolist()
     raise cur.fail(f"{what}: unknown value type {vtype}")

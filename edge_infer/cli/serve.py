@@ -46,7 +46,17 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                    help="allow browser requests from ORIGIN (repeatable; '*' for any); off by default")  # fmt: skip
     p.add_argument("--shutdown-timeout", metavar="S", default="5",
                    help="on SIGTERM, seconds in-flight requests get to finish before they are aborted (default 5)")  # fmt: skip
+    limits = p.add_argument_group("request limits (over one: a 400 naming it; the body: 413)")
+    for name, default, what in LIMIT_FLAGS:
+        limits.add_argument(f"--{name.replace('_', '-')}", metavar="N", help=f"{what} (default {default})")
     p.set_defaults(func=serve)
+
+
+# (RequestLimits field, default, help): `edge-infer serve --help` lists them with their defaults
+LIMIT_FLAGS = (("max_body", 32 * 2**20, "bytes of a request body"), ("max_n", 16, "completions per request (n)"),
+               ("max_stop", 16, "stop strings per request"), ("max_stop_chars", 512, "characters of a stop string"),
+               ("max_logit_bias", 1024, "logit_bias entries"), ("max_messages", 2048, "chat messages per request"),
+               ("max_tools", 128, "tools per request"), ("max_inputs", 2048, "prompts or embedding inputs per request"))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -81,9 +91,14 @@ def serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
+    from edge_infer.server.protocol import RequestLimits
+
+    given = {name: int_option(getattr(args, name), f"--{name.replace('_', '-')}", 1) for name, _, _ in LIMIT_FLAGS}
+    limits = RequestLimits(**{k: v for k, v in given.items() if v is not None})
     settings = ServerSettings(config=config, model_name=name, aliases=(model,), api_keys=keys,
                               cors_origins=tuple(args.cors_origin or ()), max_queue=max_queue or 0,
-                              chat_fallback=args.chat_template, shutdown_timeout=grace, on_fatal=on_fatal)  # fmt: skip
+                              chat_fallback=args.chat_template, shutdown_timeout=grace, limits=limits,
+                              on_fatal=on_fatal)  # fmt: skip
     app = create_app(settings)
     uv = uvicorn.Config(app, host=args.host, port=port or 0, log_config=None, access_log=args.verbose >= 2,
                         timeout_graceful_shutdown=max(1, int(grace) + 5), lifespan="on")  # fmt: skip

@@ -4,6 +4,7 @@ warm the JIT so the first request does not pay for compilation."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -39,12 +40,39 @@ class LoadedModel:
     scheduler: Scheduler
 
 
-def kv_budget(config: EngineConfig) -> int:
+LOAD_OVERHEAD = 256 * 2**20  # compiled kernels, workspace, tokenizer: beyond the file and the pool
+
+
+def kv_budget(config: EngineConfig, per_token: int = 0, context: int = 0) -> int:
+    """The KV pool's bytes: kv_cache_memory when given, else a quarter of the memory available
+    now (after the weights), at most 4 GiB and at most what max_num_seqs sequences of the
+    longest allowed length can fill (per_token bytes each; a small model on a small machine is
+    not handed a pool it cannot use)."""
     if config.kv_cache_memory is not None:
         return int(config.kv_cache_memory)
     import psutil
 
-    return int(min(DEFAULT_KV_CAP, psutil.virtual_memory().available * DEFAULT_KV_SHARE))
+    budget = min(DEFAULT_KV_CAP, psutil.virtual_memory().available * DEFAULT_KV_SHARE)
+    if per_token and context:
+        budget = min(budget, per_token * min(config.max_model_len or context, context) * config.max_num_seqs)
+    return int(budget)
+
+
+def check_fits(path: str, file_bytes: int, config: EngineConfig) -> None:
+    """Refuse, before anything is loaded, a model whose weights (about the file's size: they are
+    repacked at it or mapped as they are) plus an explicit KV pool cannot fit in the memory
+    available, naming both sizes."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    kv = int(config.kv_cache_memory or 0)
+    need = file_bytes + kv + LOAD_OVERHEAD
+    if need > available:
+        raise OutOfMemoryBudget(
+            f"{path}: the model needs about {need / 2**30:.2f} GiB ({file_bytes / 2**30:.2f} GiB of weights"
+            + (f", {kv / 2**30:.2f} GiB of KV cache" if kv else "")
+            + f", {LOAD_OVERHEAD / 2**20:.0f} MiB of runtime) but only {available / 2**30:.2f} GiB is available"
+        )
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -52,6 +80,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     if config.device == "cuda":
         raise InvalidRequest("device='cuda' is not available in this build; use device='cpu' or 'auto'")
     path = hub.resolve_model(config.model)
+    check_fits(str(path), os.path.getsize(path), config)
     f = GGUFFile(path)
     cfg = config_from_gguf(f)
     backend = CpuBackend(config.n_threads or default_threads())
@@ -60,7 +89,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     tokenizer = Tokenizer.from_gguf(f)
 
     per_block = kv_block_bytes(backend, cfg, config.block_size, config.kv_cache_dtype)
-    budget = kv_budget(config)
+    budget = kv_budget(config, per_block // config.block_size, cfg.context_length)
     num_blocks = budget // per_block
     if num_blocks < 2:
         raise OutOfMemoryBudget(

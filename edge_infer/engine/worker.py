@@ -2,7 +2,8 @@
 and read their outputs from a per-request queue; requests submitted together are batched.
 
 numba's parallel kernels must never run from two threads at once: every engine call happens
-on this thread.
+on this thread, and the engine threads of several live LLMs in one process take turns through
+a process-wide lock (a step, a call or a model load at a time; uncontended it costs nothing).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from edge_infer.sampling_params import SamplingParams
 
 log = logging.getLogger("edge_infer.engine")
 _ids = itertools.count()
+KERNEL_LOCK = threading.Lock()  # one engine at a time runs kernels, whatever numba's threading layer
 
 
 class RequestHandle:
@@ -77,8 +79,8 @@ class EngineWorker:
                on_output: Callable[[RequestOutput | BaseException], None] | None = None) -> RequestHandle:
         """Queue a request. Tokenizing and validation happen here, on the caller's thread, and
         raise at once (InvalidRequest, ...); the engine thread only queues the request."""
-        assert self.engine is not None
-        text, ids = self.engine.prepare_prompt(prompt, params)
+        engine = self._live()
+        text, ids = engine.prepare_prompt(prompt, params)
         rid = request_id or f"req-{next(_ids)}"
         handle = RequestHandle(rid, on_output)
         self._commands.put(("add", (handle, text, ids, params, priority)))
@@ -89,24 +91,36 @@ class EngineWorker:
 
     def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
         """Run fn(engine) on the engine thread between steps and return its result."""
+        self._live()
         done = threading.Event()
         box: list[Any] = []
         self._commands.put(("call", (fn, done, box)))
-        done.wait()
+        while not done.wait(0.5):
+            if not self._thread.is_alive():  # stopped meanwhile: no one is left to answer
+                raise EdgeInferError("the engine was shut down")
         ok, value = box[0]
         if not ok:
             raise value
         return value
 
+    def _live(self) -> LLMEngine:
+        if self.engine is None or not self._thread.is_alive():
+            raise EdgeInferError("this LLM is closed (close() was called, or its engine stopped)")
+        return self.engine
+
     def shutdown(self) -> None:
+        """Stop the engine thread (in-flight requests fail) and drop the engine: its weights,
+        KV pool and workspace are freed with it. Idempotent."""
         if self._thread.is_alive():
             self._commands.put(("stop", None))
             self._thread.join(timeout=30)
+        self.engine = None
 
     # -- engine thread -------------------------------------------------------------------------
     def _run(self, config: EngineConfig) -> None:
         try:
-            self.engine = LLMEngine(config)
+            with KERNEL_LOCK:
+                self.engine = LLMEngine(config)
         except BaseException as e:  # reported to the constructor's caller
             self._error = e
             self._ready.set()
@@ -123,7 +137,8 @@ class EngineWorker:
                 if cmd[0] == "stop":
                     self._fail_all(EdgeInferError("the engine was shut down"))
                     return
-                self._handle(engine, cmd)
+                with KERNEL_LOCK:
+                    self._handle(engine, cmd)
                 try:
                     cmd = self._commands.get_nowait()
                 except queue.Empty:
@@ -131,7 +146,8 @@ class EngineWorker:
             if not engine.has_unfinished_requests():
                 continue
             try:
-                outs = engine.step()
+                with KERNEL_LOCK:
+                    outs = engine.step()
             except Exception as e:  # a bug or an exhausted resource: fail what is in flight
                 log.exception("engine step failed")
                 for rid in list(engine.requests):

@@ -36,6 +36,7 @@ from edge_infer.server.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    RequestLimits,
     TokenizeRequest,
     parse_body,
     template_messages,
@@ -57,6 +58,7 @@ class ServerSettings:
     max_queue: int = 256
     chat_fallback: str | None = None
     shutdown_timeout: float = 5.0
+    limits: RequestLimits = field(default_factory=RequestLimits)
     on_fatal: Callable[[str], None] | None = field(default=None, repr=False)
 
 
@@ -131,22 +133,22 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse_body(await body(request), CompletionRequest)
+        req = parse_body(await body(request), CompletionRequest, settings.limits)
         return await create_completion(req, engine, check_model(req.model), request.receive)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = parse_body(await body(request), ChatCompletionRequest)
+        req = parse_body(await body(request), ChatCompletionRequest, settings.limits)
         return await create_chat_completion(req, engine, check_model(req.model), request.receive)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
-        req = parse_body(await body(request), EmbeddingRequest)
+        req = parse_body(await body(request), EmbeddingRequest, settings.limits)
         return JSONResponse(await create_embeddings(req, engine, check_model(req.model)))
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
-        req = parse_body(await body(request), TokenizeRequest)
+        req = parse_body(await body(request), TokenizeRequest, settings.limits)
         check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give either prompt or messages", param="prompt", code="invalid_value")
@@ -162,7 +164,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
-        req = parse_body(await body(request), DetokenizeRequest)
+        req = parse_body(await body(request), DetokenizeRequest, settings.limits)
         check_model(req.model)
         tok = engine.tokenizer
         assert tok is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -22,6 +23,51 @@ from edge_infer.server.errors import APIError, from_engine_error
 log = logging.getLogger("edge_infer.server")
 
 MAX_BODY_BYTES = 32 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Per-request limits of the server (`edge-infer serve --max-body ...`); going over one is a
+    400 (413 for the body) that names the field and the limit."""
+
+    max_body: int = MAX_BODY_BYTES  # bytes of a request body
+    max_n: int = 16  # completions per request (n)
+    max_stop: int = 16  # stop strings
+    max_stop_chars: int = 512  # characters of one stop string
+    max_logit_bias: int = 1024  # logit_bias entries
+    max_messages: int = 2048  # chat messages
+    max_tools: int = 128  # tools
+    max_inputs: int = 2048  # embeddings inputs / completions prompts
+
+    def __post_init__(self) -> None:
+        for name in ("max_body", "max_n", "max_stop", "max_stop_chars", "max_logit_bias", "max_messages", "max_tools",
+                     "max_inputs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InvalidRequest(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+
+    def check(self, req: BaseModel) -> None:
+        """The request's sizes against the limits."""
+        def over(field: str, size: int, limit: int, what: str) -> None:
+            if size > limit:
+                raise APIError(400, f"{field}: {size} {what} is over this server's limit of {limit}", param=field,
+                               code="limit_exceeded")  # fmt: skip
+
+        get = lambda name: getattr(req, name, None)  # noqa: E731
+        if get("n") is not None:
+            over("n", int(get("n")), self.max_n, "completions")
+        stop = get("stop")
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
+        over("stop", len(stops), self.max_stop, "stop strings")
+        for st in stops:
+            over("stop", len(st), self.max_stop_chars, "characters in a stop string")
+        over("logit_bias", len(get("logit_bias") or {}), self.max_logit_bias, "entries")
+        over("messages", len(get("messages") or []), self.max_messages, "messages")
+        over("tools", len(get("tools") or []), self.max_tools, "tools")
+        for name in ("prompt", "input"):
+            v = get(name)
+            if isinstance(v, list) and v and not all(_is_int(t) for t in v):
+                over(name, len(v), self.max_inputs, "inputs")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 REFUSED_FIELDS = ("chat_template", "chat_template_kwargs")
 # accepted and without effect on generation (OpenAI platform bookkeeping)
@@ -206,10 +252,13 @@ class DetokenizeRequest(_Strict):
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse_body(raw: bytes, model: type[M]) -> M:
-    """Decode, parse and type-check a JSON request body; every failure is an APIError(400)."""
-    if len(raw) > MAX_BODY_BYTES:
-        raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+def parse_body(raw: bytes, model: type[M], limits: RequestLimits | None = None) -> M:
+    """Decode, parse and type-check a JSON request body, then check it against the limits;
+    every failure is an APIError(400), a body over the limit a 413."""
+    limits = limits or RequestLimits()
+    if len(raw) > limits.max_body:
+        raise APIError(413, f"the request body is larger than this server's limit of {limits.max_body} bytes",
+                       code="body_too_large")  # fmt: skip
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -235,6 +284,7 @@ def parse_body(raw: bytes, model: type[M]) -> M:
         raise APIError(400, f"{name}: this request field is not supported by edge-infer (the README lists the "
                        "fields it implements and the ones it accepts without effect)", param=name,
                        code="unsupported_parameter")  # fmt: skip
+    limits.check(req)
     return req
 
 

@@ -149,6 +149,11 @@ def _bad_cases() -> list[tuple[str, bytes, str]]:
         ("string array count", raw(lambda r: r.kv("x.many", gb.ARR, [], gb.STR)).replace(
             struct.pack("<Q", 6) + b"x.many" + struct.pack("<IIQ", gb.ARR, gb.STR, 0),
             struct.pack("<Q", 6) + b"x.many" + struct.pack("<IIQ", gb.ARR, gb.STR, 2**62)), "more than the file"),
+        ("boolean 7", raw(lambda r: r.kv("x.flag", gb.BOOL, True)).replace(
+            b"x.flag" + struct.pack("<I", gb.BOOL) + b"\x01", b"x.flag" + struct.pack("<I", gb.BOOL) + b"\x07"),
+         "x.flag': a boolean must be 0 or 1, got 7"),
+        ("boolean array 2", raw(lambda r: r.kv("x.flags", gb.ARR, [True, False, True], gb.BOOL)).replace(
+            b"\x01\x00\x01", b"\x01\x00\x02"), "[2]: a boolean must be 0 or 1, got 2"),
         ("numeric array count", raw(lambda r: r.kv("x.many", gb.ARR, [], gb.U8)).replace(
             struct.pack("<Q", 6) + b"x.many" + struct.pack("<IIQ", gb.ARR, gb.U8, 0),
             struct.pack("<Q", 6) + b"x.many" + struct.pack("<IIQ", gb.ARR, gb.U8, 2**40)), "past the end"),

@@ -24,7 +24,8 @@ def server(start_server, smollm2_path: Path):  # type: ignore[no-untyped-def]
     # One running sequence and no waiting room: a second concurrent request gets 429.
     return start_server(smollm2_path, "-t", "2", "--kv-cache-memory", "32MiB", "--max-model-len", "256",
                         "--max-num-seqs", "1", "--max-queue", "0", "--api-key", KEY,
-                        "--cors-origin", "http://ui.example")  # fmt: skip
+                        "--cors-origin", "http://ui.example", "--max-n", "4", "--max-messages", "8",
+                        "--max-body", "65536")  # fmt: skip
 
 
 def post(server: Any, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -74,6 +75,13 @@ BAD = [
     (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs"),
     (CHAT, {"messages": MSG, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     (CHAT, {"messages": MSG, "model": "nope"}, 404, "model"),
+    # the request limits (this server: --max-n 4 --max-messages 8 --max-body 65536)
+    (C, {"prompt": "x", "n": 5}, 400, "n"),
+    (C, {"prompt": "x", "stop": [f"s{i}" for i in range(17)]}, 400, "stop"),
+    (C, {"prompt": "x", "stop": ["y" * 513]}, 400, "stop"),
+    (C, {"prompt": "x", "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "logit_bias"),
+    (CHAT, {"messages": MSG * 9}, 400, "messages"),
+    (C, {"prompt": "x" * 70000}, 413, None),
     ("/tokenize", {"prompt": 5}, 400, "prompt"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
     ("/v1/nope", {}, 404, None),
@@ -168,3 +176,13 @@ def test_disconnect_aborts_and_frees_kv(server, get_metrics) -> None:  # type: i
     assert m["edge_infer_requests_aborted_total"] == aborted + 1
     assert m["edge_infer_generation_tokens_total"] - generated < 200  # stopped early, not run to the end
     assert post(server, C, {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_limit_defaults_in_help_are_the_servers() -> None:
+    import dataclasses
+
+    from edge_infer.cli.serve import LIMIT_FLAGS
+    from edge_infer.server.protocol import RequestLimits
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RequestLimits)}
+    assert {name: default for name, default, _ in LIMIT_FLAGS} == defaults
