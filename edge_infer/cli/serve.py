@@ -46,6 +46,10 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                    help="allow browser requests from ORIGIN (repeatable; '*' for any); off by default")  # fmt: skip
     p.add_argument("--shutdown-timeout", metavar="S", default="5",
                    help="on SIGTERM, seconds in-flight requests get to finish before they are aborted (default 5)")  # fmt: skip
+    p.add_argument("--read-timeout", metavar="S", default="30",
+                   help="seconds a request body may take to arrive; then 408 (default 30)")  # fmt: skip
+    p.add_argument("--write-timeout", metavar="S", default="60",
+                   help="seconds a streaming client may read nothing before it is dropped (default 60)")  # fmt: skip
     limits = p.add_argument_group("request limits (over one: a 400 naming it; the body: 413)")
     for name, default, what in LIMIT_FLAGS:
         limits.add_argument(f"--{name.replace('_', '-')}", metavar="N", help=f"{what} (default {default})")
@@ -91,13 +95,15 @@ def serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    from edge_infer.server.protocol import RequestLimits
+    from edge_infer.server.limits import RequestLimits
 
     given = {name: int_option(getattr(args, name), f"--{name.replace('_', '-')}", 1) for name, _, _ in LIMIT_FLAGS}
     limits = RequestLimits(**{k: v for k, v in given.items() if v is not None})
     settings = ServerSettings(config=config, model_name=name, aliases=(model,), api_keys=keys,
                               cors_origins=tuple(args.cors_origin or ()), max_queue=max_queue or 0,
                               chat_fallback=args.chat_template, shutdown_timeout=grace, limits=limits,
+                              read_timeout=_seconds(args.read_timeout, "--read-timeout"),
+                              write_timeout=_seconds(args.write_timeout, "--write-timeout"),
                               on_fatal=on_fatal)  # fmt: skip
     app = create_app(settings)
     uv = uvicorn.Config(app, host=args.host, port=port or 0, log_config=None, access_log=args.verbose >= 2,
@@ -110,6 +116,16 @@ def serve(args: argparse.Namespace) -> int:
     )
     server.run()
     return status["code"]
+
+
+def _seconds(value: str, flag: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise InvalidRequest(f"{flag} must be a number of seconds, got {value!r}") from None
+    if not v > 0:
+        raise InvalidRequest(f"{flag} must be positive, got {value!r}")
+    return v
 
 
 def _make_server(config: Any, on_signal: Callable[[], None]) -> Any:

@@ -26,21 +26,23 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from edge_infer._version import __version__
 from edge_infer.config import EngineConfig
 from edge_infer.errors import EdgeInferError
+from edge_infer.server import streaming
 from edge_infer.server.chat import create_chat_completion
 from edge_infer.server.completions import create_completion
 from edge_infer.server.embeddings import create_embeddings
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError, error_body, from_engine_error
+from edge_infer.server.limits import RequestLimits
 from edge_infer.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
-    RequestLimits,
     TokenizeRequest,
     parse_body,
     template_messages,
 )
+from edge_infer.server.schema import body_schema
 
 log = logging.getLogger("edge_infer.server")
 ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/health", "/metrics", "/tokenize", "/detokenize")  # fmt: skip
@@ -59,11 +61,14 @@ class ServerSettings:
     chat_fallback: str | None = None
     shutdown_timeout: float = 5.0
     limits: RequestLimits = field(default_factory=RequestLimits)
+    read_timeout: float = 30.0  # seconds for a request body to arrive (408 after)
+    write_timeout: float = 60.0  # seconds a streaming client may read nothing before it is dropped
     on_fatal: Callable[[str], None] | None = field(default=None, repr=False)
 
 
 def create_app(settings: ServerSettings) -> FastAPI:
     engine = AsyncEngine(settings.config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
+    streaming.WRITE_TIMEOUT_S[0] = settings.write_timeout
     created = int(time.time())
 
     @asynccontextmanager
@@ -79,8 +84,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
             if not loader.done():
                 loader.cancel()
 
+    # /openapi.json describes every route's body (the fuzz tests generate requests from it)
     app = FastAPI(title="edge-infer", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)  # fmt: skip
+                  openapi_url="/openapi.json")  # fmt: skip
     app.state.engine = engine
     app.state.settings = settings
 
@@ -109,7 +115,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def body(request: Request) -> bytes:
         authorize(request)
         engine.check_ready()
-        return await request.body()
+        try:  # a client that sends its body slowly (or never) does not hold a connection forever
+            return await asyncio.wait_for(request.body(), settings.read_timeout)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {settings.read_timeout:g}s",
+                           code="request_timeout") from None
 
     @app.get("/health")
     async def health() -> Response:
@@ -131,22 +141,22 @@ def create_app(settings: ServerSettings) -> FastAPI:
         authorize(request)
         return JSONResponse(_model_card(check_model(model), created, engine))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
         req = parse_body(await body(request), CompletionRequest, settings.limits)
         return await create_completion(req, engine, check_model(req.model), request.receive)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         req = parse_body(await body(request), ChatCompletionRequest, settings.limits)
         return await create_chat_completion(req, engine, check_model(req.model), request.receive)
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", openapi_extra=body_schema(EmbeddingRequest))
     async def embeddings(request: Request) -> Response:
         req = parse_body(await body(request), EmbeddingRequest, settings.limits)
         return JSONResponse(await create_embeddings(req, engine, check_model(req.model)))
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
     async def tokenize(request: Request) -> Response:
         req = parse_body(await body(request), TokenizeRequest, settings.limits)
         check_model(req.model)
@@ -162,7 +172,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
             ids = await engine.chat_prompt(msgs, add_generation_prompt=req.add_generation_prompt is not False)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len})
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))
     async def detokenize(request: Request) -> Response:
         req = parse_body(await body(request), DetokenizeRequest, settings.limits)
         check_model(req.model)

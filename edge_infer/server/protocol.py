@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -19,55 +18,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from edge_infer.errors import InvalidRequest
 from edge_infer.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.server.errors import APIError, from_engine_error
+from edge_infer.server.limits import RequestLimits
 
 log = logging.getLogger("edge_infer.server")
-
-MAX_BODY_BYTES = 32 * 2**20
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """Per-request limits of the server (`edge-infer serve --max-body ...`); going over one is a
-    400 (413 for the body) that names the field and the limit."""
-
-    max_body: int = MAX_BODY_BYTES  # bytes of a request body
-    max_n: int = 16  # completions per request (n)
-    max_stop: int = 16  # stop strings
-    max_stop_chars: int = 512  # characters of one stop string
-    max_logit_bias: int = 1024  # logit_bias entries
-    max_messages: int = 2048  # chat messages
-    max_tools: int = 128  # tools
-    max_inputs: int = 2048  # embeddings inputs / completions prompts
-
-    def __post_init__(self) -> None:
-        for name in ("max_body", "max_n", "max_stop", "max_stop_chars", "max_logit_bias", "max_messages", "max_tools",
-                     "max_inputs"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise InvalidRequest(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-
-    def check(self, req: BaseModel) -> None:
-        """The request's sizes against the limits."""
-        def over(field: str, size: int, limit: int, what: str) -> None:
-            if size > limit:
-                raise APIError(400, f"{field}: {size} {what} is over this server's limit of {limit}", param=field,
-                               code="limit_exceeded")  # fmt: skip
-
-        get = lambda name: getattr(req, name, None)  # noqa: E731
-        if get("n") is not None:
-            over("n", int(get("n")), self.max_n, "completions")
-        stop = get("stop")
-        stops = [stop] if isinstance(stop, str) else list(stop or ())
-        over("stop", len(stops), self.max_stop, "stop strings")
-        for st in stops:
-            over("stop", len(st), self.max_stop_chars, "characters in a stop string")
-        over("logit_bias", len(get("logit_bias") or {}), self.max_logit_bias, "entries")
-        over("messages", len(get("messages") or []), self.max_messages, "messages")
-        over("tools", len(get("tools") or []), self.max_tools, "tools")
-        for name in ("prompt", "input"):
-            v = get(name)
-            if isinstance(v, list) and v and not all(_is_int(t) for t in v):
-                over(name, len(v), self.max_inputs, "inputs")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 REFUSED_FIELDS = ("chat_template", "chat_template_kwargs")
 # accepted and without effect on generation (OpenAI platform bookkeeping)
@@ -377,3 +330,4 @@ def _is_int(x: object) -> bool:
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
+

@@ -67,8 +67,19 @@ def error_for(e: BaseException, draining: bool) -> APIError:
     return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
 
 
+WRITE_TIMEOUT_S = [60.0]  # a client that reads nothing for this long is dropped (set by create_app)
+
+
+async def _send(send: Send, message: dict[str, Any]) -> None:
+    try:
+        await asyncio.wait_for(send(message), WRITE_TIMEOUT_S[0])
+    except asyncio.TimeoutError:
+        raise ClientGone() from None
+
+
 class SSEResponse(Response):
-    """A response streaming `chunks` (dicts) as server-sent events."""
+    """A response streaming `chunks` (dicts) as server-sent events. A client that stops reading
+    for WRITE_TIMEOUT_S is treated as gone: its requests are aborted and their KV freed."""
 
     def __init__(self, chunks: AsyncIterator[dict[str, Any]], is_draining: Callable[[], bool]) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
@@ -95,18 +106,21 @@ class SSEResponse(Response):
     async def _produce(self, send: Send) -> None:
         try:
             try:
-                async for chunk in self.chunks:
-                    await send({"type": "http.response.body", "body": _event(chunk), "more_body": True})
-            finally:
-                await self.chunks.aclose()  # type: ignore[attr-defined]
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            err = error_for(e, self.is_draining())
-            body = err.body()
-            body["error"]["code"] = body["error"]["code"] or err.status
-            await send({"type": "http.response.body", "body": _event(body), "more_body": True})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                try:
+                    async for chunk in self.chunks:
+                        await _send(send, {"type": "http.response.body", "body": _event(chunk), "more_body": True})
+                finally:
+                    await self.chunks.aclose()  # type: ignore[attr-defined]
+            except (asyncio.CancelledError, ClientGone):
+                raise
+            except Exception as e:
+                err = error_for(e, self.is_draining())
+                body = err.body()
+                body["error"]["code"] = body["error"]["code"] or err.status
+                await _send(send, {"type": "http.response.body", "body": _event(body), "more_body": True})
+            await _send(send, {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        except ClientGone:
+            log.info("dropped a streaming client that read nothing for %.0fs", WRITE_TIMEOUT_S[0])
 
 
 def _event(obj: dict[str, Any]) -> bytes:

@@ -182,7 +182,7 @@ def test_limit_defaults_in_help_are_the_servers() -> None:
     import dataclasses
 
     from edge_infer.cli.serve import LIMIT_FLAGS
-    from edge_infer.server.protocol import RequestLimits
+    from edge_infer.server.limits import RequestLimits
 
     defaults = {f.name: f.default for f in dataclasses.fields(RequestLimits)}
     assert {name: default for name, default, _ in LIMIT_FLAGS} == defaults
