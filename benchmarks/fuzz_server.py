@@ -2,9 +2,10 @@
 suite runs a few hundred cases, this >= 5,000): no 5xx, no call left without an answer, the
 server healthy afterwards. Loopback only; ends by itself.
 
-    python benchmarks/fuzz_server.py [-m smollm2-135m] [--cases 300] [--json]
+    python benchmarks/fuzz_server.py [-m smollm2-135m] [--cases 500] [--json]
 
---cases is per route and generation mode (positive, negative): 300 gives ~5,000 calls.
+--cases is per route and generation mode (positive, negative): 500 gives ~5,000 calls (small
+routes run out of distinct cases sooner).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from conftest import launch  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", default="smollm2-135m")
-    ap.add_argument("--cases", type=int, default=300)
+    ap.add_argument("--cases", type=int, default=500)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     logs = Path("/tmp/edge-infer-fuzz")
