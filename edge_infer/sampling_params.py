@@ -47,11 +47,8 @@ class StructuredOutputsParams:
 
     @classmethod
     def from_dict(cls, options: dict) -> StructuredOutputsParams:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise InvalidRequest(f"unknown structured outputs option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        return cls(**options)
+        """Build from a dict, rejecting unknown keys with a message that names them."""
+        return cls(**_known_options(cls, options, "structured outputs option"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +156,16 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, options: dict) -> SamplingParams:
         """Build from a dict, rejecting unknown keys with a message that names them."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise InvalidRequest(f"unknown sampling option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        return cls(**options)
+        return cls(**_known_options(cls, options, "sampling option"))
+
+
+def _known_options(cls: type, options: dict, what: str) -> dict:
+    """options, when every key is a field of the dataclass cls; else InvalidRequest naming them."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InvalidRequest(f"unknown {what}(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return options
 
 
 def _check_int(name: str, v: object, low: int) -> None:

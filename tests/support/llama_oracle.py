@@ -66,8 +66,8 @@ class LlamaCpp:
         assert self.ctx, "llama.cpp could not create a context"
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
 
-    def logits(self, ids: list[int]) -> np.ndarray:
-        """float32 [len(ids), vocab]: one sequence from position 0, in one batch."""
+    def _decode(self, ids: list[int]) -> None:
+        """One sequence from position 0 in one batch, every row output, the memory cleared first."""
         lc, n = self.lc, len(ids)
         lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
         b = lc.llama_batch_init(n, 0, 1)
@@ -77,28 +77,22 @@ class LlamaCpp:
                 b.seq_id[i][0] = 0
             b.n_tokens = n
             assert lc.llama_decode(self.ctx, b) == 0, "llama_decode failed"
-            out = np.empty((n, self.n_vocab), np.float32)
-            for i in range(n):
-                out[i] = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
-            return out
         finally:
             lc.llama_batch_free(b)
 
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """float32 [len(ids), vocab]: one sequence from position 0, in one batch."""
+        self._decode(ids)
+        out = np.empty((len(ids), self.n_vocab), np.float32)
+        for i in range(len(ids)):
+            out[i] = np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
+        return out
+
     def embedding(self, ids: list[int]) -> np.ndarray:
         """float32 [n_embd]: the pooled embedding of one sequence (an embeddings context)."""
-        lc, n = self.lc, len(ids)
-        lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
-        b = lc.llama_batch_init(n, 0, 1)
-        try:
-            for i, t in enumerate(ids):
-                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, i, 1, 1
-                b.seq_id[i][0] = 0
-            b.n_tokens = n
-            assert lc.llama_decode(self.ctx, b) == 0, "llama_decode failed"
-            width = lc.llama_model_n_embd(self.model)
-            return np.ctypeslib.as_array(lc.llama_get_embeddings_seq(self.ctx, 0), shape=(width,)).copy()
-        finally:
-            lc.llama_batch_free(b)
+        self._decode(ids)
+        width = self.lc.llama_model_n_embd(self.model)
+        return np.ctypeslib.as_array(self.lc.llama_get_embeddings_seq(self.ctx, 0), shape=(width,)).copy()
 
     def close(self) -> None:
         self.lc.llama_free(self.ctx)
