@@ -7,10 +7,9 @@ Layout (little-endian):
     padding to `general.alignment` (default 32) | tensor data
     string = u64 length + UTF-8 bytes; array = u32 elem_type + u64 count + elements
 
-Every count and length is checked against the bytes that remain before it is trusted,
-so a malformed file raises GGUFError (naming the field and byte offset), never a
-struct/index/unicode/memory error, a hang or a huge allocation.
-"""
+Every count and length is checked against the bytes that remain before it is trusted, and
+booleans must be 0 or 1, so a malformed file raises GGUFError (naming the field and byte
+offset), never a struct/index/unicode/memory error, a hang or a huge allocation."""
 
 from __future__ import annotations
 
@@ -196,8 +195,7 @@ def _read_value(cur: _Cursor, vtype: int, what: str, in_array: bool = False) -> 
             raise cur.fail(f"{what} declares {count} elements of {dt.itemsize} bytes, past the end of the file")
         arr = np.frombuffer(cur.buf, dtype=dt, count=count, offset=cur.pos)
         if etype == ValueType.BOOL and count and int(arr.max()) > 1:
-            bad = int(np.argmax(arr > 1))
-            raise cur.fail(f"{what}[{bad}]: a boolean must be 0 or 1, got {int(arr[bad])}", cur.pos + bad)
+            raise cur.fail(f"{what}[{(i := int(np.argmax(arr > 1)))}]: a boolean must be 0 or 1, got {arr[i]}", cur.pos + i)
         cur.pos += count * dt.itemsize
         return arr.astype(bool).tolist() if etype == ValueType.BOOL else arr.tolist()
     raise cur.fail(f"{what}: unknown value type {vtype}")
