@@ -74,16 +74,11 @@ class GrammarCompiler:
         llguidance cannot compile it."""
         import llguidance
 
-        grammar = grammar_text(so)
-        ll = self._lltokenizer()
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll)
-        if is_error:
-            raise InvalidRequest(f"structured outputs: the constraint does not compile: {messages[0]}")
-        first = llguidance.LLMatcher(ll, grammar, log_level=0)
+        first = llguidance.LLMatcher(self._lltokenizer(), grammar_text(so), log_level=0)  # compiles it
         if first.is_error():
             raise InvalidRequest(f"structured outputs: the constraint does not compile: {first.get_error()}")
         matchers = [first] + [first.deep_copy() for _ in range(n - 1)]
-        return [_masker(m, self._vocab_size) for m in matchers]
+        return [_masker(m) for m in matchers]
 
 
 def grammar_text(so: StructuredOutputsParams) -> str:
@@ -111,9 +106,8 @@ def grammar_text(so: StructuredOutputsParams) -> str:
         raise InvalidRequest(f"structured outputs: {e}") from None
 
 
-def _masker(matcher: Any, vocab_size: int) -> LogitsProcessor:
+def _masker(matcher: Any) -> LogitsProcessor:
     consumed: list[int] = []  # the tokens the matcher has taken, in order
-    bits = np.empty(-(-vocab_size // 32) * 32, np.bool_)
 
     def mask(prompt: list[int], output: list[int], x: np.ndarray) -> None:
         same = 0
@@ -127,8 +121,8 @@ def _masker(matcher: Any, vocab_size: int) -> LogitsProcessor:
             if not matcher.consume_token(t):
                 raise RuntimeError(f"structured outputs: token {t} violates the grammar: {matcher.get_error()}")
             consumed.append(t)
-        words = np.frombuffer(matcher.compute_bitmask(), np.uint8)
-        bits[:] = np.unpackbits(words, bitorder="little").astype(np.bool_)[: bits.size]
-        x[~bits[: x.size]] = -np.inf
+        words = np.frombuffer(matcher.compute_bitmask(), np.uint8)  # bit t of the mask: token t allowed
+        allowed = np.unpackbits(words, count=x.size, bitorder="little").view(np.bool_)
+        x[~allowed] = -np.inf
 
     return mask
