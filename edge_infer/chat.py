@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from edge_infer.formats.gguf import GGUFFile
     from edge_infer.tokenizer import Tokenizer
 
-__all__ = ["BUILTIN_STOPS", "BUILTIN_TEMPLATES", "ChatTemplate"]
+__all__ = ["BUILTIN_STOPS", "BUILTIN_TEMPLATES", "ChatTemplate", "chat_by_default"]
 
 BUILTIN_TEMPLATES: dict[str, str] = {
     "chatml": (
@@ -46,6 +46,25 @@ BUILTIN_TEMPLATES: dict[str, str] = {
 # Text that ends a reply under a built-in template whose markers may not be special tokens of
 # the model's vocabulary (then EOS detection alone would not stop the model).
 BUILTIN_STOPS: dict[str, tuple[str, ...]] = {"chatml": ("<|im_end|>", "<|im_start|>")}
+
+# "base" as a word of a model's name or fine-tune label: a base model ships a template at times
+# (Qwen's do) but continues text rather than answering.
+_BASE_WORD = re.compile(r"(?<![a-z0-9])base(?![a-z0-9])", re.IGNORECASE)
+
+
+def chat_by_default(metadata: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether a prompt to this model should go through its chat template unless asked
+    otherwise (llama-cli's conversation auto-mode, Ollama's `run`), and why, in words: the file
+    has a `tokenizer.chat_template` and its `general.name` / `general.finetune` do not call it a
+    base model."""
+    template = metadata.get("tokenizer.chat_template")
+    if not (isinstance(template, str) and template.strip()):
+        return False, "the model has no chat template"
+    for key in ("general.finetune", "general.name"):
+        value = metadata.get(key)
+        if isinstance(value, str) and _BASE_WORD.search(value):
+            return False, f"the model calls itself a base model ({key} {value!r})"
+    return True, "the model has a chat template"
 
 
 class _GenerationTag(jinja2.ext.Extension):

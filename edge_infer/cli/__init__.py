@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from edge_infer._version import __version__
-from edge_infer.cli import bench, chat, inspect, models, perplexity, run, serve
+from edge_infer.cli import bench, chat, doctor, inspect, models, perplexity, run, serve
 from edge_infer.errors import EdgeInferError
 
 Register = Callable[[Any, list[argparse.ArgumentParser]], None]
@@ -25,7 +25,7 @@ Register = Callable[[Any, list[argparse.ArgumentParser]], None]
 _COMMANDS: tuple[Register, ...] = (
     models.register_pull, models.register_models, inspect.register,
     run.register, chat.register, perplexity.register, bench.register,
-    serve.register,
+    serve.register, doctor.register,
 )  # fmt: skip
 
 
@@ -36,9 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     # main() adds them up.
     verbose = argparse.ArgumentParser(add_help=False)
     verbose.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    verbose.add_argument("-q", "--quiet", action="store_true", help="no notes on stderr (errors still)")
     parser = argparse.ArgumentParser(prog="edge-infer", description="CPU-first LLM inference for GGUF models.")
     parser.add_argument("-v", "--verbose", dest="verbose_before", action="count", default=0,
                         help="log more (-vv: debug)")
+    parser.add_argument("-q", "--quiet", dest="quiet_before", action="store_true",
+                        help="no notes on stderr, such as the one while kernels compile (errors still)")
     parser.add_argument("--version", action="version", version=f"edge-infer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in _COMMANDS:
@@ -53,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, usage errors: argparse already printed them
         return e.code if isinstance(e.code, int) else 2
     args.verbose = getattr(args, "verbose", 0) + getattr(args, "verbose_before", 0)
+    args.quiet = getattr(args, "quiet", False) or getattr(args, "quiet_before", False)
     level = logging.WARNING if not args.verbose else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="edge-infer: %(levelname)s: %(name)s: %(message)s")
     logging.getLogger("edge_infer").setLevel(level)

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,11 @@ def load_llm(args: argparse.Namespace, model: str | os.PathLike[str] | None = No
 
     opts = engine_options(args)
     t0 = time.perf_counter()
-    llm = LLM(str(model or args.model), **opts)
+    remove = compile_notice(args)
+    try:
+        llm = LLM(str(model or args.model), **opts)
+    finally:
+        remove()
     if args.verbose:
         extra = f", seed {opts['seed']}" if "seed" in opts else ""
         spec = opts.get("speculative")
@@ -40,6 +44,24 @@ def load_llm(args: argparse.Namespace, model: str | os.PathLike[str] | None = No
         print(f"edge-infer: loaded {Path(llm.plan.model_path).name} in {time.perf_counter() - t0:.2f} s "
               f"({llm.plan.n_threads} threads, context {llm.plan.max_model_len}{extra})", file=sys.stderr)  # fmt: skip
     return llm
+
+
+COMPILE_NOTE = ("edge-infer: compiling the kernels for this CPU ({cpu}): a one-time step of about a minute "
+                "(longer on slow CPUs); later runs load them from the cache in seconds")
+
+
+def compile_notice(args: argparse.Namespace) -> Callable[[], None]:
+    """Print COMPILE_NOTE on stderr when the first kernel of this process has to be compiled
+    (not loaded from numba's cache), unless -q; returns the function that removes the hook."""
+    if getattr(args, "quiet", False):
+        return lambda: None
+    from edge_infer.kernels_cpu.jit_cache import on_first_compile
+    from edge_infer.kernels_cpu.target import cpu_name
+
+    def note(kernel: str) -> None:
+        print(COMPILE_NOTE.format(cpu=cpu_name()), file=sys.stderr, flush=True)
+
+    return on_first_compile(note)
 
 
 def stream_request(llm: LLM, prompt: str | list[int], params: SamplingParams,

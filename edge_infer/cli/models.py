@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from edge_infer.cli.inspect import human_bytes
@@ -39,7 +40,9 @@ def register_models(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_cmd_models)
 
 
-def _cmd_models(args: argparse.Namespace) -> int:
+def list_models() -> dict[str, Any]:
+    """The known models (size, licence, cached or not, path) and the other .gguf files in the
+    cache: what `models --json` prints."""
     from edge_infer import hub
 
     rows = []
@@ -54,11 +57,18 @@ def _cmd_models(args: argparse.Namespace) -> int:
     known = {hub.cached_path(n).name for n in hub.KNOWN_MODELS}
     d = hub.models_dir()
     others = sorted(p for p in d.glob("*.gguf") if p.name not in known) if d.is_dir() else []
+    other_rows = [{"path": str(p), "size": p.stat().st_size} for p in others]
+    return {"cache_dir": str(d), "default": hub.DEFAULT_MODEL, "models": rows, "other_files": other_rows}
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from edge_infer import hub
+
+    listing = list_models()
     if args.json:
-        other_rows = [{"path": str(p), "size": p.stat().st_size} for p in others]
-        out = {"cache_dir": str(d), "default": hub.DEFAULT_MODEL, "models": rows, "other_files": other_rows}
-        print(json.dumps(out, indent=2))
+        print(json.dumps(listing, indent=2))
         return 0
+    rows, d = listing["models"], listing["cache_dir"]
     print(f"cache: {d}")
     name_w = max(len(r["name"]) for r in rows) + 2
     lic_w = max(len(r["license"]) for r in rows) + 2
@@ -69,8 +79,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
             f"{r['name']:<{name_w}}{human_bytes(r['size']):>10}  {r['license']:<{lic_w}}"
             f"{r['cached']:<12}{r['description']}{mark}"
         )
-    if others:
+    if listing["other_files"]:
         print("other .gguf files in the cache:")
-        for p in others:
-            print(f"  {p.name}  {human_bytes(p.stat().st_size)}")
+        for o in listing["other_files"]:
+            print(f"  {Path(o['path']).name}  {human_bytes(o['size'])}")
     return 0

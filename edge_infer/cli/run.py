@@ -30,7 +30,9 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "to stdout. The prompt is PROMPT, -p, the file of -f, or stdin (PROMPT '-' or piped input). "
         "The default model is pulled on first use. -v prints load time, prompt tokens, time to "
         "first token and decode speed on stderr (and, with --spec, the acceptance rate and tokens per "
-        "step). " + SAMPLING_HELP,
+        "step). A model whose GGUF has a chat template (and does not call itself a base model) gets the "
+        "prompt as a user message in it, as llama-cli and Ollama do; --raw continues the text instead. "
+        + SAMPLING_HELP,
     )  # fmt: skip
     p.add_argument("prompt_arg", nargs="?", metavar="PROMPT", help="the prompt text, or - to read stdin")
     p.add_argument("-p", "--prompt", help="the prompt text")
@@ -38,11 +40,14 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     add_model_args(p)
     add_sampling_args(p, default_n=128)
     add_spec_args(p)
-    p.add_argument(
-        "--chat", action="store_true", help="wrap the prompt as one user message in the model's chat template"
-    )
-    p.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the prompt")
-    p.add_argument("--template", metavar="NAME", help="with --chat: force a built-in template (chatml)")
+    mode = p.add_argument_group("chat template")
+    pick = mode.add_mutually_exclusive_group()
+    pick.add_argument("--chat", action="store_true",
+                      help="wrap the prompt as one user message in the model's chat template (the default "
+                      "for a model with a template that does not call itself a base model)")  # fmt: skip
+    pick.add_argument("--raw", action="store_true", help="plain completion: continue the prompt text as it is")
+    mode.add_argument("--system", metavar="TEXT", help="a system message before the prompt (chat mode)")
+    mode.add_argument("--template", metavar="NAME", help="force a built-in chat template (chatml)")
     p.set_defaults(func=run)
 
 
@@ -72,20 +77,32 @@ def read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
+def chat_mode(args: argparse.Namespace, path: Path) -> tuple[bool, str]:
+    """Whether to use a chat template (--chat, --system or --template; not --raw; else what
+    the model's file suggests) and why, in words for -v."""
+    if args.raw:
+        if args.system is not None or args.template is not None:
+            raise InvalidRequest("--system and --template are for chat mode: drop --raw")
+        return False, "--raw"
+    if args.chat or args.system is not None or args.template is not None:
+        return True, "asked for"
+    from edge_infer.chat import chat_by_default
+    from edge_infer.formats.gguf import GGUFFile
+
+    with GGUFFile(path) as f:
+        return chat_by_default(f.metadata)
+
+
 def run(args: argparse.Namespace) -> int:
     """Stream the completion of the prompt to stdout; returns the exit code."""
-    if (args.system is not None or args.template is not None) and not args.chat:
-        raise InvalidRequest("--system and --template need --chat")
+    from edge_infer import hub
+
     text = read_prompt(args)
     params = sampling_params(args)
     engine_options(args)  # fail on a bad -t/--seed before loading anything
-    encoder = None
-    model: str | Path = args.model
-    if args.chat:
-        from edge_infer import hub
-
-        model = hub.resolve_model(args.model)
-        encoder = ChatEncoder.for_model(model, args.template)  # no template: fail before the load
+    model = hub.resolve_model(args.model)
+    chat, why = chat_mode(args, model)
+    encoder = ChatEncoder.for_model(model, args.template) if chat else None  # no template: fail before the load
     llm = load_llm(args, model)
     try:
         prompt: str | list[int] = text
@@ -93,18 +110,40 @@ def run(args: argparse.Namespace) -> int:
             messages = [{"role": "system", "content": args.system}] if args.system is not None else []
             prompt = encoder.encode(llm, [*messages, {"role": "user", "content": text}])
             params = encoder.params(params)
+        if args.verbose:
+            how = "chat mode" if encoder else "plain completion"
+            hint = "; --raw for plain completion" if encoder and why != "asked for" else ""
+            print(f"edge-infer: {how} ({why}{hint})", file=sys.stderr)
         final: list[RequestOutput] = []
-        last = ""
+        written = ""
         for delta in stream_request(llm, prompt, params, final):
             sys.stdout.write(delta)
             sys.stdout.flush()
-            last = delta
-        if not last.endswith("\n"):
+            written += delta
+        if not written.endswith("\n"):
             sys.stdout.write("\n")
         sys.stdout.flush()
+        if not written.strip():
+            explain_empty(final[0] if final else None, chat, model)
         if args.verbose and final:
             print_figures(final[0])
             print_spec_figures(llm)
     finally:
         llm.close()
     return 0
+
+
+def explain_empty(out: RequestOutput | None, chat: bool, model: Path) -> None:
+    """One stderr line for an answer with no visible text: why, and what to try."""
+    n = len(out.outputs[0].token_ids) if out is not None and out.outputs else 0
+    reason = out.finish_reason if out is not None else None
+    what = "ended at once" if reason == "stop" and n <= 1 else f"wrote only whitespace ({n} tokens, {reason})"
+    if chat:
+        hint = "try --raw for plain completion, or rephrase the prompt"
+    else:
+        from edge_infer.formats.gguf import GGUFFile
+
+        with GGUFFile(model) as f:
+            has_template = bool(str(f.metadata.get("tokenizer.chat_template") or "").strip())
+        hint = "try --chat (the model has a chat template)" if has_template else "try a longer or different prompt"
+    print(f"edge-infer: the model {what}: {hint}", file=sys.stderr)

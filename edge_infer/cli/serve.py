@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_infer.cli.args import add_model_args, add_spec_args, engine_options, int_option
+from edge_infer.cli.common import compile_notice
 from edge_infer.errors import InvalidRequest
 
 
@@ -114,7 +115,11 @@ def serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    server.run()
+    remove = compile_notice(args)  # the model loads (and the kernels compile) inside server.run()
+    try:
+        server.run()
+    finally:
+        remove()
     return status["code"]
 
 

@@ -21,3 +21,12 @@ def assert_one_line_error(rc: int, err: str, *needles: str) -> None:
     assert "Traceback" not in err
     for n in needles:
         assert n in err, err
+
+
+def without_compile_note(err: str) -> str:
+    """stderr without the one-time line of a first run that compiles the kernels (a cold JIT
+    cache in CI prints it in whichever test loads a model first)."""
+    from edge_infer.cli.common import COMPILE_NOTE
+
+    head = COMPILE_NOTE.split("{", 1)[0]
+    return "".join(line for line in err.splitlines(keepends=True) if not line.startswith(head))

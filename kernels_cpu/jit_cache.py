@@ -1,0 +1,134 @@
+"""numba's on-disk cache of the compiled kernels: where it is, which kernels it holds for this
+CPU and this source, and a hook on the first kernel a process has to compile (so a command
+line can say why the first run takes a minute).
+
+numba keys a cached kernel by its signature, the target (LLVM triple, CPU name, features) and a
+hash of the function's bytecode; an entry from another CPU or an older source does not count.
+The index files are read with numba's own cache classes (private API, stable since 0.49): if
+that ever fails, the status says "unknown" rather than guessing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from numba.core import event
+
+# The modules with kernels (and the non-inlined helpers they call) of this package.
+KERNEL_MODULES = ("attention", "dequant", "matmul", "matmul_i8", "matmul_k", "matmul_experts", "membw", "moe",
+                  "ops", "repack_i8", "repack_k", "simd_i8", "simd_k")  # fmt: skip
+_PACKAGE = __name__.rsplit(".", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class JitCacheStatus:
+    """location: the cache folder of this package's kernels (None when numba has none);
+    writable: whether numba can save there; kernels: compiled-for-this-CPU / all, per module
+    ({"attention": (5, 5), ...}); error: why the index could not be read, else None."""
+
+    location: str | None
+    writable: bool
+    kernels: dict[str, tuple[int, int]]
+    error: str | None = None
+
+    @property
+    def compiled(self) -> int:
+        return sum(c for c, _ in self.kernels.values())
+
+    @property
+    def total(self) -> int:
+        return sum(t for _, t in self.kernels.values())
+
+    @property
+    def state(self) -> str:
+        """"warm" (every kernel cached for this CPU), "partly warm", "cold" or "unknown"."""
+        if self.error is not None or not self.total:
+            return "unknown"
+        return "warm" if self.compiled == self.total else "cold" if not self.compiled else "partly warm"
+
+
+def _dispatchers(module: Any) -> list[Any]:
+    """The module's own cached, not-always-inlined numba functions (an inlined helper is
+    compiled into its callers and never has a cache entry of its own)."""
+    from numba.core.registry import CPUDispatcher
+
+    out = []
+    for obj in vars(module).values():
+        if not isinstance(obj, CPUDispatcher) or obj.py_func.__module__ != module.__name__:
+            continue
+        if obj.targetoptions.get("inline") == "always" or not hasattr(obj._cache, "_cache_file"):
+            continue  # inlined, or not cached (numba's NullCache)
+        out.append(obj)
+    return out
+
+
+def _cached_for_this_target(d: Any) -> bool:
+    """Whether d's index file has an entry for this CPU and d's current bytecode."""
+    cache = d._cache
+    want = cache._index_key(None, d.targetctx.codegen())[1:]
+    return any(key[1:] == want for key in cache._cache_file._load_index())
+
+
+def jit_cache_status() -> JitCacheStatus:
+    """The cache's location and, per kernel module, how many of its kernels are compiled for
+    this CPU (imports the kernel modules: about a second, compiles nothing)."""
+    kernels: dict[str, tuple[int, int]] = {}
+    location: str | None = None
+    try:
+        for name in KERNEL_MODULES:
+            found = _dispatchers(importlib.import_module(f"{_PACKAGE}.{name}"))
+            kernels[name] = (sum(_cached_for_this_target(d) for d in found), len(found))
+            if location is None and found and hasattr(found[0]._cache, "_cache_path"):
+                location = str(found[0]._cache._cache_path)
+    except Exception as e:  # numba's private cache API changed: say so, guess nothing
+        return JitCacheStatus(location, False, kernels, f"{type(e).__name__}: {e}")
+    writable = location is not None and os.access(location if os.path.isdir(location) else
+                                                  os.path.dirname(location), os.W_OK)  # fmt: skip
+    return JitCacheStatus(location, writable, kernels)
+
+
+class _FirstCompile(event.Listener):
+    """A numba event listener that calls `callback(qualname)` once, at the first kernel of this
+    package that is compiled (not loaded from the cache) after it was installed."""
+
+    def __init__(self, callback: Callable[[str], None]) -> None:
+        self.callback = callback
+        self.fired = False
+        self.lock = threading.Lock()
+
+    def on_start(self, ev: Any) -> None:
+        if self.fired:
+            return
+        d = (ev.data or {}).get("dispatcher")
+        module = getattr(getattr(d, "py_func", None), "__module__", "") or ""
+        if not module.startswith(_PACKAGE + "."):
+            return
+        with self.lock:
+            if self.fired:
+                return
+            self.fired = True
+        self.callback(f"{module.rsplit('.', 1)[-1]}.{d.py_func.__qualname__}")
+
+    def on_end(self, ev: Any) -> None:
+        pass
+
+
+def on_first_compile(callback: Callable[[str], None]) -> Callable[[], None]:
+    """Call `callback(kernel name)` once, when this process first compiles one of the package's
+    kernels (a cache miss: a first run, a new CPU or a new version); returns a function that
+    removes the hook. numba compiles on whichever thread calls the kernel first."""
+    listener = _FirstCompile(callback)
+    event.register("numba:compile", listener)
+
+    def remove() -> None:
+        try:
+            event.unregister("numba:compile", listener)
+        except ValueError:  # already removed
+            pass
+
+    return remove

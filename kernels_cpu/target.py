@@ -1,0 +1,75 @@
+"""What the CPU kernels are compiled for: LLVM's CPU name, the instruction-set features the
+kernels choose code by, and which matmul path each GGUF weight type takes on this target
+(what `edge-infer doctor` reports)."""
+
+from __future__ import annotations
+
+import platform
+
+from gguf import GGMLQuantizationType
+from numba.core import config
+
+from ._jit import target_has
+from .backend import I8_TYPES, K_TYPES
+from .dequant import KERNEL_TYPES
+from .simd_i8 import HAS_VNNI
+
+# The LLVM features the kernels' code depends on: the int8 dot products (VNNI, else plain vector
+# IR that LLVM lowers with what the target has), 512-bit vectors, F16C half conversions.
+X86_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avxvnni", "amx-int8")
+ARM_FEATURES = ("neon", "dotprod", "fullfp16", "i8mm")
+
+
+def is_x86() -> bool:
+    """Whether this machine is x86-64 (or 32-bit x86)."""
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def cpu_name() -> str:
+    """The CPU LLVM compiles for: NUMBA_CPU_NAME when set, else the host's (e.g. "znver4")."""
+    if config.CPU_NAME:
+        return str(config.CPU_NAME)
+    import llvmlite.binding as llvm
+
+    return str(llvm.get_host_cpu_name())
+
+
+def features() -> dict[str, bool]:
+    """Each feature the kernels care about on this architecture -> whether the target has it."""
+    names = X86_FEATURES if is_x86() else ARM_FEATURES
+    return {f: target_has("+" + f) for f in names}
+
+
+def int8_isa() -> str:
+    """How the int8 dot products are computed: "AVX-512 VNNI" (vpdpbusd), or the plain vector
+    IR lowered by LLVM for the best vectors the target has ("AVX-512", "AVX2", "NEON",
+    "generic")."""
+    if HAS_VNNI:
+        return "AVX-512 VNNI"
+    if not is_x86():
+        return "NEON" if platform.machine().lower() in ("aarch64", "arm64") else "generic"
+    if target_has("+avx512bw"):
+        return "AVX-512"
+    return "AVX2" if target_has("+avx2") else "generic"
+
+
+FLOAT_PATH = "float (blocks decoded to float32)"
+
+
+def matrix_path(qtype: int, cols: int, role: str = "layer") -> str:
+    """The matmul path of one matrix (GGML type id, row length, role "layer" | "output"), as
+    CpuBackend.prepare_weights decides it: the int8 kernel for 4-, 5- and 8-bit layer matrices
+    and a Q8_0 output with rows of whole 32-blocks, the K-quant int8 kernel for Q4_K / Q5_K /
+    Q6_K with rows of whole 256-blocks, else the float path."""
+    isa = int8_isa()
+    if qtype in I8_TYPES[role] and cols % 32 == 0:
+        return f"int8 {isa}"
+    if qtype in K_TYPES and cols % 256 == 0:
+        return f"int8 {isa} (K-quant kernel)"
+    return FLOAT_PATH
+
+
+def matmul_paths() -> dict[str, str]:
+    """GGUF weight type name -> the path a layer matrix of it takes here (rows a multiple of
+    256 wide), e.g. {"Q4_K": "int8 AVX-512 VNNI (K-quant kernel)", "F16": "float (...)"}."""
+    return {GGMLQuantizationType(t).name: matrix_path(t, 256) for t in KERNEL_TYPES}
