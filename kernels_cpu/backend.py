@@ -5,6 +5,7 @@ of this package and host numpy arrays. It decides which matrices the int8 kernel
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numba
 import numpy as np
@@ -122,6 +123,25 @@ class CpuBackend:
                 for a in layer:
                     if a.size:
                         a[dst] = a[src]
+
+    # -- memory and the step's inputs and outputs (host arrays already) -----------------------
+    @staticmethod
+    def memory_available() -> int:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+
+    @staticmethod
+    def upload_inputs(inp: Any) -> Any:
+        return inp
+
+    @staticmethod
+    def output_buffer(rows: int, cols: int) -> np.ndarray:
+        return np.empty((rows, cols), np.float32)
+
+    @staticmethod
+    def to_host(x: np.ndarray, scratch: bool) -> np.ndarray:
+        return np.array(x, dtype=np.float32) if scratch else x
 
     # -- compute -----------------------------------------------------------------------------
     def matmuls(self, x: np.ndarray, ws: Sequence[QMatrix], outs: Sequence[np.ndarray], work: Workspace) -> None:

@@ -43,6 +43,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-t", "--threads", metavar="N", help="compute threads (default: physical cores)")
     p.add_argument("--max-model-len", metavar="N", help="context length (default: the model's, capped by the KV budget)")  # fmt: skip
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where to run: auto = an NVIDIA GPU when numba-cuda (the [cuda] extra) finds one and "
+                   "the model is supported, else the CPU (default auto)")  # fmt: skip
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -119,6 +122,8 @@ def engine_options(args: argparse.Namespace, *, min_model_len: int | None = None
         v = int_option(getattr(args, attr), flag, low)
         if v is not None:
             opts[key] = v
+    if getattr(args, "device", None) is not None:
+        opts["device"] = args.device
     if getattr(args, "kv_cache_memory", None) is not None:
         opts["kv_cache_memory"] = args.kv_cache_memory
     if hasattr(args, "seed"):

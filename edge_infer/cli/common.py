@@ -42,7 +42,7 @@ def load_llm(args: argparse.Namespace, model: str | os.PathLike[str] | None = No
             draft = f" {Path(spec['model']).name}" if "model" in spec else ""
             extra += f", speculative {spec['method']}{draft} k {spec.get('k', 4)}"
         print(f"edge-infer: loaded {Path(llm.plan.model_path).name} in {time.perf_counter() - t0:.2f} s "
-              f"({llm.plan.n_threads} threads, context {llm.plan.max_model_len}{extra})", file=sys.stderr)  # fmt: skip
+              f"({llm.plan.device}, {llm.plan.n_threads} threads, context {llm.plan.max_model_len}{extra})", file=sys.stderr)  # fmt: skip
     return llm
 
 

@@ -9,15 +9,16 @@ import time
 from dataclasses import dataclass
 
 from edge_infer import hub
-from edge_infer.config import EngineConfig, RuntimePlan, default_threads
+from edge_infer.config import EngineConfig, RuntimePlan
 from edge_infer.engine.block_manager import BlockManager
+from edge_infer.engine.device import make_backend
 from edge_infer.engine.model_runner import ModelRunner, kv_block_bytes
 from edge_infer.engine.scheduler import ScheduledChunk, Scheduler
 from edge_infer.engine.sequence import Sequence
 from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
 from edge_infer.formats.gguf import GGUFFile
-from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.models import config_from_gguf
+from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.weights import decode_weight_bytes, load_weights
 from edge_infer.sampling_params import SamplingParams
@@ -43,16 +44,20 @@ class LoadedModel:
 LOAD_OVERHEAD = 256 * 2**20  # compiled kernels, workspace, tokenizer: beyond the file and the pool
 
 
-def kv_budget(config: EngineConfig, per_token: int = 0, context: int = 0) -> int:
-    """The KV pool's bytes: kv_cache_memory when given, else a quarter of the memory available
-    now (after the weights), at most 4 GiB and at most what max_num_seqs sequences of the
-    longest allowed length can fill (per_token bytes each; a small model on a small machine is
-    not handed a pool it cannot use)."""
+def kv_budget(config: EngineConfig, per_token: int = 0, context: int = 0, backend: Backend | None = None) -> int:
+    """The KV pool's bytes: kv_cache_memory when given, else a quarter of the host memory
+    available now (after the weights), at most 4 GiB (on a GPU: the backend's share of the free
+    device memory), and at most what max_num_seqs sequences of the longest allowed length can
+    fill (per_token bytes each; a small model on a small machine is not handed a pool it cannot
+    use)."""
     if config.kv_cache_memory is not None:
         return int(config.kv_cache_memory)
-    import psutil
+    if backend is None or backend.name == "cpu":
+        import psutil
 
-    budget = min(DEFAULT_KV_CAP, psutil.virtual_memory().available * DEFAULT_KV_SHARE)
+        budget = min(DEFAULT_KV_CAP, psutil.virtual_memory().available * DEFAULT_KV_SHARE)
+    else:
+        budget = backend.memory_available()
     if per_token and context:
         budget = min(budget, per_token * min(config.max_model_len or context, context) * config.max_num_seqs)
     return int(budget)
@@ -77,19 +82,17 @@ def check_fits(path: str, file_bytes: int, config: EngineConfig) -> None:
 
 def load_model(config: EngineConfig) -> LoadedModel:
     t0 = time.perf_counter()
-    if config.device == "cuda":
-        raise InvalidRequest("device='cuda' is not available in this build; use device='cpu' or 'auto'")
     path = hub.resolve_model(config.model)
     check_fits(str(path), os.path.getsize(path), config)
     f = GGUFFile(path)
     cfg = config_from_gguf(f)
-    backend = CpuBackend(config.n_threads or default_threads())
+    backend = make_backend(config, cfg)
     n_threads = backend.n_threads
     weights = load_weights(f, cfg, backend)
     tokenizer = Tokenizer.from_gguf(f)
 
     per_block = kv_block_bytes(backend, cfg, config.block_size, config.kv_cache_dtype)
-    budget = kv_budget(config, per_block // config.block_size, cfg.context_length)
+    budget = kv_budget(config, per_block // config.block_size, cfg.context_length, backend)
     num_blocks = budget // per_block
     if num_blocks < 2:
         raise OutOfMemoryBudget(
@@ -110,7 +113,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
         raise InvalidRequest("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
     plan = RuntimePlan(str(path), num_blocks, config.block_size, num_blocks * per_block, config.kv_cache_dtype,
-                       max_len, n_threads, "cpu", decode_weight_bytes(weights))
+                       max_len, n_threads, backend.name, decode_weight_bytes(weights))
     runner = ModelRunner(cfg, weights, backend, num_blocks, config.block_size, config.kv_cache_dtype,
                          config.max_num_batched_tokens, max_len)
     bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)

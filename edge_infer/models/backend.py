@@ -38,6 +38,22 @@ class Backend(Protocol):
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None: ...
 
+    def memory_available(self) -> int:
+        """Bytes the KV pool may be sized from (host memory available, or free device memory)."""
+        ...
+
+    def upload_inputs(self, inp: Any) -> Any:
+        """The step's StepInputs where the kernels read them (the CPU: as they are)."""
+        ...
+
+    def output_buffer(self, rows: int, cols: int) -> Array:
+        """A new float32 [rows, cols] array for a result handed to the caller (the logits)."""
+        ...
+
+    def to_host(self, x: Array, scratch: bool) -> Any:
+        """x as a host numpy array; scratch: x is workspace memory, so the result must be a copy."""
+        ...
+
     def matmuls(self, x: Array, ws: Sequence[QMatrix], outs: Sequence[Array], work: Any) -> None: ...
 
     def route_experts(self, router: QMatrix, x: Array, norm: bool, work: Any) -> None:

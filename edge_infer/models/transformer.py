@@ -85,6 +85,7 @@ class Transformer:
         embeddings pool, llama.cpp's result_norm), without the output matmul."""
         cfg, eps, b = self.cfg, self.eps, self.b
         n, m = inp.tokens.shape[0], inp.logits_rows.shape[0]
+        inp = b.upload_inputs(inp)  # the step's one host-to-device copy (the CPU's: nothing)
         self._reserve(n)
         ws = self.ws
         h, xn, q, k, v = ws.h[:n], ws.xn[:n], ws.q[:n], ws.k[:n], ws.v[:n]
@@ -130,11 +131,11 @@ class Transformer:
             next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
             x = self._residual(h, o if lw.post_ffn_norm is None else o2, next_norm, xn)
         if hidden:
-            return np.array(x[:m], dtype=np.float32)  # handed to the caller: not scratch
-        logits = np.empty((m, cfg.vocab_size), np.float32)  # handed to the caller: not scratch
+            return b.to_host(x[:m], scratch=True)  # handed to the caller: a copy, not scratch
+        logits = b.output_buffer(m, cfg.vocab_size)  # handed to the caller: not scratch
         b.matmuls(x, (self.w.output,), (logits,), ws)
         if cfg.final_logit_softcap:
             b.softcap(logits, self.softcap)
         if cfg.logit_scale != 1.0:
             b.scale(logits, self.inv_logit_scale)
-        return logits
+        return b.to_host(logits, scratch=False)

@@ -1,0 +1,84 @@
+"""Host-side repacking of GGUF matrices into the CUDA kernels' form, done once at load.
+
+"codes" form, for every type whose weights are integer codes times a scale plus an offset per
+16 or 32 columns (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): signed codes int8 [R, K]
+(rows contiguous, so a warp's int32 loads coalesce), and per 16 columns a scale and an offset
+float32 [R, K/16]: weight = s * code + o, exactly as kernels_cpu.reference decodes them.
+"float" form for the rest: F16 rows as float16, everything else decoded to float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_infer.formats.quants import dequantize_blocks
+from edge_infer.kernels_cpu.dequant import F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from edge_infer.kernels_cpu.reference import i8_codes, k_codes
+
+CODE_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
+_ROWS_PER_CHUNK = 256  # rows decoded at a time (the integer views are int64: keep them small)
+
+
+@dataclass(slots=True)
+class HostMatrix:
+    """A matrix in the CUDA kernels' form, still on the host. kind "codes": q int8 [R, K],
+    s, o float32 [R, K/16]; kind "float": f float16 or float32 [R, K]."""
+
+    kind: str
+    rows: int
+    cols: int
+    q: np.ndarray | None = None
+    s: np.ndarray | None = None
+    o: np.ndarray | None = None
+    f: np.ndarray | None = None
+
+
+def _codes_chunk(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GGUF rows uint8 [r, row_bytes] -> (codes int8 [r, K], s, o float32 [r, K/16])."""
+    r = w.shape[0]
+    if qtype in (Q4_K, Q5_K, Q6_K):
+        codes, sc, mn, d, dmin = k_codes(w, qtype)
+        if qtype == Q6_K:  # weight = d * sc * (code - 32), a scale per 16
+            s = (sc.astype(np.float32) * d[:, :, None]).reshape(r, -1)
+            return (codes - 32).astype(np.int8), s, np.zeros_like(s)
+        assert mn is not None and dmin is not None
+        s32 = (sc.astype(np.float32) * d[:, :, None]).reshape(r, -1)  # (d * sc), as the CPU kernel
+        o32 = (mn.astype(np.float32) * -dmin[:, :, None]).reshape(r, -1)
+        return codes.astype(np.int8), np.repeat(s32, 2, axis=1), np.repeat(o32, 2, axis=1)
+    codes, d, m, offset = i8_codes(w, qtype)
+    s = np.repeat(d, 2, axis=1)
+    o = np.repeat(m, 2, axis=1) if m is not None else np.zeros_like(s)
+    return (codes.reshape(r, -1) - offset).astype(np.int8), s, o
+
+
+def to_host_matrix(data: np.ndarray, qtype: int, rows: int, cols: int) -> HostMatrix:
+    """GGUF rows uint8 [rows, row_bytes] of a `qtype` matrix -> its CUDA form (cols % 32 == 0
+    for the codes form, % 256 for the K-quants; other shapes take the float form)."""
+    data = data.reshape(rows, -1)
+    if qtype in CODE_TYPES and cols % (256 if qtype in (Q4_K, Q5_K, Q6_K) else 32) == 0:
+        q = np.empty((rows, cols), np.int8)
+        s = np.empty((rows, cols // 16), np.float32)
+        o = np.empty((rows, cols // 16), np.float32)
+        for at in range(0, rows, _ROWS_PER_CHUNK):
+            end = min(rows, at + _ROWS_PER_CHUNK)
+            q[at:end], s[at:end], o[at:end] = _codes_chunk(data[at:end], qtype)
+        return HostMatrix("codes", rows, cols, q=q, s=s, o=o)
+    if qtype == F16:
+        return HostMatrix("float", rows, cols, f=np.ascontiguousarray(data).view(np.float16).reshape(rows, cols))
+    f = np.empty((rows, cols), np.float32)
+    for at in range(0, rows, _ROWS_PER_CHUNK):
+        end = min(rows, at + _ROWS_PER_CHUNK)
+        f[at:end] = dequantize_blocks(data[at:end], qtype, (end - at) * cols).reshape(end - at, cols)
+    return HostMatrix("float", rows, cols, f=f)
+
+
+def decode(m: HostMatrix) -> np.ndarray:
+    """The float32 weights of a HostMatrix (the tests' check that the form loses nothing)."""
+    if m.kind == "float":
+        assert m.f is not None
+        return m.f.astype(np.float32)
+    assert m.q is not None and m.s is not None and m.o is not None
+    q = m.q.reshape(m.rows, -1, 16).astype(np.float32)
+    return (q * m.s[:, :, None] + m.o[:, :, None]).reshape(m.rows, m.cols)

@@ -1,0 +1,53 @@
+"""Choosing the backend: device="cpu" | "cuda" | "auto". Without a GPU, "cuda" is a clear error
+naming why and "auto" runs on the CPU exactly as before; what the CUDA kernels lack (experts,
+a q8_0 KV cache, wide heads) is named. The simulated CUDA runs are in tests/kernels_cuda."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from cuda_sim import ON_CUDA
+
+from edge_infer import LLM
+from edge_infer.config import EngineConfig
+from edge_infer.engine.device import cuda_lacks, cuda_missing, make_backend
+from edge_infer.errors import EdgeInferError, UnsupportedModelError
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="the device choice on a machine without CUDA")
+
+
+def _cfg(**kw: object) -> SimpleNamespace:
+    return SimpleNamespace(**{"arch": "llama", "n_experts": 0, "head_dim": 64, **kw})
+
+
+def test_without_a_gpu_cuda_is_refused_and_auto_is_the_cpu(tiny_llama_path: Path) -> None:
+    missing = cuda_missing()
+    assert missing is not None  # this machine has no CUDA device
+    with pytest.raises(EdgeInferError, match=r"device='cuda': .*(no CUDA device|not installed|not usable)"):
+        LLM(str(tiny_llama_path), device="cuda", kv_cache_memory="2MiB")
+    with LLM(str(tiny_llama_path), device="auto", kv_cache_memory="2MiB") as llm:
+        assert llm.plan.device == "cpu"
+
+
+def test_what_cuda_lacks_is_named() -> None:
+    config = EngineConfig(model="m.gguf")
+    assert cuda_lacks(config, _cfg()) is None
+    assert "route_experts" in (cuda_lacks(config, _cfg(arch="qwen3moe", n_experts=8)) or "")
+    assert "q8_0" in (cuda_lacks(EngineConfig(model="m.gguf", kv_cache_dtype="q8_0"), _cfg()) or "")
+    assert "head_dim 512" in (cuda_lacks(config, _cfg(head_dim=512)) or "")
+
+
+def test_auto_falls_back_to_the_cpu_saying_why(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import edge_infer.engine.device as device
+
+    monkeypatch.setattr(device, "cuda_missing", lambda: None)  # as if a GPU were there
+    moe = _cfg(arch="qwen3moe", n_experts=8)
+    with caplog.at_level(logging.WARNING, logger="edge_infer.engine"):
+        backend = make_backend(EngineConfig(model="m.gguf", n_threads=1), moe)  # type: ignore[arg-type]
+    assert backend.name == "cpu"
+    assert "running on the CPU" in caplog.text and "mixture-of-experts" in caplog.text
+    with pytest.raises(UnsupportedModelError, match="device='cuda': qwen3moe: .*route_experts"):
+        make_backend(EngineConfig(model="m.gguf", device="cuda"), moe)  # type: ignore[arg-type]
