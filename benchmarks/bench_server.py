@@ -66,9 +66,19 @@ runpy.run_module("llama_cpp.server", run_name="__main__")
 
 # -- servers ---------------------------------------------------------------------------------------
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port in 20000-29999: out of the kernel's ephemeral range and Ray's worker ports
+    (10002-19999), so a server started after the pick (Ray's included) cannot take it."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 29999)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise SystemExit("no free port in 20000-29999")
 
 
 def wait_http(proc: subprocess.Popen, url: str, timeout: float) -> bool:

@@ -51,6 +51,15 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                    help="seconds a request body may take to arrive; then 408 (default 30)")  # fmt: skip
     p.add_argument("--write-timeout", metavar="S", default="60",
                    help="seconds a streaming client may read nothing before it is dropped (default 60)")  # fmt: skip
+    ray = p.add_argument_group("scale-out on Ray Serve (the [cluster] extra; without these flags Ray is not used)")
+    ray.add_argument("--replicas", metavar="N", help="engine replicas, each with --threads threads (the initial "
+                     "count when autoscaling)")  # fmt: skip
+    ray.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)")
+    ray.add_argument("--min-replicas", metavar="A", help="autoscale on ongoing requests per replica, from A ...")
+    ray.add_argument("--max-replicas", metavar="B", help="... to B replicas")
+    ray.add_argument("--target-ongoing", metavar="R", default="4", help="autoscaling target: ongoing requests per replica (default 4)")  # fmt: skip
+    ray.add_argument("--upscale-delay", metavar="S", default="10", help="seconds of load before a replica is added (default 10)")  # fmt: skip
+    ray.add_argument("--downscale-delay", metavar="S", default="60", help="seconds of low load before one is removed (default 60)")  # fmt: skip
     limits = p.add_argument_group("request limits (over one: a 400 naming it; the body: 413)")
     for name, default, what in LIMIT_FLAGS:
         limits.add_argument(f"--{name.replace('_', '-')}", metavar="N", help=f"{what} (default {default})")
@@ -98,6 +107,8 @@ def serve(args: argparse.Namespace) -> int:
 
     from edge_infer.server.limits import RequestLimits
 
+    scale = scale_options(args)
+
     given = {name: int_option(getattr(args, name), f"--{name.replace('_', '-')}", 1) for name, _, _ in LIMIT_FLAGS}
     limits = RequestLimits(**{k: v for k, v in given.items() if v is not None})
     settings = ServerSettings(config=config, model_name=name, aliases=(model,), api_keys=keys,
@@ -105,7 +116,17 @@ def serve(args: argparse.Namespace) -> int:
                               chat_fallback=args.chat_template, shutdown_timeout=grace, limits=limits,
                               read_timeout=_seconds(args.read_timeout, "--read-timeout"),
                               write_timeout=_seconds(args.write_timeout, "--write-timeout"),
-                              on_fatal=on_fatal)  # fmt: skip
+                              on_fatal=None if scale else on_fatal)  # fmt: skip
+    if scale is not None:
+        from dataclasses import replace
+
+        from edge_infer.cluster.app import serve_until_signal
+
+        hub.resolve_model(model)  # pull a known model once, before the replicas start
+        if config.n_threads is None:  # each replica gets its own cores, not all of them
+            settings.config = replace(config, n_threads=scale.threads)
+
+        return serve_until_signal(settings, scale, args.host, port or 8000)
     app = create_app(settings)
     uv = uvicorn.Config(app, host=args.host, port=port or 0, log_config=None, access_log=args.verbose >= 2,
                         timeout_graceful_shutdown=max(1, int(grace) + 5), lifespan="on")  # fmt: skip
@@ -121,6 +142,33 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         remove()
     return status["code"]
+
+
+def scale_options(args: argparse.Namespace) -> Any:
+    """ScaleOptions from the Ray flags, or None when none is given (the plain server)."""
+    given = [args.replicas, args.ray_address, args.min_replicas, args.max_replicas]
+    if all(v is None for v in given):
+        return None
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError:
+        raise InvalidRequest("--replicas and the other Ray flags need the [cluster] extra: "
+                             "pip install 'edge-infer[cluster]'") from None  # fmt: skip
+    from edge_infer.cluster.app import ScaleOptions
+
+    def seconds(v: str, flag: str) -> float:
+        try:
+            return float(v)
+        except ValueError:
+            raise InvalidRequest(f"{flag} must be a number, got {v!r}") from None
+
+    lo, hi = int_option(args.min_replicas, "--min-replicas", 1), int_option(args.max_replicas, "--max-replicas", 1)
+    n = int_option(args.replicas, "--replicas", 1) or lo or 1
+    return ScaleOptions(replicas=n, min_replicas=lo, max_replicas=hi,
+                        target_ongoing=seconds(args.target_ongoing, "--target-ongoing"),
+                        upscale_delay_s=seconds(args.upscale_delay, "--upscale-delay"),
+                        downscale_delay_s=seconds(args.downscale_delay, "--downscale-delay"),
+                        threads=int_option(args.threads, "-t/--threads", 1) or 1, ray_address=args.ray_address)  # fmt: skip
 
 
 def _seconds(value: str, flag: str) -> float:

@@ -66,8 +66,11 @@ class ServerSettings:
     on_fatal: Callable[[str], None] | None = field(default=None, repr=False)
 
 
-def create_app(settings: ServerSettings) -> FastAPI:
-    engine = AsyncEngine(settings.config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
+def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> FastAPI:
+    """The app over `engine` (default: a local AsyncEngine on its own engine thread; the Ray
+    Serve ingress passes a ClusterEngine)."""
+    if engine is None:
+        engine = AsyncEngine(settings.config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
     streaming.WRITE_TIMEOUT_S[0] = settings.write_timeout
     created = int(time.time())
 

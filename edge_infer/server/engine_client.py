@@ -126,6 +126,17 @@ class AsyncEngine:
             self.load_seconds = time.perf_counter() - t0
             self.state = "ready"
 
+    def load_now(self) -> None:
+        """load(), on this thread (a Ray Serve replica's constructor: up means loaded)."""
+        t0 = time.perf_counter()
+        try:
+            self._load()
+        except Exception as e:
+            self.state, self.error = "failed", " ".join(str(e).split()) or type(e).__name__
+            raise
+        self.load_seconds = time.perf_counter() - t0
+        self.state = "ready"
+
     def _load(self) -> EngineWorker | None:
         from edge_infer.engine.worker import EngineWorker
 

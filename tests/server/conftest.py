@@ -28,9 +28,19 @@ API_KEY = "sk-test-0123456789"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port in 20000-29999: below the kernel's ephemeral range and above Ray's worker
+    ports (10002-19999), so a Ray cluster started after the pick cannot take it."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 29999)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-29999")
 
 
 @dataclass

@@ -1,0 +1,147 @@
+"""Building and running the two-tier Ray Serve application of `edge-infer serve --replicas`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from edge_infer.errors import InvalidRequest
+from edge_infer.server.app import ServerSettings
+
+log = logging.getLogger("edge_infer.cluster")
+APP_NAME = "edge-infer"
+ENGINE = "engine"
+ROUTER = "edge_infer.cluster.router:PrefixAffinityRouter"
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleOptions:
+    """replicas: a fixed count, or the initial one with autoscaling between min_replicas and
+    max_replicas on ongoing requests per replica (target_ongoing); upscale/downscale delays in
+    seconds (Serve's default downscale delay is 600 s). threads: CPUs reserved per replica."""
+
+    replicas: int = 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_ongoing: float = 4.0
+    upscale_delay_s: float = 10.0
+    downscale_delay_s: float = 60.0
+    threads: int = 1
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.threads < 1:
+            raise InvalidRequest("--replicas and --threads must be at least 1")
+        lo, hi = self.min_replicas, self.max_replicas
+        if (lo is None) != (hi is None):
+            raise InvalidRequest("give --min-replicas and --max-replicas together (autoscaling bounds)")
+        if lo is not None and hi is not None and not 0 < lo <= self.replicas <= hi:
+            raise InvalidRequest(f"need 1 <= --min-replicas ({lo}) <= --replicas ({self.replicas}) "
+                                 f"<= --max-replicas ({hi})")  # fmt: skip
+        if self.target_ongoing <= 0 or self.upscale_delay_s < 0 or self.downscale_delay_s < 0:
+            raise InvalidRequest("--target-ongoing must be positive and the delays non-negative")
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.min_replicas is not None
+
+
+class _Ingress:
+    """The ingress deployment: the plain server's app over a ClusterEngine."""
+
+    def __init__(self, engine_handle: Any, settings: ServerSettings, max_queue: int) -> None:
+        self.handle, self.settings, self.max_queue = engine_handle, settings, max_queue
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from edge_infer.cluster.client import ClusterEngine
+        from edge_infer.server.app import create_app
+
+        s = self.settings
+        engine = ClusterEngine(s.config, self.handle, max_queue=self.max_queue, chat_fallback=s.chat_fallback)
+        return create_app(s, engine=engine)
+
+
+def build_app(settings: ServerSettings, scale: ScaleOptions) -> Any:
+    """The Serve application: ingress (no CPU reserved) -> engine replicas (`threads` CPUs)."""
+    from ray import serve
+    from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+
+    from edge_infer.cluster.replica import EngineReplica
+
+    config = settings.config
+    per_replica = config.max_num_seqs + settings.max_queue
+    quiet = {"log_level": "WARNING", "enable_access_log": False}
+    opts: dict[str, Any] = {
+        "name": ENGINE, "logging_config": quiet, "ray_actor_options": {"num_cpus": scale.threads},
+        "max_ongoing_requests": per_replica, "health_check_period_s": 2.0, "health_check_timeout_s": 30.0,
+        "graceful_shutdown_timeout_s": settings.shutdown_timeout,
+        "request_router_config": RequestRouterConfig(request_router_class=ROUTER),
+    }  # fmt: skip
+    if scale.autoscaling:
+        opts["autoscaling_config"] = AutoscalingConfig(
+            min_replicas=scale.min_replicas, max_replicas=scale.max_replicas, initial_replicas=scale.replicas,
+            target_ongoing_requests=scale.target_ongoing, upscale_delay_s=scale.upscale_delay_s,
+            downscale_delay_s=scale.downscale_delay_s)  # fmt: skip
+    else:
+        opts["num_replicas"] = scale.replicas
+    engine = serve.deployment(EngineReplica, **opts).bind(config, settings.max_queue)
+    most = scale.max_replicas or scale.replicas
+    ingress = serve.deployment(serve.ingress()(_Ingress), name="ingress", ray_actor_options={"num_cpus": 0},
+                               max_ongoing_requests=per_replica * most, logging_config=quiet)  # fmt: skip
+    return ingress.bind(engine, settings, settings.max_queue + config.max_num_seqs * (most - 1))
+
+
+def start(settings: ServerSettings, scale: ScaleOptions, host: str, port: int) -> None:
+    """Connect to (or start) Ray, deploy the application at http://host:port; returns when it
+    is running (replicas loaded)."""
+    import ray
+    from ray import serve
+
+    quiet = {"log_level": "WARNING", "enable_access_log": False}
+    if scale.ray_address:
+        ray.init(address=scale.ray_address, logging_level=logging.WARNING)
+    else:
+        # Serve's proxy otherwise drains for at least 30 s on shutdown (meant for load balancers
+        # in front of a long-lived cluster); the replicas still get --shutdown-timeout to finish.
+        os.environ.setdefault("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1")
+        # Serve's throughput profile: user code on each replica's own event loop (no thread hop
+        # per streamed message) and gRPC between deployments; clients still enter at the proxy.
+        os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+        os.environ.setdefault("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
+    serve.run(build_app(settings, scale), name=APP_NAME, route_prefix="/", blocking=False)
+
+
+def stop() -> None:
+    """Delete the application and leave Ray (a cluster started here is stopped)."""
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def serve_until_signal(settings: ServerSettings, scale: ScaleOptions, host: str, port: int) -> int:
+    """start(), then wait for SIGINT/SIGTERM, then stop(); the exit code."""
+    stopping: list[int] = []  # set by the handler (no locks in a signal handler: it may interrupt one)
+    old: dict[int, Any] = {}
+    try:
+        start(settings, scale, host, port)
+        # after ray.init, which installs handlers of its own
+        old = {s: signal.signal(s, lambda n, _f: stopping.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+        print(f"edge-infer: serving {settings.model_name} on Ray Serve at http://{host}:{port}/v1 "
+              f"({scale.replicas} engine replica(s))", flush=True)  # fmt: skip
+        while not stopping:
+            time.sleep(0.5)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        stop()
+    return 0

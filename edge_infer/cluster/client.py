@@ -1,0 +1,132 @@
+"""The ingress's engine: ClusterEngine is the plain server's AsyncEngine with the engine thread
+replaced by RemoteWorker, which sends each request to the engine deployment and feeds the
+replica's outputs to the same Stream objects. Tokenizer and chat template are loaded here
+from the GGUF's metadata (no weights), so requests are validated and templated before they
+travel, and the router sees token ids."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from edge_infer.cluster.delta import OutputDelta, apply
+from edge_infer.cluster.request import EngineRequest
+from edge_infer.config import EngineConfig
+from edge_infer.errors import EdgeInferError
+from edge_infer.outputs import RequestOutput
+from edge_infer.sampling_params import SamplingParams
+from edge_infer.server.engine_client import AsyncEngine
+from edge_infer.server.errors import APIError
+
+log = logging.getLogger("edge_infer.cluster")
+CALL_TIMEOUT_S = 120.0  # for calls to one replica (metrics, embeddings, start-up info)
+
+
+def _replica_error(e: BaseException) -> BaseException:
+    """A remote failure as the ingress reports it: the replica's own EdgeInferError or APIError
+    as it was; a dead or unreachable replica as a 503 the client may retry."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, (EdgeInferError, APIError)):
+        return cause
+    if isinstance(e, (EdgeInferError, APIError)):
+        return e
+    what = " ".join(str(e).split())[:300] or type(e).__name__
+    return APIError(503, f"the engine replica serving this request failed ({type(e).__name__}): {what}; retry",
+                    code="replica_failed", headers={"Retry-After": "1"})  # fmt: skip
+
+
+class RemoteWorker:
+    """EngineWorker's interface (submit, abort, shutdown) over the engine deployment's handle.
+    submit() is called on a helper thread; the streams run on the event loop."""
+
+    def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.handle, self.loop = handle, loop
+        self.tasks: dict[str, asyncio.Future[None]] = {}
+        self.served_by: dict[str, str] = {}  # request id -> replica id (the last 10,000)
+
+    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str,
+               on_output: Callable[[Any], None]) -> None:  # fmt: skip
+        if not isinstance(prompt, list):
+            raise EdgeInferError("the cluster ingress sends token ids (a text prompt reached the worker)")
+        request = EngineRequest(prompt, params, request_id)
+        fut = asyncio.run_coroutine_threadsafe(self._pump(request, on_output), self.loop)
+        self.tasks[request_id] = fut  # type: ignore[assignment]
+
+    async def _pump(self, request: EngineRequest, on_output: Callable[[Any], None]) -> None:
+        gen = self.handle.options(stream=True).generate.remote(request)
+        last: RequestOutput | None = None
+        try:
+            async for item in gen:
+                if isinstance(item, str):  # the replica's id comes first
+                    self.served_by[request.request_id] = item
+                    while len(self.served_by) > 10_000:
+                        self.served_by.pop(next(iter(self.served_by)))
+                    continue
+                last = apply(last, item) if isinstance(item, OutputDelta) and last is not None else item
+                on_output(last)
+        except asyncio.CancelledError:
+            gen.cancel()  # the replica's generator ends, aborting the engine request
+            raise
+        except Exception as e:
+            log.warning("request %s: %s", request.request_id, e)
+            on_output(_replica_error(e))
+        finally:
+            self.tasks.pop(request.request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        fut = self.tasks.get(request_id)
+        if fut is not None:
+            self.loop.call_soon_threadsafe(fut.cancel)
+
+    def shutdown(self) -> None:
+        for fut in list(self.tasks.values()):
+            self.loop.call_soon_threadsafe(fut.cancel)
+
+
+class ClusterEngine(AsyncEngine):
+    """AsyncEngine whose requests run on the engine deployment's replicas."""
+
+    def __init__(self, config: EngineConfig, handle: Any, *, max_queue: int = 256,
+                 chat_fallback: str | None = None) -> None:  # fmt: skip
+        super().__init__(config, max_queue=max_queue, chat_fallback=chat_fallback)
+        self.handle = handle
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.replica_info: dict[str, Any] = {}
+
+    async def load(self) -> None:
+        """Wait for an engine replica (its limits), then load the tokenizer and template."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            self.replica_info = await asyncio.wait_for(self.handle.info.remote(), CALL_TIMEOUT_S * 5)
+        except Exception as e:
+            self.state, self.error = "failed", f"no engine replica came up: {_replica_error(e)}"
+            raise
+        await super().load()
+
+    def _load(self) -> RemoteWorker | None:  # type: ignore[override]
+        from edge_infer import hub
+        from edge_infer.formats.gguf import GGUFFile
+        from edge_infer.tokenizer import Tokenizer
+
+        assert self._loop is not None
+        f = GGUFFile(hub.resolve_model(self.config.model))
+        self._setup_chat(SimpleNamespace(gguf=f))  # type: ignore[arg-type]
+        tokenizer = Tokenizer.from_gguf(f)
+        if self.state != "loading":
+            return None
+        worker = RemoteWorker(self.handle, self._loop)
+        self.worker, self.tokenizer = worker, tokenizer  # type: ignore[assignment]
+        self.max_model_len = int(self.replica_info["max_model_len"])
+        return worker
+
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(engine) on one engine replica (the router's choice)."""
+        if self.worker is None:
+            raise APIError(503, "the engine is not running", code="shutting_down")
+        try:
+            return await asyncio.wait_for(self.handle.call.remote(fn), CALL_TIMEOUT_S)
+        except Exception as e:
+            raise _replica_error(e) from None

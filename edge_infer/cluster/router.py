@@ -1,0 +1,78 @@
+"""PrefixAffinityRouter: Ray Serve request routing that sends a prompt to the replica holding
+its longest cached prefix, else to the least loaded replica.
+
+The router remembers, for each prompt it routed, the hashes of its token prefixes at every
+CHUNK tokens and the replica it went to (an LRU of MAX_KEYS entries). A new prompt looks up
+its own prefix hashes from the longest down; the first known one names the preferred replica.
+Ray Serve then tries that rank first and falls back to the other replicas (the least loaded of
+them) when the preferred one is at max_ongoing_requests or gone. The engine replica's own
+prefix cache is exact; this map only steers requests to where the blocks probably are.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
+
+from edge_infer.cluster.request import EngineRequest
+
+CHUNK = 64  # tokens per prefix step (a few KV blocks)
+MIN_MATCH = 2 * CHUNK  # a shorter shared prefix is not worth steering for
+MAX_KEYS = 200_000
+
+
+def prefix_keys(prompt: list[int], chunk: int = CHUNK) -> list[int]:
+    """Hashes of prompt[:chunk], prompt[:2 * chunk], ... (whole chunks only), shortest first."""
+    keys, h = [], 0
+    for end in range(chunk, len(prompt) + 1, chunk):
+        h = hash((h, tuple(prompt[end - chunk : end])))
+        keys.append(h)
+    return keys
+
+
+def _prompt(pending: PendingRequest | None) -> list[int] | None:
+    if pending is None:
+        return None
+    for a in (*pending.args, *pending.kwargs.values()):
+        if isinstance(a, EngineRequest):
+            return a.prompt
+    return None
+
+
+class PrefixAffinityRouter(RequestRouter):
+    """Ranks: [the replica with the longest known prefix of the prompt], [every other]."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._owner: OrderedDict[int, ReplicaID] = OrderedDict()
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:  # fmt: skip
+        prompt = _prompt(pending_request)
+        if prompt is None or not candidate_replicas:
+            return [candidate_replicas]
+        by_id = {r.replica_id: r for r in candidate_replicas}
+        keys = prefix_keys(prompt)
+        for n in range(len(keys), MIN_MATCH // CHUNK - 1, -1):
+            owner = self._owner.get(keys[n - 1])
+            if owner in by_id:
+                best = by_id[owner]
+                return [[best], [r for r in candidate_replicas if r is not best]]
+        return [candidate_replicas]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result: ReplicaResult) -> None:  # fmt: skip
+        prompt = _prompt(pending_request)
+        if prompt is None:
+            return
+        for k in prefix_keys(prompt):
+            self._owner[k] = replica_id
+            self._owner.move_to_end(k)
+        while len(self._owner) > MAX_KEYS:
+            self._owner.popitem(last=False)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        for k in [k for k, r in self._owner.items() if r == replica_id]:
+            del self._owner[k]

@@ -1,0 +1,89 @@
+"""`edge-infer serve --replicas` on a local Ray cluster (loopback only; every loop bounded):
+the official openai client's streams complete with the plain server's greedy text, a replica
+killed with SIGKILL mid-load fails only its own requests (OpenAI-shaped, no hang) and comes
+back, and requests sharing a long prefix are steered to the replica that holds it (their TTFT
+>= 10x the first's)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve")
+openai = pytest.importorskip("openai")
+from cluster_helpers import chat, engine_pids, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(start_server: Callable[..., Any], smollm2_path: Path) -> Any:
+    return start_server(smollm2_path, "--replicas", "2", "-t", "1", "--served-model-name", "m",
+                        "--kv-cache-memory", "64MiB")  # fmt: skip
+
+
+def test_two_replicas_stream_the_plain_servers_greedy_text(
+    cluster: Any, start_server: Callable[..., Any], smollm2_path: Path
+) -> None:
+    prompts = [f"Name a colour and the number {i}." for i in range(32)]
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda p: chat(cluster.url, p), prompts))
+    assert len(engine_pids()) == 2
+    plain = start_server(smollm2_path, "-t", "1", "--served-model-name", "m", "--kv-cache-memory", "64MiB")
+    want = [chat(plain.url, p) for p in prompts[:8]]
+    plain.stop()
+    assert got[:8] == want and all(got)
+    assert httpx.get(cluster.url + "/metrics", timeout=30).status_code == 200
+
+
+def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(cluster: Any) -> None:
+    text = Path("/usr/share/common-licenses/GPL-3").read_text()[:9000]  # ~2,000 tokens
+    body = {"model": "m", "max_tokens": 1, "temperature": 0}
+    ttft = []
+    for i in range(8):
+        t0 = time.perf_counter()
+        r = httpx.post(cluster.url + "/v1/completions", json={**body, "prompt": text + f"\nQuestion {i}:"},
+                       timeout=300)  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] >= 1800
+        ttft.append(time.perf_counter() - t0)
+    # The first computes the prefix; had any later one gone to the other replica, it would
+    # have paid the same again.
+    assert max(ttft[1:]) * 10 <= ttft[0], ttft
+
+
+def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -> None:
+    import os
+
+    pids = engine_pids()
+    assert len(pids) == 2
+    results: list[str | BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            results.append(chat(cluster.url, f"Write a long story about the number {i}.", max_tokens=200,
+                                timeout=90))  # fmt: skip
+        except Exception as e:  # the client's error for a failed request
+            results.append(e)
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, i) for i in range(8)]
+        time.sleep(3)
+        os.kill(pids[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        for f in futures:
+            f.result(timeout=120)  # no client waits forever
+    assert time.monotonic() - t0 < 100
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert len(results) == 8 and 1 <= len(errors) < 8, results  # the killed one held some, not all
+    for e in errors:  # OpenAI-shaped: the client parsed an API error (a status or an error event)
+        assert isinstance(e, openai.APIError), repr(e)
+    assert chat(cluster.url, "Hello again.", stream=False)  # later requests succeed
+    wait_for(lambda: len(engine_pids()) == 2 and pids[0] not in engine_pids(), 180, "the replica to restart")

@@ -1,0 +1,66 @@
+"""PrefixAffinityRouter's choice, without a Ray cluster: a prompt sharing a long prefix with
+one routed before prefers that replica, a short or unknown one takes every replica (Serve then
+picks the least loaded), and a replica no longer among the candidates is passed over."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from edge_infer.cluster.request import EngineRequest  # noqa: E402
+from edge_infer.cluster.router import CHUNK, MIN_MATCH, PrefixAffinityRouter, prefix_keys  # noqa: E402
+from edge_infer.sampling_params import SamplingParams  # noqa: E402
+
+
+def _router() -> PrefixAffinityRouter:
+    r = object.__new__(PrefixAffinityRouter)  # the state only: no Serve controller to talk to
+    r.initialize_state()
+    return r
+
+
+def _pending(prompt: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(args=[EngineRequest(prompt, SamplingParams(), "r")], kwargs={})
+
+
+def test_prefix_keys_are_cumulative_whole_chunks() -> None:
+    a = list(range(3 * CHUNK + 5))
+    keys = prefix_keys(a)
+    assert len(keys) == 3 and keys == prefix_keys(a[: 3 * CHUNK])
+    b = a.copy()
+    b[CHUNK + 1] = -1  # differs in the second chunk: the first key is shared, the rest are not
+    assert prefix_keys(b)[0] == keys[0] and not set(prefix_keys(b)[1:]) & set(keys)
+
+
+def test_a_shared_long_prefix_prefers_its_replica() -> None:
+    r = _router()
+    one, two = SimpleNamespace(replica_id="one"), SimpleNamespace(replica_id="two")
+    shared = list(range(10 * CHUNK))
+    r.on_request_routed(_pending(shared + [1, 2, 3]), "two", None)  # type: ignore[arg-type]
+    ranks = asyncio.run(r.choose_replicas([one, two], _pending(shared + [9])))  # type: ignore[arg-type,list-item]
+    assert ranks == [[two], [one]]
+    short = shared[: MIN_MATCH - 1] + [7] * CHUNK * 3  # shares less than MIN_MATCH tokens
+    assert asyncio.run(r.choose_replicas([one, two], _pending(short))) == [[one, two]]  # type: ignore[arg-type,list-item]
+    assert asyncio.run(r.choose_replicas([one], _pending(shared))) == [[one]]  # its replica is gone  # type: ignore[arg-type,list-item]
+    assert asyncio.run(r.choose_replicas([one, two], None)) == [[one, two]]  # type: ignore[arg-type,list-item]
+
+
+def test_deltas_rebuild_the_cumulative_outputs() -> None:
+    from edge_infer.cluster.delta import apply, diff
+    from edge_infer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+    def out(texts: list[str], ids: list[list[int]], finished: bool = False) -> RequestOutput:
+        samples = [CompletionOutput(i, t, d, "stop" if finished else None, [{x: -0.5} for x in d], None, -1.0)
+                   for i, (t, d) in enumerate(zip(texts, ids))]  # fmt: skip
+        return RequestOutput("r", None, list(range(2000)), samples, finished, RequestMetrics(1.0) if finished else None)
+
+    steps = [out(["a", ""], [[1], []]), out(["ab", "x"], [[1, 2], [7]]), out(["abc", "xy"], [[1, 2, 3], [7, 8]], True)]
+    rebuilt = steps[0]
+    for prev, cur in zip(steps, steps[1:]):
+        d = diff(prev, cur)
+        assert all(len(s.token_ids) == 1 for s in d.samples)  # only what the step added travels
+        rebuilt = apply(rebuilt, d)
+        assert rebuilt == cur
