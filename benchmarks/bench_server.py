@@ -31,7 +31,6 @@ import asyncio
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,7 +40,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
+from ports import free_port  # noqa: E402,F401  (bench_cluster imports it from here)
 from server_load import run_load  # noqa: E402
 
 from edge_infer import hub  # noqa: E402
@@ -65,22 +66,6 @@ runpy.run_module("llama_cpp.server", run_name="__main__")
 
 
 # -- servers ---------------------------------------------------------------------------------------
-def free_port() -> int:
-    """A free port in 20000-29999: out of the kernel's ephemeral range and Ray's worker ports
-    (10002-19999), so a server started after the pick (Ray's included) cannot take it."""
-    import random
-
-    for _ in range(200):
-        port = random.randint(20000, 29999)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise SystemExit("no free port in 20000-29999")
-
-
 def wait_http(proc: subprocess.Popen, url: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,28 +18,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ports import free_port
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 STARTUP_TIMEOUT = float(os.environ.get("EDGE_INFER_TEST_SERVER_TIMEOUT", "600"))
 API_KEY = "sk-test-0123456789"
-
-
-def free_port() -> int:
-    """A free port in 20000-29999: below the kernel's ephemeral range and above Ray's worker
-    ports (10002-19999), so a Ray cluster started after the pick cannot take it."""
-    import random
-
-    for _ in range(200):
-        port = random.randint(20000, 29999)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-29999")
 
 
 @dataclass
