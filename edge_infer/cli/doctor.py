@@ -25,7 +25,8 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "the kernels use, which matmul path each GGUF weight type takes (int8 VNNI, AVX2, generic, float), "
         "numba/LLVM versions and the threading layer, where the compiled kernels are cached and whether "
         "they are compiled for this CPU, available memory and the default KV pool, the memory read "
-        "bandwidth (what bounds decoding) and the cached models, and the llama.cpp oracle if installed.",
+        "bandwidth (what bounds decoding) and the cached models, whether CUDA is usable (device='auto'), "
+        "and the llama.cpp oracle if installed.",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("-m", "--model", metavar="M",
@@ -135,6 +136,10 @@ def gather(bandwidth: bool = True, model: str | None = None) -> dict[str, Any]:
     if model is not None:
         report["model"] = model_report(model)
         report["model"]["decode_ceiling_tok_s"] = round(gbps * 1e9 / report["model"]["size"], 1) if gbps else None
+    from edge_infer.engine.device import cuda_missing
+
+    missing = cuda_missing()  # what device="auto" decides from (numba-cuda, a device)
+    report["cuda"] = {"usable": missing is None, "reason": missing}
     info = baseline_info()
     report["llama_cpp"] = {"installed": info is not None, **(info or {})}
     return report
@@ -185,6 +190,8 @@ def _print_report(r: dict[str, Any]) -> None:
         row("this model", f"{m['path']} ({m['arch']}, {human_bytes(m['size'])}{ceil})")
         for g in m["matrices"]:
             print(f"{'':<13}{g['count']:>4} {g['type']} matrices, {human_bytes(g['bytes'])}: {g['path']}")
+    cu = r["cuda"]
+    row("CUDA", "usable: device='auto' runs on the GPU" if cu["usable"] else f"no: {cu['reason']} (device='auto' is the CPU)")
     lc = r["llama_cpp"]
     if not lc["installed"]:
         row("llama.cpp", "not installed (only the tests and benchmarks use it)")

@@ -163,12 +163,13 @@ def test_doctor_reports_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
     assert 0 < mem["available_bytes"] <= mem["total_bytes"] and 0 < mem["default_kv_pool_bytes"] <= 4 * 2**30
     assert mem["read_bandwidth_gbps"] > 0
     assert {"cache_dir", "cached"} <= set(r["models"])
+    assert r["cuda"]["usable"] is False and r["cuda"]["reason"]  # this machine has no GPU
     lc = r["llama_cpp"]
     assert lc["installed"] is False or ("system_info" in lc and isinstance(lc["amx"], bool))
 
     rc, out, _ = run(capsys, "doctor", "--no-bandwidth")
     assert rc == 0
-    for label in ("CPU", "features", "weight types", "numba", "JIT cache", "memory", "models", "llama.cpp"):
+    for label in ("CPU", "features", "weight types", "numba", "JIT cache", "memory", "models", "CUDA", "llama.cpp"):
         assert any(line.startswith(label) for line in out.splitlines()), (label, out)
 
 
