@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
-from cluster_helpers import chat, engine_pids, wait_for  # noqa: E402
+from cluster_helpers import busiest, chat, engine_pids, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -68,15 +68,16 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -
 
     def one(i: int) -> None:
         try:
-            results.append(chat(cluster.url, f"Write a long story about the number {i}.", max_tokens=200,
-                                timeout=90))  # fmt: skip
+            results.append(chat(cluster.url, f"Write a long story about the number {i}.", max_tokens=600,
+                                timeout=90, ignore_eos=True))  # long enough to be cut: ~10 s  # fmt: skip
         except Exception as e:  # the client's error for a failed request
             results.append(e)
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, i) for i in range(8)]
-        time.sleep(3)
-        os.kill(pids[0], signal.SIGKILL)
+        time.sleep(2)
+        victim = busiest(pids)  # a replica that holds requests now
+        os.kill(victim, signal.SIGKILL)
         t0 = time.monotonic()
         for f in futures:
             f.result(timeout=120)  # no client waits forever
@@ -86,4 +87,4 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -
     for e in errors:  # OpenAI-shaped: the client parsed an API error (a status or an error event)
         assert isinstance(e, openai.APIError), repr(e)
     assert chat(cluster.url, "Hello again.", stream=False)  # later requests succeed
-    wait_for(lambda: len(engine_pids()) == 2 and pids[0] not in engine_pids(), 180, "the replica to restart")
+    wait_for(lambda: len(engine_pids()) == 2 and victim not in engine_pids(), 180, "the replica to restart")

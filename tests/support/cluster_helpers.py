@@ -24,6 +24,17 @@ def engine_pids() -> list[int]:
     return sorted(out)
 
 
+def busiest(pids: list[int], seconds: float = 0.5) -> int:
+    """The pid among `pids` that used the most CPU over the next `seconds`."""
+    import psutil
+
+    procs = [psutil.Process(p) for p in pids]
+    for p in procs:
+        p.cpu_percent(None)
+    time.sleep(seconds)
+    return max(procs, key=lambda p: p.cpu_percent(None)).pid
+
+
 def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -33,15 +44,19 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def chat(url: str, prompt: str, max_tokens: int = 12, stream: bool = True, timeout: float = 120) -> str:
+def chat(url: str, prompt: str, max_tokens: int = 12, stream: bool = True, timeout: float = 120,
+         ignore_eos: bool = False) -> str:  # fmt: skip
+    """The greedy reply to one user message (ignore_eos: exactly max_tokens of it)."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=timeout, max_retries=0)
     messages = [{"role": "user", "content": prompt}]
+    extra = {"ignore_eos": True} if ignore_eos else None
     if not stream:
-        r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0)
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0,
+                                           extra_body=extra)  # fmt: skip
         return r.choices[0].message.content or ""
     parts = []
     for chunk in client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
-                                                temperature=0, stream=True):  # fmt: skip
+                                                temperature=0, stream=True, extra_body=extra):  # fmt: skip
         if chunk.choices and chunk.choices[0].delta.content:
             parts.append(chunk.choices[0].delta.content)
     return "".join(parts)
