@@ -45,7 +45,6 @@ class RemoteWorker:
     def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.handle, self.loop = handle, loop
         self.tasks: dict[str, asyncio.Future[None]] = {}
-        self.served_by: dict[str, str] = {}  # request id -> replica id (the last 10,000)
 
     def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str,
                on_output: Callable[[Any], None]) -> None:  # fmt: skip
@@ -60,11 +59,6 @@ class RemoteWorker:
         last: RequestOutput | None = None
         try:
             async for item in gen:
-                if isinstance(item, str):  # the replica's id comes first
-                    self.served_by[request.request_id] = item
-                    while len(self.served_by) > 10_000:
-                        self.served_by.pop(next(iter(self.served_by)))
-                    continue
                 last = apply(last, item) if isinstance(item, OutputDelta) and last is not None else item
                 on_output(last)
         except asyncio.CancelledError:

@@ -44,10 +44,9 @@ class EngineReplica:
         return {"replica_id": self.replica_id, "pid": os.getpid(), "max_model_len": self.engine.max_model_len,
                 "max_num_seqs": self.engine.config.max_num_seqs}  # fmt: skip
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[str | RequestOutput | OutputDelta]:
-        """This replica's id, the request's first output, then deltas until it finishes; a
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput | OutputDelta]:
+        """The request's first output, then deltas until it finishes; a
         cancelled stream (client gone) aborts the request and frees its KV blocks."""
-        yield self.replica_id
         (stream,) = await self.engine.submit([request.prompt], request.params, request.request_id)
         try:
             prev = await stream.next()
