@@ -4,8 +4,11 @@ its longest cached prefix, else to the least loaded replica.
 The router remembers, for each prompt it routed, the hashes of its token prefixes at every
 CHUNK tokens and the replica it went to (an LRU of MAX_KEYS entries). A new prompt looks up
 its own prefix hashes from the longest down; the first known one names the preferred replica.
-Ray Serve then tries that rank first and falls back to the other replicas (the least loaded of
-them) when the preferred one is at max_ongoing_requests or gone. The engine replica's own
+Ray Serve then tries that rank first and falls back to the other replicas, least loaded first,
+when the preferred one is at max_ongoing_requests or gone. "Load" is the router's own count of
+the requests it has routed to a replica and not seen complete: Ray's queue-length probes of a
+burst of requests routed at once all see the same empty queues and would send the whole burst
+to one replica. The engine replica's own
 prefix cache is exact; this map only steers requests to where the blocks probably are.
 """
 
@@ -42,27 +45,34 @@ def _prompt(pending: PendingRequest | None) -> list[int] | None:
 
 
 class PrefixAffinityRouter(RequestRouter):
-    """Ranks: [the replica with the longest known prefix of the prompt], [every other]."""
+    """Ranks: [the replica with the longest known prefix of the prompt], then every other
+    replica alone, fewest in-flight requests first."""
 
     def initialize_state(self, **kwargs: Any) -> None:
         self._owner: OrderedDict[int, ReplicaID] = OrderedDict()
+        self._in_flight: dict[ReplicaID, int] = {}
+
+    def _by_load(self, replicas: list[RunningReplica]) -> list[list[RunningReplica]]:
+        ordered = sorted(replicas, key=lambda r: self._in_flight.get(r.replica_id, 0))  # stable: ties keep order
+        return [[r] for r in ordered]
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:  # fmt: skip
         prompt = _prompt(pending_request)
         if prompt is None or not candidate_replicas:
-            return [candidate_replicas]
+            return self._by_load(candidate_replicas)
         by_id = {r.replica_id: r for r in candidate_replicas}
         keys = prefix_keys(prompt)
         for n in range(len(keys), MIN_MATCH // CHUNK - 1, -1):
             owner = self._owner.get(keys[n - 1])
             if owner in by_id:
                 best = by_id[owner]
-                return [[best], [r for r in candidate_replicas if r is not best]]
-        return [candidate_replicas]
+                return [[best], *self._by_load([r for r in candidate_replicas if r is not best])]
+        return self._by_load(candidate_replicas)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:  # fmt: skip
+        self._in_flight[replica_id] = self._in_flight.get(replica_id, 0) + 1
         prompt = _prompt(pending_request)
         if prompt is None:
             return
@@ -72,7 +82,15 @@ class PrefixAffinityRouter(RequestRouter):
         while len(self._owner) > MAX_KEYS:
             self._owner.popitem(last=False)
 
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        n = self._in_flight.get(replica_id, 0) - 1
+        if n > 0:
+            self._in_flight[replica_id] = n
+        else:
+            self._in_flight.pop(replica_id, None)
+
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
+        self._in_flight.pop(replica_id, None)
         for k in [k for k, r in self._owner.items() if r == replica_id]:
             del self._owner[k]

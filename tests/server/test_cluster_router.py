@@ -1,6 +1,6 @@
 """PrefixAffinityRouter's choice, without a Ray cluster: a prompt sharing a long prefix with
-one routed before prefers that replica, a short or unknown one takes every replica (Serve then
-picks the least loaded), and a replica no longer among the candidates is passed over."""
+one routed before prefers that replica, a short or unknown one goes to the replica with the
+fewest requests in flight, and a replica no longer among the candidates is passed over."""
 
 from __future__ import annotations
 
@@ -43,9 +43,27 @@ def test_a_shared_long_prefix_prefers_its_replica() -> None:
     ranks = asyncio.run(r.choose_replicas([one, two], _pending(shared + [9])))  # type: ignore[arg-type,list-item]
     assert ranks == [[two], [one]]
     short = shared[: MIN_MATCH - 1] + [7] * CHUNK * 3  # shares less than MIN_MATCH tokens
-    assert asyncio.run(r.choose_replicas([one, two], _pending(short))) == [[one, two]]  # type: ignore[arg-type,list-item]
+    # two holds one request in flight: anything without a long shared prefix prefers one
+    assert asyncio.run(r.choose_replicas([one, two], _pending(short))) == [[one], [two]]  # type: ignore[arg-type,list-item]
     assert asyncio.run(r.choose_replicas([one], _pending(shared))) == [[one]]  # its replica is gone  # type: ignore[arg-type,list-item]
-    assert asyncio.run(r.choose_replicas([one, two], None)) == [[one, two]]  # type: ignore[arg-type,list-item]
+    assert asyncio.run(r.choose_replicas([two, one], None)) == [[one], [two]]  # type: ignore[arg-type,list-item]
+    r.on_request_completed("two", "x")  # type: ignore[arg-type]
+    assert asyncio.run(r.choose_replicas([two, one], None)) == [[two], [one]]  # type: ignore[arg-type,list-item]
+
+
+def test_a_burst_without_shared_prefixes_spreads_over_the_replicas() -> None:
+    r = _router()
+    replicas = [SimpleNamespace(replica_id=n) for n in ("a", "b", "c")]
+    routed = []
+    for i in range(9):  # routed back to back, none complete: Serve's queue probes would all see 0
+        p = _pending([1000 + i] * 5)
+        first = asyncio.run(r.choose_replicas(replicas, p))[0][0]  # type: ignore[arg-type]
+        r.on_request_routed(p, first.replica_id, None)  # type: ignore[arg-type]
+        routed.append(first.replica_id)
+    assert sorted(routed) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    for _ in range(3):
+        r.on_request_completed("c", "x")  # type: ignore[arg-type]
+    assert asyncio.run(r.choose_replicas(replicas, _pending([5])))[0][0].replica_id == "c"  # type: ignore[arg-type]
 
 
 def test_deltas_rebuild_the_cumulative_outputs() -> None:
