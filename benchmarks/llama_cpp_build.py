@@ -8,11 +8,11 @@ derived from /proc/cpuinfo). It builds:
   - the llama-cpp-python wheel, kept in a cache folder of its own keyed by version and flags
     (pip's wheel cache ignores CMAKE_ARGS and would hand back a build with other flags):
     $EDGE_INFER_CACHE/llama-cpp/<version>-<key>/ (default ~/.cache/edge-infer/...);
-  - with --tools, llama-server and llama-bench from the vendor/llama.cpp of the same sdist,
-    into that folder's bin/.
+  - with --tools, llama-server, llama-bench, llama-quantize, llama-imatrix and llama-perplexity
+    from the vendor/llama.cpp of the same sdist, into that folder's bin/.
 
     python benchmarks/llama_cpp_build.py --install     # build once (a few minutes), install
-    python benchmarks/llama_cpp_build.py --tools       # also llama-server and llama-bench
+    python benchmarks/llama_cpp_build.py --tools       # also the command-line tools (TOOLS)
     python benchmarks/llama_cpp_build.py --print       # the flags and the cache folder
 
 Standard library only: it runs before anything else is installed.
@@ -45,6 +45,7 @@ X86_OPTIONS = (
     (("avx512_vnni",), "GGML_AVX512_VNNI"),
     (("avx512_bf16",), "GGML_AVX512_BF16"),
 )
+TOOLS = ("llama-server", "llama-bench", "llama-quantize", "llama-imatrix", "llama-perplexity")
 ALWAYS = ("-DGGML_NATIVE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_BF16=OFF")
 
 
@@ -115,9 +116,9 @@ def install(wheel: Path) -> None:
 
 
 def build_tools(flags: list[str], dest: Path) -> Path:
-    """llama-server and llama-bench from the same sdist's vendor/llama.cpp, into dest/bin."""
+    """TOOLS from the same sdist's vendor/llama.cpp, into dest/bin."""
     bindir = dest / "bin"
-    if (bindir / "llama-server").exists() and (bindir / "llama-bench").exists():
+    if all((bindir / name).exists() for name in TOOLS):
         return bindir
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
@@ -134,11 +135,10 @@ def build_tools(flags: list[str], dest: Path) -> Path:
         build = t / "build"
         _run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
               "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF", *flags])
-        _run(["cmake", "--build", str(build), "--target", "llama-server", "llama-bench", "-j",
-              str(os.cpu_count() or 1)])
+        _run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(os.cpu_count() or 1)])
         staged = t / "bin"
         staged.mkdir()
-        for name in ("llama-server", "llama-bench"):
+        for name in TOOLS:
             shutil.copy2(build / "bin" / name, staged / name)
         if bindir.exists():
             shutil.rmtree(bindir)
@@ -149,7 +149,7 @@ def build_tools(flags: list[str], dest: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--install", action="store_true", help="install the wheel into this Python")
-    ap.add_argument("--tools", action="store_true", help="also build llama-server and llama-bench")
+    ap.add_argument("--tools", action="store_true", help="also build " + ", ".join(TOOLS))
     ap.add_argument("--print", action="store_true", help="print the CMake flags and the cache folder, build nothing")
     args = ap.parse_args(argv)
     flags = host_cmake_flags()
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.install:
             install(wheel)
         if args.tools:
-            print(f"llama-server, llama-bench: {build_tools(flags, dest)}")
+            print(f"{', '.join(TOOLS)}: {build_tools(flags, dest)}")
     except subprocess.CalledProcessError as e:
         print(f"llama_cpp_build: {' '.join(map(str, e.cmd[:4]))} ... failed with exit code {e.returncode}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from edge_infer.formats.kpack import pack_k_scales, pack_q2_k, pack_q3_k, pack_q4_k, pack_q5_k, pack_q6_k
 from edge_infer.formats.kscales import k4_scale_min
 
 __all__ = ["QUANTIZERS"]
@@ -287,10 +288,7 @@ def _q_q6_k(x: np.ndarray) -> np.ndarray:
     dh, d = _f16_round(F32(1) / iscale)
     sc = np.minimum(127, _nearest_int(iscale * scales)).astype(np.int8)
     L = _rows(_requant(xs, L, (d * sc.astype(F32)).reshape(-1), None, -32, 31, 32), nb)
-    Lr = L.reshape(nb, 2, 4, 32)  # [h, k, l] -> element 128h + 32k + l
-    ql = (Lr[:, :, :2] & 0x0F) | ((Lr[:, :, 2:] & 0x0F) << 4)
-    qh = sum((Lr[:, :, k] >> 4) << (2 * k) for k in range(4)).astype(np.uint8)
-    out = np.hstack([ql.reshape(nb, 128), qh.reshape(nb, 64), sc.view(np.uint8), dh.view(np.uint8)])
+    out = pack_q6_k(sc, L, dh)
     out[zero] = 0
     return out
 
@@ -302,15 +300,11 @@ def _k_scales(scales: np.ndarray, mins: np.ndarray) -> tuple[np.ndarray, np.ndar
     inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
     ls = np.minimum(_nearest_int(inv_scale * scales) & 0xFF, 63).astype(np.uint8)
     lm = np.minimum(_nearest_int(inv_min * mins) & 0xFF, 63).astype(np.uint8)
-    packed = np.empty((len(scales), 12), np.uint8)
-    packed[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
-    packed[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
-    packed[:, 8:12] = (ls[:, 4:] & 0x0F) | ((lm[:, 4:] & 0x0F) << 4)
-    return packed, (max_scale / F32(63)).astype(np.float16), (max_min / F32(63)).astype(np.float16)
+    return pack_k_scales(ls, lm), (max_scale / F32(63)).astype(np.float16), (max_min / F32(63)).astype(np.float16)
 
 
-def _q_k45(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarray, np.ndarray]:
-    """Shared by Q4_K and Q5_K: -> (header d | dmin | scales (blocks, 16) u8, L (blocks, 256) u8)."""
+def _q_k45(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarray, ...]:
+    """Shared by Q4_K and Q5_K: -> (d, dmin (blocks, 1) f16, scales (blocks, 12) u8, L (blocks, 256) u8)."""
     nb = len(x)
     xs = _cols(x, 32)
     av_x = np.sqrt(_seq_sum(xs * xs) / F32(32))
@@ -319,22 +313,15 @@ def _q_k45(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarra
     sc, m = k4_scale_min(packed)
     d = (dh.astype(F32) * sc.astype(F32)).reshape(-1)
     dm = (mh.astype(F32) * m.astype(F32)).reshape(-1)
-    L = _rows(_requant(xs, L, d, dm, 0, nmax), nb)
-    return np.hstack([dh.view(np.uint8), mh.view(np.uint8), packed]), L
+    return dh, mh, packed, _rows(_requant(xs, L, d, dm, 0, nmax), nb)
 
 
 def _q_q4_k(x: np.ndarray) -> np.ndarray:
-    head, L = _q_k45(x, 15, -1.0, 20)
-    Lr = L.reshape(len(x), 4, 2, 32)  # element 64p + 32*half + l
-    return np.hstack([head, (Lr[:, :, 0] | (Lr[:, :, 1] << 4)).reshape(len(x), 128)])
+    return pack_q4_k(*_q_k45(x, 15, -1.0, 20))
 
 
 def _q_q5_k(x: np.ndarray) -> np.ndarray:
-    head, L = _q_k45(x, 31, -0.5, 15)
-    Ls = L.reshape(len(x), 8, 32)  # [sub-block s, l]
-    qh = np.packbits(Ls >> 4, axis=1, bitorder="little").reshape(len(x), 32)  # bit s of qh[l]
-    Lr = (L & 0x0F).reshape(len(x), 4, 2, 32)
-    return np.hstack([head, qh, (Lr[:, :, 0] | (Lr[:, :, 1] << 4)).reshape(len(x), 128)])
+    return pack_q5_k(*_q_k45(x, 31, -0.5, 15))
 
 
 def _q_q2_k(x: np.ndarray) -> np.ndarray:
@@ -351,9 +338,7 @@ def _q_q2_k(x: np.ndarray) -> np.ndarray:
     mh = np.where(has_m, max_min / F32(15), F32(0)).astype(np.float16)
     d = (dh.astype(F32) * (packed & 0x0F).astype(F32)).reshape(-1)
     dm = (mh.astype(F32) * (packed >> 4).astype(F32)).reshape(-1)
-    Lr = _rows(_requant(xs, L, d, dm, 0, 3), nb).reshape(nb, 2, 4, 32)  # [h, j, l]
-    qs = sum(Lr[:, :, j] << (2 * j) for j in range(4)).astype(np.uint8).reshape(nb, 64)
-    return np.hstack([packed, qs, dh.view(np.uint8), mh.view(np.uint8)])
+    return pack_q2_k(packed, _rows(_requant(xs, L, d, dm, 0, 3), nb), dh, mh)
 
 
 def _q_q3_k(x: np.ndarray) -> np.ndarray:
@@ -366,17 +351,10 @@ def _q_q3_k(x: np.ndarray) -> np.ndarray:
     iscale = F32(-32) / np.where(has, max_scale, F32(1))
     ls = ((_nearest_int(iscale * scales) + 128) & 0xFF) - 128  # the C code stores it in an int8 first
     ls = np.where(has, np.clip(ls, -32, 31) + 32, 0).astype(np.uint8)  # (nb, 16), 6 bits each
-    packed = np.empty((nb, 12), np.uint8)
-    packed[:, :8] = (ls[:, :8] & 0x0F) | ((ls[:, 8:] & 0x0F) << 4)
-    packed[:, 8:] = sum((ls[:, 4 * k : 4 * k + 4] >> 4) << (2 * k) for k in range(4))
     dh, d = _f16_round(np.where(has, F32(1) / iscale, F32(0)))
     dl = (d * (ls.astype(F32) - F32(32))).reshape(-1)
     dl = np.where(has.repeat(16, axis=1).reshape(-1), dl, F32(0))
-    L = _rows(_requant(xs, L, dl, None, -4, 3, 4), nb)  # 0..7; bit 2 goes to hmask
-    hmask = np.packbits(L.reshape(nb, 8, 32) >> 2, axis=1, bitorder="little").reshape(nb, 32)
-    Lr = (L & 3).reshape(nb, 2, 4, 32)
-    qs = sum(Lr[:, :, j] << (2 * j) for j in range(4)).astype(np.uint8).reshape(nb, 64)
-    return np.hstack([hmask, qs, packed, dh.view(np.uint8)])
+    return pack_q3_k(ls, _rows(_requant(xs, L, dl, None, -4, 3, 4), nb), dh)
 
 
 QUANTIZERS: dict[T, Callable[[np.ndarray], np.ndarray]] = {

@@ -19,6 +19,7 @@ from edge_infer.errors import EdgeInferError, UnsupportedTensorType
 from edge_infer.formats.gguf import TensorInfo
 from edge_infer.formats.kscales import k4_scale_min
 from edge_infer.formats.quantizers import QUANTIZERS
+from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS, element_weights
 
 __all__ = [
     "BLOCK_LAYOUTS",
@@ -285,13 +286,19 @@ def dequantize(t: TensorInfo) -> np.ndarray:
     return dequantize_blocks(t.data, t.type, t.n_elements).reshape(t.numpy_shape)
 
 
-def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
+def quantize(x: np.ndarray, qtype: T, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 (..., n), n a multiple of the block size -> uint8 (..., n / block_size * type_size).
 
     For finite input, bit-exact with gguf-py where it has a quantizer (F32, F16, BF16, Q4_0,
     Q4_1, Q5_0, Q5_1, Q8_0) and with ggml's `quantize_row_*_ref` (no importance matrix) for
     every type, but for the sign of d in an all-zero Q4_0/Q5_0 block led by -0.0 (gguf-py's).
+
+    importance: float (n,), each input channel's mean squared activation: the block scales are
+    then fitted to the importance-weighted error (quantizers_weighted.py) for the types that
+    have a weighted form; the others ignore it.
     """
+    if importance is not None and T(qtype) in WEIGHTED_QUANTIZERS:
+        return _quantize_weighted(x, T(qtype), importance)
     lay = _layout(qtype, "quantize")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 0 or x.shape[-1] % lay.block_size:
@@ -308,3 +315,26 @@ def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
         for s in range(0, len(rows), step):
             out[s : s + step] = fn(rows[s : s + step]).reshape(-1, lay.type_size)
     return out.reshape(*x.shape[:-1], x.shape[-1] // lay.block_size * lay.type_size)
+
+
+def _quantize_weighted(x: np.ndarray, qtype: T, importance: np.ndarray) -> np.ndarray:
+    lay = _layout(qtype, "quantize")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = x.shape[-1] if x.ndim else 0
+    if x.ndim == 0 or n % lay.block_size:
+        raise EdgeInferError(f"quantize to {lay.name}: row length {n} is not a multiple of the block size {lay.block_size}")
+    imp = np.asarray(importance, dtype=np.float32).reshape(-1)
+    if imp.shape != (n,) or not np.isfinite(imp).all() or (imp < 0).any():
+        raise EdgeInferError(f"quantize to {lay.name}: the importance must be {n} finite non-negative values, "
+                             f"got {imp.shape[0]}")  # fmt: skip
+    imp = imp + np.float32(1e-12) * max(float(imp.max()), 1e-30)  # a never-active channel still counts a little
+    rows = x.reshape(-1, n)
+    fn, per_row = WEIGHTED_QUANTIZERS[qtype], n // lay.block_size
+    out = np.empty((len(rows), per_row * lay.type_size), np.uint8)
+    step = max(1, _CHUNK_ELEMENTS // n)
+    with np.errstate(all="ignore"):
+        for s in range(0, len(rows), step):
+            r = rows[s : s + step]
+            w = element_weights(r, imp)
+            out[s : s + step] = fn(r.reshape(-1, lay.block_size), w.reshape(-1, lay.block_size)).reshape(len(r), -1)
+    return out.reshape(*x.shape[:-1], per_row * lay.type_size)

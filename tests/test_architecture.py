@@ -38,7 +38,7 @@ RANKS = {
     "edge_infer.models": 2,
     "edge_infer.engine": 3,
     "edge_infer.llm": 4,
-    "edge_infer.server": 5, "edge_infer.cluster": 5, "edge_infer.bench": 5,
+    "edge_infer.server": 5, "edge_infer.cluster": 5, "edge_infer.bench": 5, "edge_infer.quantize": 5,
     "edge_infer.cli": 6,
 }  # fmt: skip
 # The package root is the public face: it re-exports these, and nothing imports it.

@@ -28,8 +28,12 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--chunks", metavar="N", default="-1", help="score at most N windows, -1 = all (default -1)"
     )
+    p.add_argument("--kl-base", metavar="BASE.gguf",
+                   help="also run this reference model on the same windows and report the mean KL divergence "
+                   "KL(base || model), top-1 agreement and the perplexity ratio (llama.cpp's --kl-divergence)")  # fmt: skip
     p.add_argument("--json", action="store_true",
-                   help='print {"model","ctx","chunks","tokens_scored","ppl","ppl_std"} as JSON')  # fmt: skip
+                   help='print {"model","ctx","chunks","tokens_scored","ppl","ppl_std"} as JSON (with --kl-base: '
+                   '"mean_kl","kl_std","top1_agreement","ppl_base","ppl_ratio" too)')  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -46,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     text = read_text(args.file)
     if not text.strip():
         raise InvalidRequest(f"{args.file}: the file is empty")
+    if args.kl_base:
+        return _run_kl(args, ctx, chunks, text)
     llm = load_llm(args)
     try:
         tokens = llm.tokenizer.encode(text, add_special=True)
@@ -81,3 +87,42 @@ def _bar(show: bool, total: int) -> Any:
     return tqdm(
         total=total, desc="perplexity", unit="chunk", disable=not show, file=sys.stderr, dynamic_ncols=True
     )
+
+
+def _run_kl(args: argparse.Namespace, ctx: int, chunks: int, text: str) -> int:
+    from edge_infer import hub
+    from edge_infer.bench.kl_divergence import kl_divergence
+
+    base_path = hub.resolve_model(args.kl_base)
+    llm = load_llm(args)
+    try:
+        base = load_llm(args, base_path)
+        try:
+            tokens = llm.tokenizer.encode(text, add_special=True)
+            if base.tokenizer.encode(text, add_special=True) != tokens:
+                raise InvalidRequest(f"{args.kl_base}: the reference model tokenizes the text differently; "
+                                     "KL divergence needs the same tokenizer")  # fmt: skip
+            total = min(len(tokens) // ctx, chunks) if chunks > 0 else len(tokens) // ctx
+            bar = _bar(sys.stderr.isatty() and not args.verbose, total)
+
+            def on_chunk(i: int, r: Any) -> None:
+                bar.update(1)
+                if args.verbose:
+                    print(f"[{i}] KL {r.mean_kl:.5f} top1 {100 * r.top1:.2f}%", file=sys.stderr, flush=True)
+
+            try:
+                res = kl_divergence(llm, base, tokens, ctx, None if chunks == -1 else chunks, on_chunk)
+            finally:
+                bar.close()
+        finally:
+            base.close()
+    finally:
+        llm.close()
+    if args.json:
+        print(json.dumps({"model": args.model, "base": args.kl_base, **res.as_dict()}))
+    else:
+        print(f"Mean KL divergence: {res.mean_kl:.6f} +/- {res.kl_std:.6f}")
+        print(f"Same top token: {100 * res.top1:.3f}%")
+        print(f"PPL: {res.ppl:.4f}, base PPL: {res.ppl_base:.4f}, ratio {res.ppl_ratio:.5f} "
+              f"({res.chunks} chunks of {res.ctx} tokens, {res.tokens_scored} tokens scored)")  # fmt: skip
+    return 0

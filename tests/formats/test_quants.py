@@ -4,7 +4,6 @@ ships libggml-base, against ggml's own C reference; round-trip error bounds; the
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from gguf import quants as gq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support.quant_helpers import ggml_base
 
 from edge_infer.errors import EdgeInferError, UnsupportedTensorType
 from edge_infer.formats.gguf import GGUFFile, TensorInfo
@@ -44,15 +44,7 @@ def gguf_py_dequant(raw: np.ndarray, qtype: T) -> np.ndarray:
 
 
 # -- ggml's C reference, from llama-cpp-python's bundled libggml-base -------------------------
-def _ggml_base() -> ctypes.CDLL | None:
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
-        p = Path(next(iter(spec.submodule_search_locations))) / "lib" / name
-        if p.exists():
-            return ctypes.CDLL(str(p))
-    return None
+_ggml_base = ggml_base
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,54 @@
+"""Helpers of the quantization tests: ggml's C library, llama.cpp's own quantizer (llama_model_quantize through
+llama-cpp-python: the tests need no llama-quantize binary), a file's tensor types, and the
+NLL of a token sequence under llama.cpp and under edge-infer."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_infer.formats.gguf import GGUFFile
+
+
+def llama_quantize(src: Path, dst: Path, ftype: int, *, pure: bool = False, output_type: int | None = None,
+                   embd_type: int | None = None) -> Path:  # fmt: skip
+    """llama.cpp's quantization of src into dst (ftype: a llama_ftype)."""
+    lc = pytest.importorskip("llama_cpp")
+    p = lc.llama_model_quantize_default_params()
+    p.ftype, p.pure, p.nthread = ftype, pure, 2
+    if output_type is not None:
+        p.output_tensor_type = output_type
+    if embd_type is not None:
+        p.token_embedding_type = embd_type
+    rc = lc.llama_model_quantize(str(src).encode(), str(dst).encode(), p)
+    assert rc == 0, f"llama_model_quantize failed ({rc})"
+    return dst
+
+
+def tensor_types(path: Path) -> dict[str, str]:
+    with GGUFFile(path) as f:
+        return {n: t.type.name for n, t in f.tensors.items()}
+
+
+def nll(logits: np.ndarray, ids: list[int]) -> float:
+    """Mean NLL of ids[1:] under rows logits[:-1] (float64)."""
+    z = logits[:-1].astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z).sum(axis=1))
+    return float((lse - z[np.arange(len(ids) - 1), ids[1:]]).mean())
+
+
+def ggml_base() -> ctypes.CDLL | None:
+    """llama-cpp-python's bundled libggml-base (ggml's C quantizers), or None."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        p = Path(next(iter(spec.submodule_search_locations))) / "lib" / name
+        if p.exists():
+            return ctypes.CDLL(str(p))
+    return None
