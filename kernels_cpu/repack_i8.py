@@ -17,10 +17,11 @@ import numpy as np
 
 from ._jit import kernel
 from .dequant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, u16_at
-from .simd_i8 import GROUP
+from .simd_i8 import GROUP, HAS_SDOT
 
 # qtype -> (bytes per 32-block in the repacked layout, u8 value of a zero weight offset)
-I8_FORMATS = {Q8_0: (512, 128), Q4_0: (256, 8), Q4_1: (256, 0), Q5_0: (320, 16), Q5_1: (320, 0)}
+# (on sdot, the dot products read Q8_0's q + 128 as q: its sums need no offset correction)
+I8_FORMATS = {Q8_0: (512, 0 if HAS_SDOT else 128), Q4_0: (256, 8), Q4_1: (256, 0), Q5_0: (320, 16), Q5_1: (320, 0)}
 WITH_MIN = (Q4_1, Q5_1)
 
 

@@ -1,13 +1,17 @@
 """The int8 matmul's vector code, written as LLVM IR intrinsics (numba's own code generation
 left these loops scalar or gathered): one 16-row x 32-column block's u8 x s8 dot products
-(AVX-512 VNNI `vpdpbusd`, or plain vector IR that LLVM lowers for any target), the per-block
+(AVX-512 VNNI `vpdpbusd`; on aarch64 CPUs with the dot-product extension `sdot`, whose signed
+bytes hold the 4-, 5- and 6-bit codes as they are and Q8_0's q + 128 as q after xor 0x80; or
+plain vector IR that LLVM lowers for any target), the per-block
 float epilogue, and the conversion of a block's 16 f16 scales. The layouts are drawn in
 kernels_cpu.matmul_i8."""
 
 from __future__ import annotations
 
+import platform
+
 from llvmlite import ir
-from numba.core import types
+from numba.core import config, types
 from numba.extending import intrinsic
 
 from ._jit import HAS_F16C, f16_to_f32, kernel, target_has
@@ -17,10 +21,54 @@ GROUP = 16  # rows per interleaved group (one 512-bit vector of int32 lanes)
 # the core's 14 GB/s with the hardware prefetcher alone, 12-13 with these).
 PREFETCH_BYTES = 2048  # ahead of the quad being read, in the interleaved weights
 HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
+# LLVM CPU names (aarch64) with the dot-product extension (Armv8.2-A dotprod, standard from
+# Armv8.4-A): the target-feature list does not show it even on a Raspberry Pi 5, and LLVM
+# aborts on the sdot intrinsic for a CPU without it, so the CPU name decides.
+DOTPROD_CPUS = frozenset({
+    "cortex-a55", "cortex-a65", "cortex-a65ae", "cortex-a75", "cortex-a76", "cortex-a76ae", "cortex-a77",
+    "cortex-a78", "cortex-a78ae", "cortex-a78c", "cortex-a510", "cortex-a520", "cortex-a520ae", "cortex-a710",
+    "cortex-a715", "cortex-a720", "cortex-a720ae", "cortex-a725", "cortex-x1", "cortex-x1c", "cortex-x2",
+    "cortex-x3", "cortex-x4", "cortex-x925", "neoverse-e1", "neoverse-n1", "neoverse-n2", "neoverse-n3",
+    "neoverse-v1", "neoverse-v2", "neoverse-v3", "neoverse-v3ae", "neoverse-512tvb", "ampere1", "ampere1a",
+    "ampere1b", "apple-a13", "apple-a14", "apple-a15", "apple-a16", "apple-a17", "apple-m1", "apple-m2",
+    "apple-m3", "apple-m4", "exynos-m4", "exynos-m5", "saphira", "tsv110", "oryon-1", "grace", "kryo", "carmel",
+})  # fmt: skip
+
+
+def _has_sdot() -> bool:
+    if platform.machine().lower() not in ("aarch64", "arm64"):
+        return False
+    if target_has("+dotprod"):
+        return True
+    if config.CPU_NAME:
+        return str(config.CPU_NAME).lower() in DOTPROD_CPUS
+    import llvmlite.binding as llvm
+
+    return str(llvm.get_host_cpu_name()).lower() in DOTPROD_CPUS
+
+
+HAS_SDOT = _has_sdot()
 BLOCK_BYTES = {8: 512, 4: 256, 5: 320, 6: 384}  # bytes of one 16-row x 32-column block, per format
 
 
-def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False):  # type: ignore[no-untyped-def]
+def _sdot16(builder, fn, a, wb, xv):  # type: ignore[no-untyped-def]
+    """vpdpbusd's lanes with aarch64 sdot (signed bytes): a <16 x i32> += for each lane l the
+    dot product of bytes 4l..4l+3 of wb <64 x i8> with the 4 bytes of x (xv: one i32 quad
+    splatted). Four sdot of 16 bytes each; lane 4k + j of the result is lane j of the k-th."""
+    i32, v4 = ir.IntType(32), ir.VectorType(ir.IntType(32), 4)
+    xb = builder.bitcast(xv, ir.VectorType(ir.IntType(8), 64))
+    x16 = builder.shuffle_vector(xb, xb, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
+    parts = []
+    for k in range(4):
+        ak = builder.shuffle_vector(a, a, ir.Constant(v4, [4 * k + j for j in range(4)]))
+        wk = builder.shuffle_vector(wb, wb, ir.Constant(ir.VectorType(i32, 16), [16 * k + j for j in range(16)]))
+        parts.append(builder.call(fn, [ak, wk, x16]))
+    lo = builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(i32, 8), list(range(8))))
+    hi = builder.shuffle_vector(parts[2], parts[3], ir.Constant(ir.VectorType(i32, 8), list(range(8))))
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
+
+
+def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=False):  # type: ignore[no-untyped-def]
     """int32 <16 x i32> sums of one block for each x offset in xoffs: every weight quad is
     loaded once and meets each token's broadcast quad. Integer sums are exact, so how the
     products are split into chains changes no result: one token uses two chains (even and odd
@@ -43,6 +91,9 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False):  # typ
     fn = None
     if vnni:
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(v16, [v16, v16, v16]))
+    elif sdot:
+        v4, v16i8 = ir.VectorType(i32, 4), ir.VectorType(i8, 16)
+        fn = builder.module.declare_intrinsic("llvm.aarch64.neon.sdot.v4i32.v16i8", fnty=ir.FunctionType(v4, [v4, v16i8, v16i8]))
     high: list = []
     for q in range(8):
         if nibbles and q >= 4:
@@ -59,6 +110,8 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False):  # typ
                 mp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, at)]), i64.as_pointer())
                 mask = builder.bitcast(builder.load(mp, align=1), ir.VectorType(ir.IntType(1), 64))
                 wb = builder.or_(wb, builder.select(mask, ir.Constant(v64i8, [add] * 64), ir.Constant(v64i8, None)))
+        if sdot and bits == 8:  # stored q + 128 as u8: xor 0x80 gives q as a signed byte (offset 0)
+            wb = builder.xor(wb, ir.Constant(v64i8, [-128] * 64))
         wv = builder.bitcast(wb, v16)
         for u, xoff in enumerate(xoffs):
             xs = builder.load(builder.gep(xbase, [builder.add(xoff, ir.Constant(i64, q))]))
@@ -68,6 +121,8 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False):  # typ
             a = accs[u][chain]
             if vnni:
                 a = builder.call(fn, [a, wv, xv])
+            elif sdot:
+                a = _sdot16(builder, fn, a, wb, xv)
             else:
                 # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
                 w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
@@ -95,7 +150,7 @@ def _dot_codegen(n_tokens, bits, split=False):  # type: ignore[no-untyped-def]
         v16 = ir.VectorType(ir.IntType(32), 16)
         xoffs = [context.cast(builder, args[4 + u], signature.args[4 + u], types.int64) for u in range(n_tokens)]
         woff = context.cast(builder, args[2], signature.args[2], types.int64)
-        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, bits, split)
+        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, bits, split, HAS_SDOT)
         for u, a in enumerate(sums):
             dst = builder.gep(acc_a.data, [ir.Constant(ir.IntType(64), 16 * u)])
             builder.store(a, builder.bitcast(dst, v16.as_pointer()), align=4)

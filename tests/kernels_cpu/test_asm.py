@@ -16,13 +16,14 @@ import re
 
 import numba
 import pytest
+from asm_helpers import asm_of
 from llvmlite import binding as llvm
 from numba import types as nt
 from numba.core import config
 
 from edge_infer.kernels_cpu import dequant as dq
 from edge_infer.kernels_cpu import matmul as mm
-from edge_infer.kernels_cpu._jit import NoAliasCompiler, f16_to_f32, f32_to_f16
+from edge_infer.kernels_cpu._jit import f16_to_f32, f32_to_f16
 
 HOST = set(llvm.get_host_cpu_features().flatten().split(","))
 OVERRIDDEN = any(
@@ -38,15 +39,6 @@ U8 = nt.Array(nt.uint8, 2, "C")
 F32 = nt.Array(nt.float32, 2, "C")
 DECODER_SIG = (U8, nt.int64, F32, nt.int64)
 ROW_GROUPS_SIG = (F32, U8, nt.int64, F32, nt.int64, nt.int64, F32)
-
-
-def asm_of(dispatcher, sig: tuple, fastmath: bool = False) -> str:  # type: ignore[no-untyped-def]
-    """Assembly of a kernel compiled afresh (no cache) the way its decorator compiles it."""
-    fn = numba.njit(nogil=True, error_model="numpy", fastmath=fastmath, pipeline_class=NoAliasCompiler)(
-        dispatcher.py_func
-    )
-    fn.compile(sig)
-    return fn.inspect_asm(sig)
 
 
 def uses(asm: str, mnemonic: str, reg: str) -> bool:
