@@ -32,6 +32,7 @@ import llama_cpp_build  # noqa: E402
 
 from edge_infer import hub  # noqa: E402
 from edge_infer.bench.kl_divergence import KLResult, add_window  # noqa: E402
+from edge_infer.bench.perplexity import scoring_windows  # noqa: E402
 from edge_infer.formats.gguf import GGUFFile  # noqa: E402
 from edge_infer.formats.quant_policy import MIXES, PLAIN  # noqa: E402
 from edge_infer.llm import LLM  # noqa: E402
@@ -67,16 +68,6 @@ def llama_cmd(bindir: Path, src: Path, out: Path, t: str, imatrix: Path | None) 
     if imatrix:
         cmd += ["--imatrix", str(imatrix)]
     return cmd + [str(src), str(out), ft, "2"]
-
-
-def windows(tokens: list[int], ctx: int, chunks: int, bos: int | None) -> list[list[int]]:
-    out = []
-    for i in range(min(chunks, len(tokens) // ctx)):
-        w = tokens[i * ctx : (i + 1) * ctx]
-        if bos is not None:
-            w[0] = bos
-        out.append(w)
-    return out
 
 
 def score(path: Path, wins: list[list[int]], base_rows: list[np.ndarray], ctx: int) -> KLResult:
@@ -143,8 +134,7 @@ def main() -> int:
                   str(args.ctx), "-t", "2", "--no-ppl"] + (["--chunks", str(args.calib_chunks)] if args.calib_chunks > 0 else []))  # fmt: skip
     print(f"calibration: ours {t_cal:.0f} s (with a q8_0 write), llama-imatrix {t_lcal:.0f} s")
     with LLM(str(base), n_threads=2, device="cpu", max_model_len=args.ctx + 1, kv_cache_memory="256MiB") as llm:
-        bos = llm.tokenizer.bos_id if llm.tokenizer.add_bos else None
-        wins = windows(llm.tokenizer.encode(eval_text, add_special=True), args.ctx, args.chunks, bos)
+        wins = scoring_windows(llm, llm.tokenizer.encode(eval_text, add_special=True), args.ctx, args.chunks)
         base_rows = [llm.prompt_logits(w)[args.ctx // 2 : args.ctx - 1].copy() for w in wins]
     rows: list[dict[str, Any]] = []
     variants = [(t, who, im) for t in args.types.split(",") for who, im in

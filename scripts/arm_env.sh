@@ -60,11 +60,18 @@ fi
 # the repository as the package-dir mapping installs it (formats/ -> edge_infer.formats, ...)
 rm -rf "$D/stage" "$D/repo"; mkdir -p "$D/stage/edge_infer" "$D/repo"
 (cd "$REPO" && git ls-files -z --cached --others --exclude-standard | tar cf - --null -T -) | tar xf - -C "$D/repo"
-# every file stamped with one time derived from the tree's content: numba's cache checks source
-# stamps, and a fresh clone's checkout times would make it cold on every CI run
-STAMP=$(cd "$REPO" && { git ls-files -s; git diff; git ls-files -z --others --exclude-standard | xargs -0r cat; } | sha256sum | cut -c1-7)
-STAMP=$((1500000000 + 16#$STAMP % 100000000))
-find "$D/repo" -type f -exec touch -d "@$STAMP" {} +
+# each file's time stamped from its own content: numba's cache checks source stamps, and a fresh
+# clone's checkout times would make it cold on every CI run; content-derived times change only
+# when the file does
+"$PY" - "$D/repo" <<'EOF'
+import hashlib, os, sys
+for root, _, files in os.walk(sys.argv[1]):
+    for name in files:
+        p = os.path.join(root, name)
+        with open(p, "rb") as fh:
+            t = 1_500_000_000 + int(hashlib.sha256(fh.read()).hexdigest()[:8], 16) % 100_000_000
+        os.utime(p, (t, t))
+EOF
 for f in "$D"/repo/edge_infer/*; do ln -sfn "$f" "$D/stage/edge_infer/"; done
 for p in formats kernels_cpu kernels_cuda; do ln -sfn "$D/repo/$p" "$D/stage/edge_infer/$p"; done
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edge_infer.bench.perplexity import scoring_windows
 from edge_infer.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -99,23 +100,13 @@ def kl_divergence(llm: LLM, base: LLM, tokens: Sequence[int], ctx: int = 512, n_
     if llm.model_config.vocab_size != base.model_config.vocab_size:
         raise InvalidRequest(f"the models' vocabularies differ ({llm.model_config.vocab_size} vs "
                              f"{base.model_config.vocab_size} tokens): KL divergence needs the same tokenizer")  # fmt: skip
-    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 4:
-        raise InvalidRequest(f"ctx must be an integer >= 4, got {ctx!r}")
-    toks = [int(t) for t in tokens]
-    if len(toks) < 2 * ctx:
-        raise InvalidRequest(f"KL divergence with a context of {ctx} needs at least {2 * ctx} tokens; the text has {len(toks)}")
     limit = min(llm.plan.max_model_len, base.plan.max_model_len)
-    if ctx >= limit:
+    if isinstance(ctx, int) and ctx >= limit:
         raise InvalidRequest(f"ctx {ctx} must be below the maximum context length of {limit} tokens")
-    available = len(toks) // ctx
-    chunks = available if n_chunks is None else min(n_chunks, available)
-    bos = llm.tokenizer.bos_id if llm.tokenizer.add_bos else None
+    windows = scoring_windows(llm, tokens, ctx, n_chunks, "KL divergence")
     first = ctx // 2
-    res = KLResult(ctx=ctx, chunks=chunks)
-    for i in range(chunks):
-        window = toks[i * ctx : (i + 1) * ctx]
-        if bos is not None:
-            window[0] = bos
+    res = KLResult(ctx=ctx, chunks=len(windows))
+    for i, window in enumerate(windows):
         b = base.prompt_logits(window)[first : ctx - 1]
         m = llm.prompt_logits(window)[first : ctx - 1]
         add_window(res, b, m, window[first + 1 : ctx])

@@ -60,6 +60,34 @@ def token_nlls(logits: np.ndarray, targets: Sequence[int]) -> np.ndarray:
     return lse - rows[np.arange(len(tgt)), tgt]
 
 
+def scoring_windows(llm: LLM, tokens: Sequence[int], ctx: int, n_chunks: int | None,
+                    what: str = "perplexity") -> list[list[int]]:  # fmt: skip
+    """The windows llama-perplexity scores: consecutive ctx-token slices of `tokens` (a short
+    tail dropped), at most n_chunks of them, BOS first when the model adds one; validated."""
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 4:
+        raise InvalidRequest(f"ctx must be an integer >= 4, got {ctx!r}")
+    if n_chunks is not None and (isinstance(n_chunks, bool) or not isinstance(n_chunks, int) or n_chunks < 1):
+        raise InvalidRequest(f"n_chunks must be a positive integer, got {n_chunks!r}")
+    toks = [int(t) for t in tokens]
+    if len(toks) < 2 * ctx:
+        raise InvalidRequest(
+            f"{what} with a context of {ctx} needs at least {2 * ctx} tokens; the text has only {len(toks)}"
+        )
+    limit = llm.plan.max_model_len
+    if ctx >= limit:
+        raise InvalidRequest(f"ctx {ctx} must be below the maximum context length of {limit} tokens")
+    available = len(toks) // ctx
+    chunks = available if n_chunks is None else min(n_chunks, available)
+    bos = llm.tokenizer.bos_id if llm.tokenizer.add_bos else None
+    out = []
+    for i in range(chunks):
+        window = toks[i * ctx : (i + 1) * ctx]
+        if bos is not None:
+            window[0] = bos
+        out.append(window)
+    return out
+
+
 def perplexity(
     llm: LLM,
     tokens: Sequence[int],
@@ -72,27 +100,10 @@ def perplexity(
     n_chunks: at most this many windows (None: all that fit). on_chunk(i, running_ppl) is
     called after window i (1-based) is scored.
     """
-    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 4:
-        raise InvalidRequest(f"ctx must be an integer >= 4, got {ctx!r}")
-    if n_chunks is not None and (isinstance(n_chunks, bool) or not isinstance(n_chunks, int) or n_chunks < 1):
-        raise InvalidRequest(f"n_chunks must be a positive integer, got {n_chunks!r}")
-    toks = [int(t) for t in tokens]
-    if len(toks) < 2 * ctx:
-        raise InvalidRequest(
-            f"perplexity with a context of {ctx} needs at least {2 * ctx} tokens; the text has only {len(toks)}"
-        )
-    limit = llm.plan.max_model_len
-    if ctx >= limit:
-        raise InvalidRequest(f"ctx {ctx} must be below the maximum context length of {limit} tokens")
-    available = len(toks) // ctx
-    chunks = available if n_chunks is None else min(n_chunks, available)
-    bos = llm.tokenizer.bos_id if llm.tokenizer.add_bos else None
+    windows = scoring_windows(llm, tokens, ctx, n_chunks)
     first = ctx // 2
-    result = PerplexityResult(ctx=ctx, chunks=chunks, tokens_scored=0, nll=0.0, nll2=0.0)
-    for i in range(chunks):
-        window = toks[i * ctx : (i + 1) * ctx]
-        if bos is not None:
-            window[0] = bos
+    result = PerplexityResult(ctx=ctx, chunks=len(windows), tokens_scored=0, nll=0.0, nll2=0.0)
+    for i, window in enumerate(windows):
         logits = llm.prompt_logits(window)
         v = token_nlls(logits[first : ctx - 1], window[first + 1 : ctx])
         result.nll += float(v.sum())
