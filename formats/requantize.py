@@ -107,11 +107,9 @@ def _copy_kv(f: GGUFFile, w: GGUFWriter) -> None:
             w.add_key_value(key, val, _VALUE_TYPES[tname])
 
 
-def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], target: Target,
-               keep: list[tuple[str, T]] | None = None, imatrix: Imatrix | None = None, force: bool = False,
-               progress: Progress | None = None, extra_kv: dict[str, str | int] | None = None) -> list[TensorPlan]:  # fmt: skip
-    """Write `dst` from `src` at `target`; returns the plan it followed. Refuses an existing
-    dst unless force, and dst == src always."""
+def check_output(src: str | os.PathLike[str], dst: str | os.PathLike[str], force: bool) -> Path:
+    """dst as a Path, or the InvalidRequest that writing it would be: the input itself, a
+    folder, an existing file without force, a missing folder."""
     dst_p = Path(dst)
     if dst_p.exists() and dst_p.resolve() == Path(src).resolve():
         raise InvalidRequest(f"{dst}: the output is the input file; write to another path")
@@ -121,6 +119,15 @@ def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], target:
         raise InvalidRequest(f"{dst}: already exists (use --force to overwrite it)")
     if not dst_p.parent.exists():
         raise InvalidRequest(f"{dst}: the folder {dst_p.parent} does not exist")
+    return dst_p
+
+
+def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], target: Target,
+               keep: list[tuple[str, T]] | None = None, imatrix: Imatrix | None = None, force: bool = False,
+               progress: Progress | None = None, extra_kv: dict[str, str | int] | None = None) -> list[TensorPlan]:  # fmt: skip
+    """Write `dst` from `src` at `target`; returns the plan it followed. Refuses an existing
+    dst unless force, and dst == src always."""
+    dst_p = check_output(src, dst, force)
     with GGUFFile(src) as f:
         steps = plan(f, target, keep or [], imatrix is not None)
         tmp = temp_beside(dst_p)

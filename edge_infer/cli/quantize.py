@@ -46,15 +46,6 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def _check_output(out: Path, force: bool) -> None:
-    if out.is_dir():
-        raise InvalidRequest(f"{out}: is a directory; give the output file's path")
-    if out.exists() and not force:
-        raise InvalidRequest(f"{out}: already exists (use --force to overwrite it)")
-    if not out.parent.exists():
-        raise InvalidRequest(f"{out}: the folder {out.parent} does not exist")
-
-
 def _calibrate(args: argparse.Namespace, model: Path, threads: int | None) -> Any:
     from edge_infer.llm import LLM
     from edge_infer.quantize.calibrate import collect_imatrix
@@ -85,12 +76,12 @@ def run(args: argparse.Namespace) -> int:
     from edge_infer import hub
     from edge_infer.formats.imatrix import Imatrix
     from edge_infer.formats.quant_policy import parse_keep, parse_target
-    from edge_infer.formats.requantize import requantize
+    from edge_infer.formats.requantize import check_output, requantize
 
     target = parse_target(args.type)
     keep = [parse_keep(k) for k in args.keep]
     out = Path(args.output).expanduser()
-    _check_output(out, args.force)
+    check_output(args.input, out, args.force)  # before a download or a calibration, not after
     if args.save_imatrix and not args.calibrate:
         raise InvalidRequest("--save-imatrix needs --calibrate (it saves what calibration collected)")
     threads = number(args.threads, "--threads") if args.threads else None
@@ -101,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidRequest(f"--threads must be 1..{numba.config.NUMBA_NUM_THREADS}, got {threads}")
         numba.set_num_threads(threads)
     model = hub.resolve_model(args.input)
-    if out.exists() and out.resolve() == Path(model).resolve():
-        raise InvalidRequest(f"{out}: the output is the input file; write to another path")
+    check_output(model, out, args.force)  # a known name resolved to the output's path
     t0 = time.perf_counter()
     im, extra = None, {}
     if args.calibrate:
