@@ -5,9 +5,11 @@ travel to the GPU machine). Run by scripts/cuda_check.sh; needs an NVIDIA GPU an
     python benchmarks/bench_cuda.py [--shape 1.5b|8b] [--no-cpu] [--json FILE]
 
 Reports: top-1 agreement and mean KL of next-token distributions against the CPU backend over
-a 64-token prompt (not for --no-cpu), prefill of 512 tokens (tokens/s), decode at batch 1 and
-32 (tokens/s), and the weight traffic of batch-1 decode in GB/s (the device form's bytes per
-token x tokens/s) beside the card's name.
+a 64-token prompt (not for --no-cpu), prefill of 512 tokens (tokens/s), decode at batch 1
+eager (every kernel launched) and replayed from CUDA graphs, decode at batch 32, n-gram
+speculative decoding at batch 1 (its verification steps replayed too), the weight traffic of
+batch-1 decode in GB/s (the device form's bytes per token x tokens/s) beside the card's name,
+and the launch floor: one replay of a graph of as many empty kernels as a decode step has.
 """
 
 from __future__ import annotations
@@ -85,6 +87,60 @@ def _decode_rate(llm: object, batch: int, n: int) -> float:
     return batch * n / (time.perf_counter() - t0)
 
 
+def _launch_floor(nodes: int) -> float:
+    """Microseconds per replay of a CUDA graph of `nodes` empty kernels (what replaying a decode
+    step's graph costs before any work)."""
+    from numba import cuda
+
+    from edge_infer.kernels_cuda.graphs import PackedInputs, StepGraph
+
+    @cuda.jit
+    def empty(x):  # type: ignore[no-untyped-def]
+        pass
+
+    x = cuda.device_array(1, np.float32)
+    g = StepGraph(1, 1, PackedInputs(1, 1, 1, 1, pinned=False), launches=[(empty, 1, 32, (x,))] * nodes)
+    g.build()
+    stream = cuda.stream()
+    for _ in range(10):
+        g.replay(stream)
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        g.replay(stream)
+    stream.synchronize()
+    return (time.perf_counter() - t0) / 200 * 1e6
+
+
+def _speed(path: Path, row: dict[str, object]) -> None:
+    from edge_infer import LLM
+
+    with LLM(str(path), device="cuda", max_model_len=2048, max_num_seqs=32, enforce_eager=True) as llm:
+        row["decode_b1_eager_tok_s"] = _decode_rate(llm, 1, 32)
+    with LLM(str(path), device="cuda", max_model_len=2048, max_num_seqs=32) as llm:
+        wbytes = llm.plan.decode_weight_bytes
+        long = [(3 * j) % 250 for j in range(512)]
+        llm.prompt_logits(long[:16])
+        t0 = time.perf_counter()
+        llm.prompt_logits(long)
+        row["prefill_512_tok_s"] = 512 / (time.perf_counter() - t0)
+        row["decode_b1_tok_s"] = _decode_rate(llm, 1, 32)
+        row["decode_b32_tok_s"] = _decode_rate(llm, 32, 16)
+        backend = llm.worker.engine.runner.backend  # type: ignore[union-attr]
+        row["graph_replays"] = backend.graph_replays
+        b1 = backend._steps.graphs.get((1, 1))
+        row["decode_graph_nodes"] = len(b1.launches) if b1 is not None else 0
+    row["weight_gb_s_b1"] = wbytes * row["decode_b1_tok_s"] / 1e9  # type: ignore[operator]
+    row["b32_over_b1"] = row["decode_b32_tok_s"] / row["decode_b1_tok_s"]  # type: ignore[operator]
+    spec = {"method": "ngram", "k": 4, "n": 1}
+    with LLM(str(path), device="cuda", max_model_len=2048, max_num_seqs=32, speculative=spec) as llm:
+        row["spec_b1_tok_s"] = _decode_rate(llm, 1, 32)
+        m = llm.metrics()
+        row["spec_tokens_per_step"] = m["spec_tokens_per_step"]
+    if row["decode_graph_nodes"]:
+        row["launch_floor_us"] = _launch_floor(int(row["decode_graph_nodes"]))  # type: ignore[arg-type]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b")
@@ -102,19 +158,11 @@ def main() -> int:
         write_model(path, args.shape)
     row: dict[str, object] = {"shape": args.shape, "file_bytes": path.stat().st_size,
                               "device": str(getattr(cuda.get_current_device(), "name", b"simulator").decode()), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-    prompt = [(11 * j) % 250 for j in range(64)]
-    with LLM(str(path), device="cuda", max_model_len=2048, max_num_seqs=32) as llm:
-        wbytes = llm.plan.decode_weight_bytes
-        long = [(3 * j) % 250 for j in range(512)]
-        llm.prompt_logits(long[:16])
-        t0 = time.perf_counter()
-        llm.prompt_logits(long)
-        row["prefill_512_tok_s"] = 512 / (time.perf_counter() - t0)
-        row["decode_b1_tok_s"] = _decode_rate(llm, 1, 32)
-        row["decode_b32_tok_s"] = _decode_rate(llm, 32, 16)
-        gpu_logits = llm.prompt_logits(prompt) if not args.no_cpu else None
-    row["weight_gb_s_b1"] = wbytes * row["decode_b1_tok_s"] / 1e9  # type: ignore[operator]
-    if gpu_logits is not None:
+    _speed(path, row)
+    if not args.no_cpu:
+        prompt = [(11 * j) % 250 for j in range(64)]
+        with LLM(str(path), device="cuda", max_model_len=2048) as llm:
+            gpu_logits = llm.prompt_logits(prompt)
         with LLM(str(path), device="cpu", max_model_len=2048) as llm:
             cpu_logits = llm.prompt_logits(prompt)
         p = np.exp(cpu_logits - cpu_logits.max(1, keepdims=True))
@@ -125,7 +173,7 @@ def main() -> int:
         row["top1_agreement"] = float((cpu_logits.argmax(1) == gpu_logits.argmax(1)).mean())
         row["mean_kl"] = float((p * (lp - lq)).sum(1).mean())
     for k, v in row.items():
-        print(f"{k:>20}: {v:.4g}" if isinstance(v, float) else f"{k:>20}: {v}")
+        print(f"{k:>22}: {v:.4g}" if isinstance(v, float) else f"{k:>22}: {v}")
     if args.json:
         Path(args.json).write_text(json.dumps(row, indent=2))
     return 0

@@ -105,6 +105,7 @@ class EngineConfig:
     model: str
     n_threads: int | None = None
     device: str = "auto"
+    enforce_eager: bool = False  # CUDA: launch every step's kernels, never replay a CUDA graph (vLLM's name)
     kv_cache_memory: int | str | None = None
     kv_cache_dtype: str = "f16"
     max_model_len: int | None = None
@@ -124,6 +125,8 @@ class EngineConfig:
             raise InvalidRequest(f"n_threads must be a positive integer, got {self.n_threads!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise InvalidRequest(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise InvalidRequest(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
         if self.kv_cache_dtype not in ("f16", "f32", "q8_0"):

@@ -4,7 +4,7 @@ of this package and host numpy arrays. It decides which matrices the int8 kernel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numba
@@ -132,8 +132,12 @@ class CpuBackend:
         return int(psutil.virtual_memory().available)
 
     @staticmethod
-    def upload_inputs(inp: Any) -> Any:
-        return inp
+    def run_step(inp: Any, launch: Callable[[Any], np.ndarray], replayable: bool) -> np.ndarray:
+        return launch(inp)
+
+    @staticmethod
+    def read_logits(logits: np.ndarray, whole: np.ndarray) -> tuple[np.ndarray, None, None]:
+        return logits, None, None  # already on the host: every row, argmax left to the sampler
 
     @staticmethod
     def output_buffer(rows: int, cols: int) -> np.ndarray:

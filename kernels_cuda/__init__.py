@@ -6,7 +6,9 @@ Modules: intrinsics (dp4a by inline PTX, fixed-order block reductions, the simul
 layout (GGUF matrices -> int8 codes with a scale and an offset per 16 columns, or float rows;
 on the host, once), matmul (activation quantization, the dp4a and float matmuls, embedding
 rows), attention (the QKV finish, paged attention in partitions and their combination, block
-copies), ops (norms, activations, elementwise ops, argmax), backend (CudaBackend).
+copies), ops (norms, activations, elementwise ops, argmax), graphs (a step's inputs in one
+buffer; decode and verification steps recorded once per padded size and replayed as CUDA
+graphs), backend (CudaBackend).
 
 Kernel shapes follow kernels_cpu/__init__.py; each module's docstring gives its launch grid.
 Every kernel keeps batch invariance: a token's outputs are computed by the same threads in the

@@ -1,11 +1,13 @@
 """The CUDA backend: the methods of models.backend.Backend over numba.cuda device arrays. Weights
 are repacked on the host (layout.py) and uploaded once; the KV pool and the forward's workspace
-live on the device; a step uploads its inputs once (upload_inputs) and copies back only the
-logits it returns (to_host). Norm weights, biases and RoPE tables are uploaded on first use."""
+live on the device; a step uploads its inputs in one copy (run_step), replays a recorded forward
+when it is a decode or verification step (graphs.py), and copies back only what the sampler
+reads (read_logits: every row's argmax, whole rows only where asked). Launches and copies go to
+one stream. Norm weights, biases and RoPE tables are uploaded on first use."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,8 @@ from edge_infer.kernels_cpu.dequant import KERNEL_TYPES
 from edge_infer.kernels_cpu.workspace import Workspace
 
 from . import attention, matmul, ops
+from .graphs import PackedInputs, StepGraph, StepGraphs
+from .intrinsics import SIMULATOR
 from .layout import to_host_matrix
 
 KV_DTYPES = {"f16": np.float16, "f32": np.float32}
@@ -58,14 +62,27 @@ class CudaBackend:
     name = "cuda"
     matrix_types = KERNEL_TYPES
 
-    def __init__(self) -> None:
+    def __init__(self, graphs: bool = True) -> None:
+        """graphs: replay decode and verification steps from recorded forwards (graphs.py)."""
         name = getattr(cuda.get_current_device(), "name", "numba's CUDA simulator")
         self.device_name = name.decode() if isinstance(name, bytes) else str(name)
         self.n_threads = 1
         self._forms: dict[int, tuple[Any, DeviceMatrix]] = {}  # id(GGUF data) -> (data, device form)
         self._vectors: dict[int, tuple[Any, Any]] = {}  # id(host array) -> (array, device copy)
-        self._parts: Any = None  # attention partition scratch (m, l, acc), grown on demand
-        self._max_pos = 0
+        self._max_pos = 0  # the step's largest position (how many attention partitions it launches)
+        self._stream = cuda.stream()  # every launch and copy of a step, in order
+        self._steps = StepGraphs(graphs)  # recorded forwards and the buffers they share
+
+    def _k(self, kernel: Any, grid: Any, block: Any) -> Any:
+        """kernel[grid, block] on the step's stream, or recorded while a graph is being made."""
+        if self._steps.recording is not None:
+            return self._steps.recording.recorder(kernel, grid, block)
+        return kernel[grid, block, self._stream]
+
+    @property
+    def graph_replays(self) -> int:
+        """Steps run by replaying a recorded forward so far (the tests' and benchmarks' check)."""
+        return self._steps.replays
 
     # -- memory ------------------------------------------------------------------------------
     def memory_available(self) -> int:
@@ -105,6 +122,7 @@ class CudaBackend:
                        experts: tuple[int, int, int] | None = None) -> Workspace:
         if experts is not None:
             raise UnsupportedModelError("device='cuda' has no mixture-of-experts kernels; use device='cpu'")
+        self._steps.invalidate()  # recorded forwards hold the old workspace's addresses
         t, k_max = capacity, max(d_model, q_dim, ffn_dim)
 
         def f32(*shape: int) -> Any:
@@ -128,6 +146,7 @@ class CudaBackend:
                      kv_dtype: str) -> list[Any]:
         if head_dim > attention.MAX_HD:
             raise UnsupportedModelError(f"head_dim {head_dim} > {attention.MAX_HD}: no CUDA attention kernel for it")
+        self._block_size = block_size
         shape, dt = (num_blocks, block_size, n_kv_heads, head_dim), KV_DTYPES[kv_dtype]
         none = cuda.device_array((0, 0, 0), np.float32)
         return [(cuda.to_device(np.zeros(shape, dt)), none, cuda.to_device(np.zeros(shape, dt)), none)
@@ -138,25 +157,75 @@ class CudaBackend:
             return
         pairs = cuda.to_device(np.asarray(copies, np.int32).reshape(-1, 2))
         for k_cache, _, v_cache, _ in kv:
-            attention.copy_blocks_kernel[len(copies), 128](k_cache, v_cache, pairs)
+            self._k(attention.copy_blocks_kernel, len(copies), 128)(k_cache, v_cache, pairs)
 
-    # -- the step's inputs and outputs --------------------------------------------------------
-    def upload_inputs(self, inp: Any) -> Any:
-        """The step's token-level arrays on the device (one copy each), as a new StepInputs."""
-        self._max_pos = int(inp.positions.max()) if inp.positions.size else 0
-        return type(inp)(*(cuda.to_device(np.ascontiguousarray(a)) for a in (
-            inp.tokens, inp.positions, inp.slot_mapping, inp.token_seq, inp.block_tables, inp.logits_rows)))
+    # -- the step: inputs in, forward (eager or replayed), logits out -------------------------
+    def run_step(self, inp: Any, launch: Callable[[Any], Any], replayable: bool) -> Any:
+        """launch(device StepInputs) -> device result, after the step's one host-to-device copy.
+        A replayable step (every token's logits wanted) of up to graphs.BUCKETS[-1] tokens is
+        padded to its bucket and replayed from a recorded forward (recorded on first sight)."""
+        n = inp.tokens.shape[0]
+        max_pos = int(inp.positions.max()) if n else 0
+        key = self._steps.key(n, max_pos, replayable)
+        if key is None:
+            packed = PackedInputs(n, inp.logits_rows.shape[0], *inp.block_tables.shape, pinned=False)
+            packed.fill(inp)
+            packed.upload(self._stream)
+            self._max_pos = max_pos
+            return launch(type(inp)(*packed.device))
+        g = self._steps.graphs.get(key)
+        while g is None:
+            b, parts = key
+            g = StepGraph(b, parts, PackedInputs(b, b, b, -(-parts * attention.PART // self._block_size),
+                                                 pinned=not SIMULATOR))  # fmt: skip
+            self._max_pos, self._steps.recording, generation = parts * attention.PART - 1, g, self._steps.generation
+            try:
+                g.output = launch(type(inp)(*g.inputs.device))  # records the launches, runs nothing
+            finally:
+                self._steps.recording = None
+            if self._steps.generation != generation:  # a shared buffer grew while recording: again
+                g = None
+                continue
+            g.build()
+            self._steps.graphs[key] = g
+        g.inputs.fill(inp)
+        g.inputs.upload(self._stream)
+        g.replay(self._stream)
+        self._steps.replays += 1
+        return g.output
 
-    @staticmethod
-    def output_buffer(rows: int, cols: int) -> Any:
+    def output_buffer(self, rows: int, cols: int) -> Any:
+        if self._steps.recording is not None:  # a recorded forward's result: the shared logits
+            return self._steps.shared("logits", (rows, cols))
         return cuda.device_array((rows, cols), np.float32)
 
-    @staticmethod
-    def to_host(x: Any, scratch: bool = False) -> np.ndarray:
-        """A host copy of device array x (the step's one device-to-host copy)."""
-        out: np.ndarray = x.copy_to_host()
-        cuda.synchronize()
+    def to_host(self, x: Any, scratch: bool = False) -> np.ndarray:
+        """A host copy of device array x, once the step's launches are done."""
+        out: np.ndarray = x.copy_to_host(stream=self._stream)
+        self._stream.synchronize()
         return out
+
+    def read_logits(self, x: Any, whole: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Device logits x [M, V] -> (the rows where `whole` [M] bool is set, float32 [H, V] on
+        the host; where [M]: each row's index in them or -1; argmax of every row, int32 [M]):
+        greedy rows cross as one int each, not V floats."""
+        m = x.shape[0]
+        ids = cuda.device_array(m, np.int32)
+        self._k(ops.argmax_kernel, m, ops.ROW_THREADS)(x, ids)
+        greedy = ids.copy_to_host(stream=self._stream)
+        idx = np.flatnonzero(whole)
+        where = np.full(m, -1, np.int64)
+        where[idx] = np.arange(idx.size)
+        rows = np.empty((idx.size, x.shape[1]), np.float32)
+        at = 0
+        while at < idx.size:  # runs of consecutive rows, one copy each
+            end = at + 1
+            while end < idx.size and idx[end] == idx[end - 1] + 1:
+                end += 1
+            rows[at:end] = x[idx[at] : idx[end - 1] + 1].copy_to_host(stream=self._stream)
+            at = end
+        self._stream.synchronize()
+        return rows, where, greedy
 
     # -- compute -----------------------------------------------------------------------------
     def matmuls(self, x: Any, ws: Sequence[QMatrix], outs: Sequence[Any], work: Workspace) -> None:
@@ -167,24 +236,24 @@ class CudaBackend:
             if m.kind == "codes":
                 xq4, xd, xs16 = work.xq4[:n, : width // 4], work.xd[:n, : width // 32], work.xs16[:n, : width // 16]
                 if not quantized:
-                    matmul.quantize_q8_kernel[n, 32](x, xq4, xd, xs16)
+                    self._k(matmul.quantize_q8_kernel, n, 32)(x, xq4, xd, xs16)
                     quantized = True
-                matmul.matmul_codes_kernel[w.rows, matmul.THREADS](xq4, xd, xs16, m.q4, m.s, m.o, o)
+                self._k(matmul.matmul_codes_kernel, w.rows, matmul.THREADS)(xq4, xd, xs16, m.q4, m.s, m.o, o)
             else:
-                matmul.matmul_float_kernel[w.rows, matmul.THREADS](x, m.f, o)
+                self._k(matmul.matmul_float_kernel, w.rows, matmul.THREADS)(x, m.f, o)
 
     def embed(self, tokens: Any, emb: QMatrix, scale: Any, out: Any) -> None:
         m = self._form(emb)
         if m.kind == "codes":
-            matmul.embed_codes_kernel[tokens.shape[0], 128](tokens, m.q8, m.s, m.o, np.float32(scale), out)
+            self._k(matmul.embed_codes_kernel, tokens.shape[0], 128)(tokens, m.q8, m.s, m.o, np.float32(scale), out)
         else:
-            matmul.embed_float_kernel[tokens.shape[0], 128](tokens, m.f, np.float32(scale), out)
+            self._k(matmul.embed_float_kernel, tokens.shape[0], 128)(tokens, m.f, np.float32(scale), out)
 
     def qkv_finish(self, q: Any, k: Any, v: Any, bq: Any, bk: Any, bv: Any, q_norm: Any, k_norm: Any, n_rot: int,
                    positions: Any, inv_freq: Any, mscale: float, neox: bool, eps: Any, slot_mapping: Any,
                    kv: Any) -> None:
         d = self._dev
-        attention.qkv_finish_kernel[q.shape[0], attention.ROW](
+        self._k(attention.qkv_finish_kernel, q.shape[0], attention.ROW)(
             q, k, v, d(bq), d(bk), d(bv), d(q_norm), d(k_norm), n_rot, positions, d(inv_freq), float(mscale),
             bool(neox), np.float32(eps), slot_mapping, kv[0], kv[2])
 
@@ -192,50 +261,43 @@ class CudaBackend:
                   window: int, softcap: Any, out: Any) -> None:
         n, hd = q.shape[0], kv[0].shape[3]
         heads, parts = q.shape[1] // hd, self._max_pos // attention.PART + 1
-        need = (n, heads, parts, hd)
-        if self._parts is None or any(a < b for a, b in zip(self._parts[2].shape, need)):
-            grow = tuple(max(a, b) for a, b in zip(self._parts[2].shape, need)) if self._parts else need
-            self._parts = (cuda.device_array(grow[:3], np.float32), cuda.device_array(grow[:3], np.float32),
-                           cuda.device_array(grow, np.float32))  # fmt: skip
-        pm, pl, pa = (a[:n, :heads, :parts] for a in self._parts)
-        attention.attention_part_kernel[(n, heads, parts), attention.KEYS](
+        pm, pl, pa = self._part_scratch((n, heads, parts, hd))
+        self._k(attention.attention_part_kernel, (n, heads, parts), attention.KEYS)(
             q, kv[0], kv[2], block_tables, token_seq, positions, np.float32(scale), int(window), np.float32(softcap),
             pm, pl, pa)
-        attention.attention_combine_kernel[(n, heads), 64](pm, pl, pa, out)
+        self._k(attention.attention_combine_kernel, (n, heads), 64)(pm, pl, pa, out)
+
+    def _part_scratch(self, need: tuple[int, int, int, int]) -> tuple[Any, Any, Any]:
+        """Attention partials: max and sum [N, H, P], acc [N, H, P, hd] (shared buffers)."""
+        s = self._steps.shared
+        return s("part_m", need[:3]), s("part_l", need[:3]), s("part_acc", need)
 
     def rmsnorm(self, x: Any, w: Any, eps: Any, out: Any) -> None:
-        ops.rmsnorm_kernel[x.shape[0], ops.ROW_THREADS](x, self._dev(w), np.float32(eps), out)
+        self._k(ops.rmsnorm_kernel, x.shape[0], ops.ROW_THREADS)(x, self._dev(w), np.float32(eps), out)
 
     def add_rmsnorm(self, h: Any, delta: Any, w: Any, eps: Any, out: Any) -> None:
-        ops.add_rmsnorm_kernel[h.shape[0], ops.ROW_THREADS](h, delta, self._dev(w), np.float32(eps), out)
+        self._k(ops.add_rmsnorm_kernel, h.shape[0], ops.ROW_THREADS)(h, delta, self._dev(w), np.float32(eps), out)
 
     def silu_mul(self, gate: Any, up: Any, out: Any) -> None:
-        ops.silu_mul_kernel[_elem_grid(gate), ops.ELEM_THREADS](gate, up, out)
+        self._k(ops.silu_mul_kernel, _elem_grid(gate), ops.ELEM_THREADS)(gate, up, out)
 
     def gelu_mul(self, gate: Any, up: Any, out: Any) -> None:
-        ops.gelu_mul_kernel[_elem_grid(gate), ops.ELEM_THREADS](gate, up, out)
+        self._k(ops.gelu_mul_kernel, _elem_grid(gate), ops.ELEM_THREADS)(gate, up, out)
 
     def take_rows(self, x: Any, rows: Any, out: Any) -> None:
         if len(x.shape) == 1:
-            ops.take_ids_kernel[(out.shape[0] + 63) // 64, 64](x, rows, out)
+            self._k(ops.take_ids_kernel, (out.shape[0] + 63) // 64, 64)(x, rows, out)
         else:
-            ops.take_rows_kernel[out.shape[0], 128](x, rows, out)
+            self._k(ops.take_rows_kernel, out.shape[0], 128)(x, rows, out)
 
     def softcap(self, x: Any, cap: Any) -> None:
-        ops.softcap_kernel[_elem_grid(x), ops.ELEM_THREADS](x, np.float32(cap))
+        self._k(ops.softcap_kernel, _elem_grid(x), ops.ELEM_THREADS)(x, np.float32(cap))
 
     def scale(self, x: Any, factor: Any) -> None:
-        ops.scale_kernel[_elem_grid(x), ops.ELEM_THREADS](x, np.float32(factor))
+        self._k(ops.scale_kernel, _elem_grid(x), ops.ELEM_THREADS)(x, np.float32(factor))
 
     def add(self, h: Any, delta: Any) -> None:
-        ops.add_kernel[_elem_grid(h), ops.ELEM_THREADS](h, delta)
-
-    def argmax(self, x: Any) -> np.ndarray:
-        """The greedy token of each row of device logits x [M, V], int32 [M] on the host: only M
-        ints cross to the host, not the whole vocabulary."""
-        out = cuda.device_array(x.shape[0], np.int32)
-        ops.argmax_kernel[x.shape[0], ops.ROW_THREADS](x, out)
-        return out.copy_to_host()
+        self._k(ops.add_kernel, _elem_grid(h), ops.ELEM_THREADS)(h, delta)
 
     def route_experts(self, *args: Any) -> None:
         raise UnsupportedModelError("device='cuda' has no route_experts kernel")

@@ -46,6 +46,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where to run: auto = an NVIDIA GPU when numba-cuda (the [cuda] extra) finds one and "
                    "the model is supported, else the CPU (default auto)")  # fmt: skip
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="CUDA: launch every step's kernels instead of replaying CUDA graphs (slower; for debugging)")  # fmt: skip
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -124,6 +126,8 @@ def engine_options(args: argparse.Namespace, *, min_model_len: int | None = None
             opts[key] = v
     if getattr(args, "device", None) is not None:
         opts["device"] = args.device
+    if getattr(args, "enforce_eager", False):
+        opts["enforce_eager"] = True
     if getattr(args, "kv_cache_memory", None) is not None:
         opts["kv_cache_memory"] = args.kv_cache_memory
     if hasattr(args, "seed"):

@@ -60,8 +60,9 @@ def make_backend(config: EngineConfig, cfg: ModelConfig) -> Backend:
     if missing is None and lacks is None:
         from edge_infer.kernels_cuda.backend import CudaBackend
 
-        backend = CudaBackend()
-        log.info("device %s: CUDA on %s", config.device, backend.device_name)
+        backend = CudaBackend(graphs=not config.enforce_eager)
+        log.info("device %s: CUDA on %s%s", config.device, backend.device_name,
+                 " (eager: no CUDA graphs)" if config.enforce_eager else "")  # fmt: skip
         return backend
     if lacks is not None:  # a GPU is there but this model cannot use it: worth a warning
         log.warning("device auto: running on the CPU: %s", lacks)

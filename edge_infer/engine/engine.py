@@ -19,7 +19,7 @@ from edge_infer.engine.loader import LoadedModel, load_model
 from edge_infer.engine.ngram import NgramProposer
 from edge_infer.engine.output_processor import OutputProcessor
 from edge_infer.engine.request import Request
-from edge_infer.engine.sample_step import sample_step
+from edge_infer.engine.sample_step import sample_step, whole_rows
 from edge_infer.engine.sampler import make_logits_processors, stop_ids
 from edge_infer.engine.scheduler import SampledTokens, ScheduledChunk
 from edge_infer.engine.sequence import Sequence, SequenceStatus
@@ -152,7 +152,7 @@ class LLMEngine:
         if not scheduled:  # nothing runnable: hand out what has finished
             return self._outputs([rid for rid, r in self.requests.items() if r.finished])
         self.output_processor.mark_scheduled(scheduled)
-        logits = self.runner.execute(scheduled)
+        logits = self.runner.execute(scheduled, whole_rows(scheduled.chunks))
         sampled = sample_step(scheduled.chunks, logits, self.spec)
         finished = self.scheduler.update_from_output(scheduled, sampled)
         self._account(sampled, finished)

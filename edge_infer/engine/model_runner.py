@@ -12,6 +12,7 @@ import numpy as np
 from edge_infer.engine.scheduler import ScheduledChunk, SchedulerOutput
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.step_logits import StepLogits
 from edge_infer.models.transformer import StepInputs, Transformer
 from edge_infer.models.weights import ModelWeights
 
@@ -63,7 +64,8 @@ class ModelRunner:
         chunk (hidden: the final normed hidden states [M, d_model] instead)."""
         return self.model.forward(self.build_inputs(chunks), self.kv, hidden)
 
-    def execute(self, sched: SchedulerOutput) -> np.ndarray:
-        """Run one scheduled step (block copies first); logits as run() returns them."""
+    def execute(self, sched: SchedulerOutput, whole: np.ndarray) -> StepLogits:
+        """Run one scheduled step (block copies first); its logits for the sampler, whole on the
+        host where whole [M] bool is set (see Transformer.forward_sampled)."""
         self.backend.copy_blocks(self.kv, sched.copies)
-        return self.run(sched.chunks)
+        return self.model.forward_sampled(self.build_inputs(sched.chunks), self.kv, whole)

@@ -9,43 +9,67 @@ from edge_infer.engine.sampler import process_logits, sample_token, sampling_pro
 from edge_infer.engine.scheduler import SampledTokens, ScheduledChunk
 from edge_infer.engine.sequence import Sequence
 from edge_infer.engine.spec_decode import SpecDecoder, verify
+from edge_infer.models.step_logits import StepLogits
 
 
-def sample_step(chunks: list[ScheduledChunk], logits: np.ndarray, spec: SpecDecoder | None) -> list[SampledTokens]:
-    """logits float32 [M, V] hold the rows of every chunk's logit_indices, chunk after chunk.
-    Followers of an n > 1 request come right before their leader (so update_from_output
-    forks them from its blocks first)."""
+def whole_rows(chunks: list[ScheduledChunk]) -> np.ndarray:
+    """bool [M] over the step's logit rows: True where a sequence needs the whole row (sampling,
+    logits processors, logprobs), False where its argmax is all it reads (a plain greedy
+    sequence, decoding or verifying) or nobody samples from it."""
+    out: list[bool] = []
+    for c in chunks:
+        need = c.samples and not c.seq.is_finished and any(_needs_row(s) for s in (c.seq, *c.seq.followers))
+        out.extend([need] * len(c.logit_indices))
+    return np.asarray(out, dtype=bool)
+
+
+def _needs_row(seq: Sequence) -> bool:
+    return not seq.params.greedy or bool(seq.logits_processors) or seq.params.logprobs is not None
+
+
+def sample_step(chunks: list[ScheduledChunk], logits: StepLogits, spec: SpecDecoder | None) -> list[SampledTokens]:
+    """logits hold the rows of every chunk's logit_indices, chunk after chunk (whole where
+    whole_rows() asked). Followers of an n > 1 request come right before their leader (so
+    update_from_output forks them from its blocks first)."""
     out: list[SampledTokens] = []
     row = 0
     for c in chunks:
-        rows = logits[row : row + len(c.logit_indices)]
+        first = row
         row += len(c.logit_indices)
         if not c.samples or c.seq.is_finished:
             continue
         seq = c.seq
         if c.num_proposed:
             assert spec is not None
-            out.append(_verify(seq, rows, c.token_ids[-c.num_proposed :], spec))
+            out.append(_verify(seq, logits, first, c.token_ids[-c.num_proposed :], spec))
             continue
         for f in seq.followers:  # n > 1: every sample starts from the prompt's last logits
-            out.append(_sample(f, rows[0], fork_of=seq))
-        out.append(_sample(seq, rows[0]))
+            out.append(_sample(f, logits, first, fork_of=seq))
+        out.append(_sample(seq, logits, first))
     return out
 
 
-def _sample(seq: Sequence, logits: np.ndarray, fork_of: Sequence | None = None) -> SampledTokens:
-    tok, lp = sample_token(logits, seq)
+def _sample(seq: Sequence, logits: StepLogits, r: int, fork_of: Sequence | None = None) -> SampledTokens:
+    if not _needs_row(seq):
+        return SampledTokens(seq, [logits.argmax(r)], None, fork_of=fork_of)
+    tok, lp = sample_token(logits.row(r), seq)
     return SampledTokens(seq, [tok], None if lp is None else [lp], fork_of=fork_of)
 
 
-def _verify(seq: Sequence, rows: np.ndarray, proposals: list[int], spec: SpecDecoder) -> SampledTokens:
-    """Accept a prefix of seq's proposals given its k + 1 logit rows."""
+def _verify(seq: Sequence, logits: StepLogits, first: int, proposals: list[int], spec: SpecDecoder) -> SampledTokens:
+    """Accept a prefix of seq's proposals given its k + 1 logit rows (first, first + 1, ...)."""
     p = seq.params
+    plain = not _needs_row(seq)
 
-    def target(row: np.ndarray, accepted: list[int]) -> tuple[int | None, np.ndarray | None]:
-        x = process_logits(row, seq, accepted)  # penalties see the tokens accepted so far
+    def target(r: int, accepted: list[int]) -> tuple[int | None, np.ndarray | None]:
+        if plain:
+            return logits.argmax(r), None
+        x = process_logits(logits.row(r), seq, accepted)  # penalties see the tokens accepted so far
         return (int(x.argmax()), None) if p.greedy else (None, sampling_probs(x, p))
 
+    rows = range(first, first + len(proposals) + 1)
     res = verify(seq.rng, rows, proposals, spec.state(seq).draft_probs, target)
-    lps = [top_logprobs(rows[r], tok, p.logprobs) for r, tok in enumerate(res.tokens)] if p.logprobs is not None else None
+    lps = None
+    if p.logprobs is not None:
+        lps = [top_logprobs(logits.row(first + r), tok, p.logprobs) for r, tok in enumerate(res.tokens)]
     return SampledTokens(seq, res.tokens, lps, len(proposals), res.num_accepted)

@@ -13,8 +13,9 @@ Rejected tokens' KV slots are rolled back by the scheduler (update_from_output).
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -67,16 +68,17 @@ class VerifyResult:
     num_accepted: int  # proposals accepted (len(tokens) - 1)
 
 
-# target(row_logits, tokens accepted before this row) -> (argmax, None) for a greedy request, or
-# (None, p) with p the target's sampling distribution (penalties depend on accepted tokens).
-TargetFn = Callable[[np.ndarray, list[int]], "tuple[int | None, np.ndarray | None]"]
+# target(row, tokens accepted before this row) -> (argmax, None) for a greedy request, or
+# (None, p) with p the target's sampling distribution (penalties depend on accepted tokens);
+# `row` is an item of verify's `logits`: a logit vector, or an index the target reads it by.
+TargetFn = Callable[[Any, list[int]], "tuple[int | None, np.ndarray | None]"]
 
 
-def verify(rng: np.random.Generator | None, logits: np.ndarray, proposals: list[int],
+def verify(rng: np.random.Generator | None, logits: Seq[Any], proposals: list[int],
            draft_probs: list[np.ndarray | None], target: TargetFn) -> VerifyResult:
-    """Accept a prefix of `proposals` given the target's k + 1 logit rows. draft_probs[j] is
-    the draft's distribution for proposal j, or None when the proposal was deterministic (an
-    n-gram or a greedy draft: q is then one-hot)."""
+    """Accept a prefix of `proposals` given the target's k + 1 logit rows (logits[j] is handed
+    to target as it is). draft_probs[j] is the draft's distribution for proposal j, or None
+    when the proposal was deterministic (an n-gram or a greedy draft: q is then one-hot)."""
     out: list[int] = []
     for j, x in enumerate(proposals):
         best, p = target(logits[j], out)

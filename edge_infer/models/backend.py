@@ -5,8 +5,10 @@ Shapes and semantics of each method are those of the kernels in kernels_cpu/__in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+import numpy as np
 
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.formats.qmatrix import QMatrix
@@ -42,8 +44,18 @@ class Backend(Protocol):
         """Bytes the KV pool may be sized from (host memory available, or free device memory)."""
         ...
 
-    def upload_inputs(self, inp: Any) -> Any:
-        """The step's StepInputs where the kernels read them (the CPU: as they are)."""
+    def run_step(self, inp: Any, launch: Callable[[Any], Array], replayable: bool) -> Array:
+        """launch(StepInputs where the kernels read them) -> the step's result. The CPU calls it
+        as it is; CUDA uploads the inputs in one copy, and may pad a replayable step (every
+        token's logits wanted) and replay a recorded forward instead (its result then has the
+        padded row count: the caller slices)."""
+        ...
+
+    def read_logits(self, logits: Array, whole: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """A step's logits [M, V] for the sampler: (host rows, where, greedy). The CPU: (all the
+        rows, None, None). CUDA: only the rows where `whole` [M] bool is set cross to the host,
+        where [M] gives each row's index among them (-1: not copied) and greedy int32 [M] every
+        row's argmax, computed on the device."""
         ...
 
     def output_buffer(self, rows: int, cols: int) -> Array:

@@ -16,6 +16,7 @@ from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.moe import moe_ffn
 from edge_infer.models.rope import layer_rope
+from edge_infer.models.step_logits import StepLogits
 from edge_infer.models.weights import ModelWeights
 
 _EMPTY = np.empty(0, np.float32)
@@ -79,13 +80,29 @@ class Transformer:
             self.ws = self.b.make_workspace(n_tokens, cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.dense_ffn_dim, experts)
 
     def forward(self, inp: StepInputs, kv: list[Any], hidden: bool = False) -> np.ndarray:
-        """Logits float32 [M, vocab] for inp.logits_rows; writes this step's K/V into `kv` (per
-        layer: k_cache, k_scale, v_cache, v_scale; see kernels_cpu.attention). hidden: return
-        the final normed hidden states float32 [M, d_model] of those rows instead (what
-        embeddings pool, llama.cpp's result_norm), without the output matmul."""
+        """Logits float32 [M, vocab] for inp.logits_rows, on the host; writes this step's K/V
+        into `kv` (per layer: k_cache, k_scale, v_cache, v_scale; see kernels_cpu.attention).
+        hidden: return the final normed hidden states float32 [M, d_model] of those rows instead
+        (what embeddings pool, llama.cpp's result_norm), without the output matmul."""
+        m = inp.logits_rows.shape[0]
+        return self.b.to_host(self._run(inp, kv, hidden)[:m], scratch=hidden)  # hidden: a copy, not scratch
+
+    def forward_sampled(self, inp: StepInputs, kv: list[Any], whole: np.ndarray) -> StepLogits:
+        """The logits of inp.logits_rows as the sampler reads them: whole on the host only where
+        whole [M] bool is set, every row's argmax where the backend computes it."""
+        m = inp.logits_rows.shape[0]
+        return StepLogits(*self.b.read_logits(self._run(inp, kv, False)[:m], whole))
+
+    def _run(self, inp: StepInputs, kv: list[Any], hidden: bool) -> Any:
+        # every token's logits wanted (decode, verification): the backend may replay the step
+        replayable = not hidden and inp.logits_rows.shape[0] == inp.tokens.shape[0]
+        return self.b.run_step(inp, lambda dev: self._layers(dev, kv, hidden), replayable)
+
+    def _layers(self, inp: StepInputs, kv: list[Any], hidden: bool) -> Any:
+        """The forward on the backend's copy of the inputs: the logits (or hidden states) as a
+        backend array, not yet on the host."""
         cfg, eps, b = self.cfg, self.eps, self.b
         n, m = inp.tokens.shape[0], inp.logits_rows.shape[0]
-        inp = b.upload_inputs(inp)  # the step's one host-to-device copy (the CPU's: nothing)
         self._reserve(n)
         ws = self.ws
         h, xn, q, k, v = ws.h[:n], ws.xn[:n], ws.q[:n], ws.k[:n], ws.v[:n]
@@ -131,11 +148,11 @@ class Transformer:
             next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
             x = self._residual(h, o if lw.post_ffn_norm is None else o2, next_norm, xn)
         if hidden:
-            return b.to_host(x[:m], scratch=True)  # handed to the caller: a copy, not scratch
+            return x[:m]
         logits = b.output_buffer(m, cfg.vocab_size)  # handed to the caller: not scratch
         b.matmuls(x, (self.w.output,), (logits,), ws)
         if cfg.final_logit_softcap:
             b.softcap(logits, self.softcap)
         if cfg.logit_scale != 1.0:
             b.scale(logits, self.inv_logit_scale)
-        return b.to_host(logits, scratch=False)
+        return logits

@@ -51,3 +51,18 @@ def test_auto_falls_back_to_the_cpu_saying_why(monkeypatch: pytest.MonkeyPatch, 
     assert "running on the CPU" in caplog.text and "mixture-of-experts" in caplog.text
     with pytest.raises(UnsupportedModelError, match="device='cuda': qwen3moe: .*route_experts"):
         make_backend(EngineConfig(model="m.gguf", device="cuda"), moe)  # type: ignore[arg-type]
+
+
+def test_enforce_eager_is_validated_and_reaches_the_cli() -> None:
+    import argparse
+
+    from edge_infer.cli.args import add_model_args, engine_options
+    from edge_infer.errors import InvalidRequest
+
+    assert EngineConfig(model="m.gguf", enforce_eager=True).enforce_eager
+    with pytest.raises(InvalidRequest, match="enforce_eager must be True or False, got 'yes'"):
+        EngineConfig(model="m.gguf", enforce_eager="yes")  # type: ignore[arg-type]
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    assert engine_options(p.parse_args(["--enforce-eager"])).get("enforce_eager") is True
+    assert "enforce_eager" not in engine_options(p.parse_args([]))

@@ -27,7 +27,7 @@ def _allocations_per_forward(eng: LLMEngine, steps: int) -> list[int]:
     eng.add_request("a", [1, 2, 3, 4, 5, 6, 7], params)
     eng.add_request("b", [8, 9, 10], params)
     model = eng.runner.model
-    forward, counts = model.forward, []
+    forward, counts = model.forward_sampled, []
 
     def counted(inp, kv, *rest):  # type: ignore[no-untyped-def]
         with counting_allocations() as n:
@@ -35,7 +35,7 @@ def _allocations_per_forward(eng: LLMEngine, steps: int) -> list[int]:
         counts.append(n[0])
         return logits
 
-    model.forward = counted  # type: ignore[method-assign]
+    model.forward_sampled = counted  # type: ignore[method-assign]
     while eng.has_unfinished_requests():
         eng.step()
     return counts
