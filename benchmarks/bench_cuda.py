@@ -8,7 +8,8 @@ Reports: top-1 agreement and mean KL of next-token distributions against the CPU
 a 64-token prompt (not for --no-cpu), prefill of 512 tokens (tokens/s), decode at batch 1
 eager (every kernel launched) and replayed from CUDA graphs, decode at batch 32, n-gram
 speculative decoding at batch 1 (its verification steps replayed too), the weight traffic of
-batch-1 decode in GB/s (the device form's bytes per token x tokens/s) beside the card's name,
+batch-1 decode in GB/s (the file's weight bytes, and the device form's, per token x tokens/s)
+beside the card's name,
 and the launch floor: one replay of a graph of as many empty kernels as a decode step has.
 """
 
@@ -128,9 +129,11 @@ def _speed(path: Path, row: dict[str, object]) -> None:
         row["decode_b32_tok_s"] = _decode_rate(llm, 32, 16)
         backend = llm.worker.engine.runner.backend  # type: ignore[union-attr]
         row["graph_replays"] = backend.graph_replays
+        row["device_weight_bytes"] = backend.weight_bytes
         b1 = backend._steps.graphs.get((1, 1))
         row["decode_graph_nodes"] = len(b1.launches) if b1 is not None else 0
-    row["weight_gb_s_b1"] = wbytes * row["decode_b1_tok_s"] / 1e9  # type: ignore[operator]
+    row["weight_gb_s_b1"] = wbytes * row["decode_b1_tok_s"] / 1e9  # type: ignore[operator]  # the file's bytes
+    row["device_gb_s_b1"] = row["device_weight_bytes"] * row["decode_b1_tok_s"] / 1e9  # type: ignore[operator]
     row["b32_over_b1"] = row["decode_b32_tok_s"] / row["decode_b1_tok_s"]  # type: ignore[operator]
     spec = {"method": "ngram", "k": 4, "n": 1}
     with LLM(str(path), device="cuda", max_model_len=2048, max_num_seqs=32, speculative=spec) as llm:

@@ -33,7 +33,8 @@ SIMULATOR_MEMORY = 64 * 2**20
 @dataclass(slots=True)
 class DeviceMatrix:
     """A matrix on the device in layout.py's form: kind "codes" (q4 int32 [R, K/4] and its int8
-    view q8 [R, K], s and o float32 [R, K/16]) or "float" (f float16/float32 [R, K])."""
+    view q8 [R, K], s and o float32 [R, K/16]), "nibbles" (q4 int32 [R, K/8] and its uint8 view
+    q8 [R, K/2], s, o, off) or "float" (f float16/float32 [R, K])."""
 
     kind: str
     q4: Any = None
@@ -42,13 +43,14 @@ class DeviceMatrix:
     o: Any = None
     f: Any = None
     nbytes: int = 0
+    off: int = 0
 
 
 def _upload(m: Any) -> DeviceMatrix:
-    if m.kind == "codes":
+    if m.kind in ("codes", "nibbles"):
         q = cuda.to_device(m.q)
         s, o = cuda.to_device(m.s), cuda.to_device(m.o)
-        return DeviceMatrix("codes", q.view(np.int32), q, s, o, nbytes=m.q.nbytes + m.s.nbytes + m.o.nbytes)
+        return DeviceMatrix(m.kind, q.view(np.int32), q, s, o, nbytes=m.q.nbytes + m.s.nbytes + m.o.nbytes, off=m.off)
     return DeviceMatrix("float", f=cuda.to_device(m.f), nbytes=m.f.nbytes)
 
 
@@ -78,6 +80,11 @@ class CudaBackend:
         if self._steps.recording is not None:
             return self._steps.recording.recorder(kernel, grid, block)
         return kernel[grid, block, self._stream]
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the uploaded matrices in the device's form (what a decode step reads)."""
+        return sum(m.nbytes for _, m in self._forms.values())
 
     @property
     def graph_replays(self) -> int:
@@ -233,12 +240,13 @@ class CudaBackend:
         quantized = False
         for w, o in zip(ws, outs):
             m = w.packed if isinstance(w.packed, DeviceMatrix) else self._form(w)
-            if m.kind == "codes":
+            if m.kind != "float":
                 xq4, xd, xs16 = work.xq4[:n, : width // 4], work.xd[:n, : width // 32], work.xs16[:n, : width // 16]
                 if not quantized:
                     self._k(matmul.quantize_q8_kernel, n, 32)(x, xq4, xd, xs16)
                     quantized = True
-                self._k(matmul.matmul_codes_kernel, w.rows, matmul.THREADS)(xq4, xd, xs16, m.q4, m.s, m.o, o)
+                self._k(matmul.matmul_codes_kernel, w.rows, matmul.THREADS)(
+                    xq4, xd, xs16, m.q4, m.kind == "nibbles", m.off, m.s, m.o, o)
             else:
                 self._k(matmul.matmul_float_kernel, w.rows, matmul.THREADS)(x, m.f, o)
 
@@ -246,6 +254,9 @@ class CudaBackend:
         m = self._form(emb)
         if m.kind == "codes":
             self._k(matmul.embed_codes_kernel, tokens.shape[0], 128)(tokens, m.q8, m.s, m.o, np.float32(scale), out)
+        elif m.kind == "nibbles":
+            self._k(matmul.embed_nibbles_kernel, tokens.shape[0], 128)(
+                tokens, m.q8, m.off, m.s, m.o, np.float32(scale), out)
         else:
             self._k(matmul.embed_float_kernel, tokens.shape[0], 128)(tokens, m.f, np.float32(scale), out)
 

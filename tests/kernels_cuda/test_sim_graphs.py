@@ -56,7 +56,7 @@ def _kv_host(eng: LLMEngine) -> list[np.ndarray]:
 
 
 def test_replayed_steps_equal_eager_ones_across_buckets(tmp_path: Path) -> None:
-    path = write_tiny_llama(tmp_path, qtype="Q8_0", **SHAPE)
+    path = write_tiny_llama(tmp_path, qtype="Q4_0", **SHAPE)
     graph, eager = _engine(path, eager=False), _engine(path, eager=True)
     backend = graph.runner.backend
     before = backend.graph_replays  # the load's warm-up step may have been one
@@ -88,7 +88,7 @@ def test_replayed_steps_equal_eager_ones_across_buckets(tmp_path: Path) -> None:
 
 
 def test_a_prefill_step_is_not_replayed(tmp_path: Path) -> None:
-    eng = _engine(write_tiny_llama(tmp_path, qtype="Q8_0", **SHAPE), eager=False)
+    eng = _engine(write_tiny_llama(tmp_path, qtype="Q4_0", **SHAPE), eager=False)
     backend = eng.runner.backend
     before, graphs = backend.graph_replays, set(backend._steps.graphs)  # the load's warm-up may have made one
     inp = _step([(list(range(1, 9)), 0, list(range(4)))], eng.config.block_size)
@@ -98,9 +98,9 @@ def test_a_prefill_step_is_not_replayed(tmp_path: Path) -> None:
 
 
 def _generate(path: Path, device: str, **opts: Any) -> tuple[list[Any], int, float]:
-    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    sampled = SamplingParams(max_tokens=6, temperature=0.9, seed=3, logprobs=2, ignore_eos=True)
-    greedy_lp = SamplingParams(max_tokens=6, temperature=0.0, logprobs=1, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=5, temperature=0.9, seed=3, logprobs=2, ignore_eos=True)
+    greedy_lp = SamplingParams(max_tokens=5, temperature=0.0, logprobs=1, ignore_eos=True)
     with LLM(str(path), device=device, kv_cache_memory="1MiB", max_model_len=128, **opts) as llm:
         # n-gram (n = 1) proposals need the generated token in the context: prompts of many tokens
         outs = llm.generate([list(range(1, 33)), "one two", list(range(100, 132))], [greedy, sampled, greedy_lp])

@@ -45,14 +45,21 @@ def test_matmul_matches_its_twin_and_is_batch_invariant(qtype: T) -> None:
     x = RNG.standard_normal((3, cols)).astype(np.float32)
     out = np.zeros((3, rows), np.float32)
     alone = np.zeros((1, rows), np.float32)
-    if hm.kind == "codes":
+    if hm.kind in ("codes", "nibbles"):
         xq4, xd, xs16 = _q8(x)
-        q4 = hm.q.view(np.int32)
-        matmul.matmul_codes_kernel[rows, matmul.THREADS](xq4, xd, xs16, q4, hm.s, hm.o, out)
-        matmul.matmul_codes_kernel[rows, matmul.THREADS](xq4[1:2], xd[1:2], xs16[1:2], q4, hm.s, hm.o, alone)
+        codes = layout.unpack_nibbles(hm.q, hm.off) if hm.kind == "nibbles" else hm.q
+        q4, nib = hm.q.view(np.int32), hm.kind == "nibbles"
+        matmul.matmul_codes_kernel[rows, matmul.THREADS](xq4, xd, xs16, q4, nib, hm.off, hm.s, hm.o, out)
+        matmul.matmul_codes_kernel[rows, matmul.THREADS](xq4[1:2], xd[1:2], xs16[1:2], q4, nib, hm.off, hm.s, hm.o,
+                                                         alone)  # fmt: skip
+        if nib:  # the int8 form of the same matrix: the same result, bit for bit
+            as_codes = np.zeros_like(out)
+            matmul.matmul_codes_kernel[rows, matmul.THREADS](xq4, xd, xs16, codes.view(np.int32), False, 0, hm.s, hm.o,
+                                                             as_codes)  # fmt: skip
+            assert np.array_equal(out, as_codes)
         # the twin: the same quantized activations, float64 sums of each group's exact terms
         q, d, s16 = ref.quantize_q8_16(x)
-        isum = np.einsum("tgk,rgk->trg", q.reshape(3, -1, 16).astype(np.int64), hm.q.reshape(rows, -1, 16).astype(np.int64))
+        isum = np.einsum("tgk,rgk->trg", q.reshape(3, -1, 16).astype(np.int64), codes.reshape(rows, -1, 16).astype(np.int64))
         dx = np.repeat(d, 2, axis=1)[:, None, :]
         want = (hm.s[None] * dx * isum + hm.o[None] * dx * s16[:, None, :]).sum(-1)
         rtol = 1e-5
@@ -73,8 +80,11 @@ def test_layout_decodes_exactly_as_the_reference(qtype: T) -> None:
     assert np.array_equal(layout.decode(hm), ref.decode_rows(data, int(qtype)))
     ids = np.array([2, 0], np.int32)
     out = np.zeros((2, 256), np.float32)
+    assert hm.kind == ("nibbles" if qtype in (T.Q4_0, T.Q4_1, T.Q4_K) else "float" if qtype in (T.F16, T.Q3_K) else "codes")
     if hm.kind == "codes":
         matmul.embed_codes_kernel[2, 64](ids, hm.q, hm.s, hm.o, np.float32(2.0), out)
+    elif hm.kind == "nibbles":
+        matmul.embed_nibbles_kernel[2, 64](ids, hm.q, hm.off, hm.s, hm.o, np.float32(2.0), out)
     else:
         matmul.embed_float_kernel[2, 64](ids, hm.f, np.float32(2.0), out)
     assert np.array_equal(out, ref.decode_rows(data, int(qtype))[ids] * np.float32(2.0))

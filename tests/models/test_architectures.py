@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from arch_cases import CASES, write
 from arch_models import write_arch_model
 from llama_oracle import LlamaCpp, kl_rows
 
@@ -31,54 +32,6 @@ from edge_infer.models.weights import load_weights
 
 N_IDS = 96
 REL_L2, TOP1, MARGIN, MEAN_KL = 1e-3, 0.99, 1e-2, 0.01
-HALF_ROT = 8  # n_rot / 2 for the F32 models (head_dim 16)
-
-
-def _factors(lo: float, hi: float, n: int = HALF_ROT) -> np.ndarray:
-    return np.geomspace(lo, hi, n)
-
-
-# name: (arch, metadata, rope-factor tensors, {feature: the config change that switches it off})
-CASES: dict[str, tuple[str, dict[str, object], dict[str, np.ndarray], dict[str, dict[str, Any]]]] = {
-    "llama": ("llama", {}, {}, {}),
-    "llama3-rope": ("llama", {}, {"rope_freqs.weight": _factors(1.0, 8.0)}, {"rope_freqs": {"rope_freqs": (), "ignored_tensors": ("rope_freqs.weight",)}}),
-    "qwen2-yarn": ("qwen2", {"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0,
-                            "qwen2.rope.scaling.original_context_length": 32}, {},
-                   {"yarn": {"rope_scaling": "linear"}}),
-    "qwen3": ("qwen3", {}, {}, {}),
-    "phi3-long": ("phi3", {"phi3.rope.scaling.original_context_length": 32, "phi3.rope.scaling.attn_factor": 1.2},
-                  {"rope_factors_long.weight": _factors(1.0, 6.0), "rope_factors_short.weight": _factors(1.0, 1.5)},
-                  {"long factors": {"rope_factors_long": tuple(_factors(1.0, 1.5))},
-                   "attn_factor": {"rope_attn_factor": 1.0}}),
-    "phi3-short": ("phi3", {"phi3.rope.scaling.original_context_length": 4096},
-                   {"rope_factors_long.weight": _factors(1.0, 1.5), "rope_factors_short.weight": _factors(1.0, 6.0)},
-                   {"short factors": {"rope_factors_short": tuple(_factors(1.0, 1.5))}}),
-    "gemma2": ("gemma2", {"gemma2.attention.sliding_window": 8, "gemma2.attn_logit_softcapping": 1.0,
-                          "gemma2.final_logit_softcapping": 2.0}, {},
-               {"sliding window": {"swa_layers": (False,) * 4}, "attention softcap": {"attn_softcap": 0.0},
-                "final softcap": {"final_logit_softcap": 0.0}}),
-    "olmo2": ("olmo2", {"olmo2.attention.sliding_window": 8}, {}, {"sliding window": {"swa_layers": (False,) * 4}}),
-    "granite": ("granite", {"granite.embedding_scale": 3.0, "granite.residual_scale": 0.4,
-                            "granite.attention.scale": 0.6, "granite.logit_scale": 4.0}, {},
-                {"embedding_scale": {"embed_scale": 1.0}, "residual_scale": {"residual_scale": 1.0},
-                 "attention.scale": {"attn_scale": 0.0}, "logit_scale": {"logit_scale": 1.0}}),
-    "smollm3": ("smollm3", {}, {}, {"no-rope layers": {"nope_layers": ()}}),
-    "qwen3moe": ("qwen3moe", {}, {}, {"top-k": {"n_experts_used": 2}, "weights norm": {"expert_weights_norm": False}}),
-    "qwen2moe": ("qwen2moe", {}, {}, {"top-k": {"n_experts_used": 1}, "weights norm": {"expert_weights_norm": True},
-                                      "shared expert": {"shared_ffn_dim": 0, "ignored_tensors": ("*shexp*",)}}),
-    "olmoe": ("olmoe", {}, {}, {"top-k": {"n_experts_used": 1}}),
-    "mixtral": ("llama", {}, {}, {"top-k": {"n_experts_used": 1}}),
-}
-# the MoE cases' (E experts, k used, expert width; shared expert width), F32 and quantized
-# (llama and olmoe read the experts' width from feed_forward_length, as llama.cpp does)
-MOE_SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "qwen3moe": (dict(experts=(8, 3, 32)), dict(experts=(8, 3, 256))),
-    "qwen2moe": (dict(experts=(8, 2, 32), shared_ffn=48), dict(experts=(8, 2, 256), shared_ffn=256)),
-    "olmoe": (dict(experts=(8, 2, 128), ffn=128, n_kv_heads=4), dict(experts=(8, 2, 256), ffn=256, n_kv_heads=16)),
-    "mixtral": (dict(experts=(8, 2, 128), ffn=128), dict(experts=(8, 2, 256), ffn=256)),
-}
-
-
 def compare(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     """(relative L2 error, top-1 agreement where ref's top-2 margin exceeds MARGIN)."""
     rel = float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
@@ -86,17 +39,6 @@ def compare(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     keep = top2[:, 1] - top2[:, 0] > MARGIN
     agree = float(np.mean(ours[keep].argmax(-1) == ref[keep].argmax(-1))) if keep.any() else 1.0
     return rel, agree
-
-
-def write(tmp: Path, name: str, qtype: str = "F32") -> Path:
-    arch, meta, factors, _ = CASES[name]
-    wide = qtype != "F32"  # K-quants need rows of 256
-    # head_dim 16 either way; the quantized models' logits are softer (std ~2, as real models'
-    # are): the F32 ones' (std ~4) make every rounding difference a large KL
-    shape: dict[str, Any] = dict(d_model=256, ffn=512, n_heads=16, output_std=0.25) if wide else {}
-    if name in MOE_SHAPES:
-        shape.update(MOE_SHAPES[name][wide])
-    return write_arch_model(tmp / f"{name}-{qtype}.gguf", arch, qtype=qtype, meta=meta, factors=factors, **shape)
 
 
 def token_ids(seed: int = 0) -> list[int]:
