@@ -74,6 +74,7 @@ class CudaBackend:
         self._max_pos = 0  # the step's largest position (how many attention partitions it launches)
         self._stream = cuda.stream()  # every launch and copy of a step, in order
         self._steps = StepGraphs(graphs)  # recorded forwards and the buffers they share
+        self._ids = cuda.device_array(64, np.int32)  # read_logits' argmax results
 
     def _k(self, kernel: Any, grid: Any, block: Any) -> Any:
         """kernel[grid, block] on the step's stream, or recorded while a graph is being made."""
@@ -217,7 +218,9 @@ class CudaBackend:
         the host; where [M]: each row's index in them or -1; argmax of every row, int32 [M]):
         greedy rows cross as one int each, not V floats."""
         m = x.shape[0]
-        ids = cuda.device_array(m, np.int32)
+        if self._ids.shape[0] < m:  # grown, not allocated per step: this runs every step
+            self._ids = cuda.device_array(max(m, 2 * self._ids.shape[0]), np.int32)
+        ids = self._ids[:m]
         self._k(ops.argmax_kernel, m, ops.ROW_THREADS)(x, ids)
         greedy = ids.copy_to_host(stream=self._stream)
         idx = np.flatnonzero(whole)
