@@ -1,8 +1,11 @@
 """Writing a file atomically: into a temporary file beside the destination, renamed over it
-only when complete, so an interrupted or failed write leaves the destination as it was."""
+only when complete, so an interrupted or failed write leaves the destination as it was. Without
+`overwrite`, the move is a hard link, which fails rather than replace a file that appeared in
+the meantime (the stdlib has no rename-without-replace)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -19,8 +22,24 @@ def temp_beside(dest: Path) -> Path:
     return Path(tmp)
 
 
-def commit(tmp: Path, dest: Path) -> None:
-    """Flush tmp to disk and rename it over dest."""
+def commit(tmp: Path, dest: Path, overwrite: bool = True) -> None:
+    """Flush tmp to disk and move it to dest: over whatever is there when `overwrite`, else only
+    while dest does not exist (FileExistsError otherwise, tmp left for the caller to remove)."""
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
-    os.replace(tmp, dest)
+    if overwrite:
+        os.replace(tmp, dest)
+        return
+    try:
+        os.link(tmp, dest)  # atomic and never replacing: FileExistsError if dest is there
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
+            raise
+        # A filesystem without hard links: check, then rename (the one window left).
+        if os.path.lexists(dest):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dest)) from None
+        os.rename(tmp, dest)
+        return
+    os.unlink(tmp)

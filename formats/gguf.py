@@ -9,7 +9,8 @@ Layout (little-endian):
 
 Every count and length is checked against the bytes that remain before it is trusted, and
 booleans must be 0 or 1, so a malformed file raises GGUFError (naming the field and byte
-offset), never a struct/index/unicode/memory error, a hang or a huge allocation."""
+offset), never a struct/index/unicode/memory error, a hang or a huge allocation; counts that
+size a model (layers, widths, the vocabulary's arrays) are capped too (gguf_limits.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edge_infer.errors import GGUFError
+from edge_infer.formats.gguf_limits import array_limit, check_hparams
 
 __all__ = ["GGUFFile", "GGUFError", "TensorInfo", "ValueType"]
 
@@ -55,13 +57,7 @@ _SCALAR_DTYPES: dict[int, np.dtype] = {
     ValueType.INT64: np.dtype("<i8"),
     ValueType.FLOAT64: np.dtype("<f8"),
 }
-VALUE_TYPE_NAMES = {
-    ValueType.UINT8: "uint8", ValueType.INT8: "int8", ValueType.UINT16: "uint16",
-    ValueType.INT16: "int16", ValueType.UINT32: "uint32", ValueType.INT32: "int32",
-    ValueType.FLOAT32: "float32", ValueType.BOOL: "bool", ValueType.STRING: "string",
-    ValueType.ARRAY: "array", ValueType.UINT64: "uint64", ValueType.INT64: "int64",
-    ValueType.FLOAT64: "float64",
-}
+VALUE_TYPE_NAMES = {v: k.lower() for k, v in vars(ValueType).items() if k.isupper()}  # 0 -> "uint8", ...
 _KNOWN_GGML_TYPES = {int(t) for t in GGMLQuantizationType}
 
 
@@ -167,7 +163,7 @@ def _read_string_array(cur: _Cursor, count: int, what: str) -> list[str]:
     return out
 
 
-def _read_value(cur: _Cursor, vtype: int, what: str, in_array: bool = False) -> Any:
+def _read_value(cur: _Cursor, vtype: int, what: str, in_array: bool = False, max_count: int | None = None) -> Any:
     if vtype in _SCALAR_DTYPES:
         dt = _SCALAR_DTYPES[vtype]
         cur.need(dt.itemsize, what)
@@ -184,6 +180,8 @@ def _read_value(cur: _Cursor, vtype: int, what: str, in_array: bool = False) -> 
         type_at = cur.pos
         etype = cur.u32(f"element type of {what}")
         count = cur.u64(f"element count of {what}")
+        if max_count is not None and count > max_count:  # before anything count-sized is built
+            raise cur.fail(f"{what} declares {count} elements, more than the {max_count} allowed")
         if etype == ValueType.ARRAY:
             raise cur.fail(f"{what}: nested arrays are not supported", type_at)
         if etype == ValueType.STRING:
@@ -275,8 +273,9 @@ class GGUFFile:
             if vtype == ValueType.ARRAY and cur.pos + 4 <= self.size:
                 (et,) = struct.unpack_from("<I", self._mm, cur.pos)
                 tname = f"array[{VALUE_TYPE_NAMES.get(et, et)}]"
-            metadata[key] = _read_value(cur, vtype, f"metadata {key!r}")
+            metadata[key] = _read_value(cur, vtype, f"metadata {key!r}", max_count=array_limit(key))
             types[key] = tname
+        check_hparams(metadata, self.path)
         self.metadata = metadata
         self.metadata_types = types
 

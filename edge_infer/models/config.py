@@ -137,6 +137,7 @@ class ModelConfig:
 
 
 ROPE_SCALINGS = ("none", "linear", "yarn")
+_SIZES = ("block_count", "embedding_length", "attention.head_count", "context_length")  # see _check_size
 POOLINGS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama.cpp's enum llama_pooling_type
 
 
@@ -157,7 +158,25 @@ class MetadataReader:
             raise UnsupportedModelError(f"{self.f.path}: metadata {full!r} must be an integer, got {v!r}")
         if kind is float and not isinstance(v, (int, float)):
             raise UnsupportedModelError(f"{self.f.path}: metadata {full!r} must be a number, got {v!r}")
+        if key in _SIZES:
+            self._check_size(full, key, v)
         return kind(v)
+
+    def _check_size(self, full: str, key: str, v: int) -> None:
+        # The reader capped these (formats/gguf_limits.py); here they must also be positive (a
+        # division comes next) and agree with the tensors the file holds, so a config the file
+        # cannot back is refused before anything is sized by it.
+        if v <= 0:
+            raise UnsupportedModelError(f"{self.f.path}: metadata {full!r} must be a positive integer, got {v}")
+        emb = self.f.tensors.get("token_embd.weight")
+        if key == "embedding_length" and emb is not None and emb.shape[0] != v:
+            raise UnsupportedModelError(
+                f"{self.f.path}: metadata {full!r} = {v}, but token_embd.weight has rows of {emb.shape[0]}"
+            )
+        if key == "block_count" and not any(name.startswith(f"blk.{v - 1}.") for name in self.f.tensors):
+            raise UnsupportedModelError(
+                f"{self.f.path}: metadata {full!r} = {v}, but the file has no tensors of layer {v - 1} (blk.{v - 1}.*)"
+            )
 
     def rope_scaling(self) -> dict[str, Any]:
         """ModelConfig's rope fields from `rope.scaling.*` as llama.cpp reads them: no type means

@@ -8,6 +8,7 @@ texts. We mirror that (llama-vocab.cpp, `load()`) so encode, decode and stop tok
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,12 @@ _EOG_TEXTS = (
     "<｜end▁of▁sentence｜>", "[e~[",
 )  # fmt: skip
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
+
+# Control, user-defined and unknown tokens are found in prompt text by one regex over all their
+# texts (special.py), built at the first request at ~20-40 us a token: 200k of them took seconds.
+# Real vocabularies have up to ~6.4k (gemma3); more than this is refused at load.
+MAX_SPECIAL_TOKENS = 1 << 15
+_SPECIAL = Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN
 
 _ID_KEYS = (
     ("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"), ("eom", "eom_token_id"),
@@ -162,6 +169,12 @@ def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
     vocab = Vocab(kind, tokens, token_to_id, attrs, scores, merges, pre, special, eog,
                   add_bos, add_eos, add_space_prefix, clean_spaces)  # fmt: skip
     _name_based_attrs(vocab, str(meta.get("general.name") or ""))
+    n_special = sum(k for a, k in Counter(attrs).items() if a & _SPECIAL)
+    if n_special > MAX_SPECIAL_TOKENS:
+        raise UnsupportedModelError(
+            f"{where}: {n_special} control, user-defined and unknown tokens (tokenizer.ggml.token_type), "
+            f"more than the {MAX_SPECIAL_TOKENS} edge-infer looks for in prompts"
+        )
     return vocab
 
 

