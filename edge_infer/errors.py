@@ -37,3 +37,9 @@ class TokenizerError(EdgeInferError):
 
 class ChatTemplateError(EdgeInferError, ValueError):
     """A chat template is missing, malformed, raised an error, or tried to leave its sandbox."""
+
+
+class GenerationError(EdgeInferError):
+    """One sequence failed inside a step (its constraints left no token to sample, its grammar
+    matcher failed); that sequence ends with finish_reason "error", the rest of the batch goes on.
+    The message names only that request's own data."""

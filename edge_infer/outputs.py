@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 class CompletionOutput:
     """One sample. logprobs: per generated token, a dict token id -> logprob holding the top-n
     and the chosen token (None unless SamplingParams.logprobs was set). finish_reason: None
-    while running, then "stop" | "length" | "abort"; stop_reason: the stop string or token id
-    that ended it, if any."""
+    while running, then "stop" | "length" | "abort" | "error"; stop_reason: the stop string or
+    token id that ended it, if any; error: why it failed (finish_reason "error": its own
+    constraints or logits left no token to sample, or its logits processor raised)."""
 
     index: int
     text: str
@@ -19,6 +20,7 @@ class CompletionOutput:
     logprobs: list[dict[int, float]] | None = None
     stop_reason: str | int | None = None
     cumulative_logprob: float | None = None
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

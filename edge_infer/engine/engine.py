@@ -20,9 +20,9 @@ from edge_infer.engine.ngram import NgramProposer
 from edge_infer.engine.output_processor import OutputProcessor
 from edge_infer.engine.request import Request
 from edge_infer.engine.sample_step import sample_step, whole_rows
-from edge_infer.engine.sampler import make_logits_processors, stop_ids
+from edge_infer.engine.sampler import make_logits_processors, stop_ids, unsatisfiable
 from edge_infer.engine.scheduler import SampledTokens, ScheduledChunk
-from edge_infer.engine.sequence import Sequence, SequenceStatus
+from edge_infer.engine.sequence import LogitsProcessor, Sequence, SequenceStatus
 from edge_infer.engine.spec_decode import Proposer, SpecDecoder
 from edge_infer.engine.structured import GrammarCompiler
 from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
@@ -40,7 +40,8 @@ class LLMEngine:
         self.runner, self.block_manager, self.scheduler = m.runner, m.block_manager, m.scheduler
         self.gguf = m.gguf
         self.eos_ids = tuple(sorted(self.tokenizer.stop_ids))
-        self._grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
+        # llguidance's view of the vocabulary is built on the first constrained request
+        self._grammars = GrammarCompiler(self.tokenizer, tuple(self.eos_ids), self.model_config.vocab_size)
         self.spec = self._spec_decoder(config.speculative) if isinstance(config.speculative, SpecConfig) else None
         self.requests: dict[str, Request] = {}
         self.output_processor = OutputProcessor(self.requests, self.eos_ids, self.plan.max_model_len)
@@ -65,13 +66,26 @@ class LLMEngine:
         for tok in list(params.logit_bias or ()) + list(params.stop_token_ids or ()):
             if not 0 <= tok < vocab:
                 raise InvalidRequest(f"token id {tok} in logit_bias/stop_token_ids is outside the vocabulary (0..{vocab - 1})")
+        why = unsatisfiable(params, self.eos_ids, vocab)
+        if why is not None:
+            raise InvalidRequest(why)
         return text, ids
+
+    def compile_constraints(self, params: SamplingParams) -> list[LogitsProcessor] | None:
+        """The request's structured-output processors, one per sequence (None without a
+        constraint); InvalidRequest when it does not compile. Any thread may call it: the worker
+        compiles on the caller's, so a slow constraint never stalls the engine thread."""
+        if params.structured_outputs is None:
+            return None
+        return self._grammars.processors(params.structured_outputs, params.n)
 
     def add_request(self, request_id: str, prompt: str | list[int] | None, params: SamplingParams | None = None,
                     *, prompt_token_ids: list[int] | None = None, prompt_text: str | None = None,
-                    priority: int = 0, arrival_time: float | None = None) -> None:
+                    priority: int = 0, arrival_time: float | None = None,
+                    constraints: list[LogitsProcessor] | None = None) -> None:
         """Queue a request; `prompt` is text (tokenized with BOS per the model) or token ids, or
-        pass prompt_token_ids already checked by prepare_prompt (and prompt_text to echo)."""
+        pass prompt_token_ids already checked by prepare_prompt (and prompt_text to echo), and
+        constraints from compile_constraints (compiled here when not given)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
@@ -83,7 +97,7 @@ class LLMEngine:
         now = time.monotonic() if arrival_time is None else arrival_time
         req = Request(request_id, text, ids, params, max_tokens, RequestMetrics(arrival_time=now))
         processors = make_logits_processors(params, stop_ids(params, self.eos_ids), self.model_config.vocab_size)
-        constrained = self._grammars().processors(params.structured_outputs, params.n) if params.structured_outputs else None
+        constrained = constraints if constraints is not None else self.compile_constraints(params)
         for i in range(params.n):
             seq = Sequence(request_id, ids, params, index=i, priority=priority)
             seq.rng = self._seq_rng(params, i)
@@ -95,11 +109,6 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.add(leader)
         self.stats["prompt_tokens"] += len(ids)
-
-    def _grammars(self) -> GrammarCompiler:
-        if self._grammar_compiler is None:
-            self._grammar_compiler = GrammarCompiler(self.tokenizer, tuple(self.eos_ids), self.model_config.vocab_size)
-        return self._grammar_compiler
 
     def _check_prompt(self, ids: list[int], params: SamplingParams, generates: bool = True) -> list[int]:
         if not ids:

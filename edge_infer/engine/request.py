@@ -39,5 +39,6 @@ class Request:
                 logprobs=list(s.output_logprobs) if self.params.logprobs is not None else None,
                 stop_reason=s.stop_reason,
                 cumulative_logprob=s.cumulative_logprob if self.params.logprobs is not None else None,
+                error=s.error,
             ))
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished, self.metrics)

@@ -1,15 +1,27 @@
 """One step's logits -> the new tokens of every sequence that samples: a plain sample, the n > 1
-samples forked from a finished prompt, or the verification of speculative proposals."""
+samples forked from a finished prompt, or the verification of speculative proposals.
+
+A failure belongs to its sequence: whatever one sequence's sampling raises (its constraints
+leave no token, its grammar matcher fails, a processor errs) becomes that sequence's
+SampledTokens.error and ends it alone (finish_reason "error"); the other rows are sampled as if
+it were not there, so their tokens are the ones they would have had without it."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
-from edge_infer.engine.sampler import process_logits, sample_token, sampling_probs, top_logprobs
+from edge_infer.engine.sampler import greedy_token, process_logits, sample_token, sampling_probs, top_logprobs
 from edge_infer.engine.scheduler import SampledTokens, ScheduledChunk
 from edge_infer.engine.sequence import Sequence
 from edge_infer.engine.spec_decode import SpecDecoder, verify
+from edge_infer.errors import GenerationError
 from edge_infer.models.step_logits import StepLogits
+
+log = logging.getLogger("edge_infer.engine")
 
 
 def whole_rows(chunks: list[ScheduledChunk]) -> np.ndarray:
@@ -41,12 +53,26 @@ def sample_step(chunks: list[ScheduledChunk], logits: StepLogits, spec: SpecDeco
         seq = c.seq
         if c.num_proposed:
             assert spec is not None
-            out.append(_verify(seq, logits, first, c.token_ids[-c.num_proposed :], spec))
+            proposals = c.token_ids[-c.num_proposed :]
+            out.append(_guarded(_verify, seq, logits, first, proposals, spec))
             continue
         for f in seq.followers:  # n > 1: every sample starts from the prompt's last logits
-            out.append(_sample(f, logits, first, fork_of=seq))
-        out.append(_sample(seq, logits, first))
+            out.append(_guarded(_sample, f, logits, first, seq))
+        out.append(_guarded(_sample, seq, logits, first))
     return out
+
+
+def _guarded(sample: Callable[..., SampledTokens], seq: Sequence, *args: Any) -> SampledTokens:
+    """sample(seq, *args), or an empty SampledTokens carrying the error when it raises: the
+    scheduler then ends seq alone (a follower that fails is never forked)."""
+    try:
+        return sample(seq, *args)
+    except GenerationError as e:
+        reason = str(e)
+    except Exception as e:  # a processor's own failure (e.g. llguidance's): this sequence's, not the batch's
+        log.warning("request %s sample %d failed: %s: %s", seq.request_id, seq.index, type(e).__name__, e)
+        reason = f"generation failed: {type(e).__name__}: {e}"
+    return SampledTokens(seq, [], None, error=reason)
 
 
 def _sample(seq: Sequence, logits: StepLogits, r: int, fork_of: Sequence | None = None) -> SampledTokens:
@@ -65,7 +91,7 @@ def _verify(seq: Sequence, logits: StepLogits, first: int, proposals: list[int],
         if plain:
             return logits.argmax(r), None
         x = process_logits(logits.row(r), seq, accepted)  # penalties see the tokens accepted so far
-        return (int(x.argmax()), None) if p.greedy else (None, sampling_probs(x, p))
+        return (greedy_token(x), None) if p.greedy else (None, sampling_probs(x, p))
 
     rows = range(first, first + len(proposals) + 1)
     res = verify(seq.rng, rows, proposals, spec.state(seq).draft_probs, target)

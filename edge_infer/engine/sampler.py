@@ -10,6 +10,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from edge_infer.engine.sequence import LogitsProcessor, Sequence
+from edge_infer.errors import GenerationError
 from edge_infer.sampling_params import SamplingParams
 
 
@@ -89,9 +90,30 @@ def process_logits(logits: np.ndarray, seq: Sequence, extra_output: list[int] | 
     return x
 
 
+def greedy_token(x: np.ndarray) -> int:
+    """The argmax of processed logits x, refused when it is not a finite logit (every token
+    masked, or NaN logits): GenerationError, which ends only this sequence."""
+    tok = int(np.argmax(x))
+    if not np.isfinite(x[tok]):
+        raise GenerationError(no_token_reason(x))
+    return tok
+
+
+def no_token_reason(x: np.ndarray) -> str:
+    """Why processed logits x leave nothing to sample."""
+    if np.isnan(x).any() or np.isposinf(x).any():
+        return "the model produced NaN or infinite logits (its weights or activations overflowed)"
+    return ("no token can be generated: the request's constraints (min_tokens, stop_token_ids, logit_bias, "
+            "the structured-output grammar) exclude every token of the vocabulary")
+
+
 def sampling_probs(x: np.ndarray, p: SamplingParams) -> np.ndarray:
     """The distribution a non-greedy request samples from: temperature, min_p, top_k, top_p
-    applied to penalised logits x; float64 [V] summing to 1."""
+    applied to penalised logits x; float64 [V] summing to 1 (GenerationError when no logit
+    is finite)."""
+    top = x.max()
+    if not np.isfinite(top):
+        raise GenerationError(no_token_reason(x))
     z = x.astype(np.float64) / p.temperature
     z -= z.max()
     probs = np.exp(z)
@@ -129,6 +151,25 @@ def stop_ids(p: SamplingParams, eos_ids: tuple[int, ...]) -> tuple[int, ...]:
     return (() if p.ignore_eos else eos_ids) + (p.stop_token_ids or ())
 
 
+def unsatisfiable(p: SamplingParams, eos_ids: tuple[int, ...], vocab_size: int) -> str | None:
+    """Why a request could never produce its tokens (a 400 before it runs), or None: min_tokens
+    with stop ids that hold back the whole vocabulary, or with a choice constraint whose longest
+    choice ends (only the end of generation then allowed) before min_tokens tokens."""
+    if p.min_tokens <= 0:
+        return None
+    held = {t for t in stop_ids(p, eos_ids) if 0 <= t < vocab_size}
+    if len(held) >= vocab_size:
+        return (f"stop_token_ids cover the whole vocabulary ({vocab_size} tokens) together with the model's "
+                f"end-of-generation tokens, so min_tokens ({p.min_tokens}) would leave no token to generate")
+    so = p.structured_outputs
+    if so is not None and so.choice is not None:
+        longest = max(len(c.encode("utf-8")) for c in so.choice)  # a token is at least one byte
+        if p.min_tokens > longest:
+            return (f"min_tokens ({p.min_tokens}) cannot be honoured with this choice constraint: its longest "
+                    f"choice is {longest} bytes, so at most {longest} tokens come before the end")
+    return None
+
+
 def sample_token(logits: np.ndarray, seq: Sequence) -> tuple[int, dict[int, float] | None]:
     """(token, its logprobs or None) for seq's next token from its raw logits [V]."""
     tok = pick_token(process_logits(logits, seq), seq)
@@ -140,6 +181,6 @@ def pick_token(x: np.ndarray, seq: Sequence) -> int:
     """One token from processed logits x: the argmax for a greedy request, else a draw from the
     request's sampling distribution with seq's generator."""
     if seq.params.greedy:
-        return int(np.argmax(x))
+        return greedy_token(x)
     assert seq.rng is not None
     return draw(sampling_probs(x, seq.params), seq.rng)

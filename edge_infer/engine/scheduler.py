@@ -69,6 +69,7 @@ class SampledTokens:
     num_accepted: int = 0
     fork_of: Sequence | None = None
     num_emitted: int = 0  # set by update_from_output: tokens appended before a stop
+    error: str | None = None  # sampling failed for this sequence alone: it finishes with this reason
 
     @property
     def num_rejected(self) -> int:
@@ -238,6 +239,11 @@ class Scheduler:
         finished: list[Sequence] = []
         for s in sampled:
             seq = s.seq
+            if s.error is not None:  # only this sequence ends (a failed follower is never forked)
+                seq.status, seq.error, seq.followers = SequenceStatus.FINISHED_ERROR, s.error, []
+                self.remove(seq)
+                finished.append(seq)
+                continue
             if s.fork_of is not None:
                 self.bm.fork(s.fork_of, seq)
                 seq.status = SequenceStatus.RUNNING

@@ -26,10 +26,11 @@ class SequenceStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # this sequence failed inside a step (its own cause in Sequence.error)
 
     @property
     def finished(self) -> bool:
-        return self in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED)
+        return self not in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
 
 
 _seq_ids = itertools.count()
@@ -57,6 +58,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
     num_preemptions: int = 0
     stop_reason: str | int | None = None
+    error: str | None = None  # why it finished with FINISHED_ERROR (names only its own request's data)
     output_logprobs: list[dict[int, float]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     rng: np.random.Generator | None = None

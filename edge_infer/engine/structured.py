@@ -12,12 +12,13 @@ allow next. When the grammar is complete only the end-of-generation tokens remai
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from edge_infer.errors import InvalidRequest
+from edge_infer.errors import GenerationError, InvalidRequest
 from edge_infer.sampling_params import StructuredOutputsParams
 from edge_infer.tokenizer import Tokenizer
 from edge_infer.tokenizer.vocab import Attr
@@ -53,32 +54,57 @@ class _GgufTokens:
 
 class GrammarCompiler:
     """Compiles constraints for one model's vocabulary (the llguidance tokenizer is built on
-    first use: it walks the whole vocabulary once)."""
+    first use: it walks the whole vocabulary once). Thread-safe: the engine compiles on the
+    caller's thread (a hostile constraint can take seconds; llguidance releases the GIL), never
+    on the engine thread."""
 
     def __init__(self, tokenizer: Tokenizer, eos_ids: tuple[int, ...], vocab_size: int) -> None:
         self._tokenizer, self._eos, self._vocab_size = tokenizer, tuple(eos_ids), vocab_size
         self._ll: Any = None
+        self._lock = threading.Lock()
 
     def _lltokenizer(self) -> Any:
-        if self._ll is None:
-            import llguidance
+        with self._lock:
+            if self._ll is None:
+                import llguidance
 
-            if not self._eos:
-                raise InvalidRequest("structured outputs need an end-of-generation token, and this model has none")
-            wrapper = llguidance.TokenizerWrapper(_GgufTokens(self._tokenizer, self._eos))
-            self._ll = llguidance.LLTokenizer(wrapper, n_vocab=self._vocab_size, eos_token=list(self._eos))
-        return self._ll
+                if not self._eos:
+                    raise InvalidRequest("structured outputs need an end-of-generation token, and this model has none")
+                wrapper = llguidance.TokenizerWrapper(_GgufTokens(self._tokenizer, self._eos))
+                self._ll = llguidance.LLTokenizer(wrapper, n_vocab=self._vocab_size, eos_token=list(self._eos))
+            return self._ll
 
     def processors(self, so: StructuredOutputsParams, n: int) -> list[LogitsProcessor]:
         """n independent processors (one per sequence) for the constraint; InvalidRequest when
-        llguidance cannot compile it."""
+        llguidance cannot compile it or fails its first step."""
         import llguidance
 
-        first = llguidance.LLMatcher(self._lltokenizer(), grammar_text(so), log_level=0)  # compiles it
-        if first.is_error():
-            raise InvalidRequest(f"structured outputs: the constraint does not compile: {first.get_error()}")
+        # verbose_errors off: an error names the limit, not the parser state or the grammar
+        limits = llguidance.LLParserLimits(verbose_errors=False)
+        first = llguidance.LLMatcher(self._lltokenizer(), grammar_text(so), log_level=0, limits=limits)
+        self._first_step(first)
         matchers = [first] + [first.deep_copy() for _ in range(n - 1)]
         return [_masker(m) for m in matchers]
+
+    def _first_step(self, matcher: Any) -> None:
+        """Run the constraint's first step on a copy: its lexer is built lazily, so a constraint
+        past llguidance's limits (a{1000000}) compiles and then fails at its first mask or token;
+        finding that here makes it a 400, not a failure inside a step."""
+        if not matcher.is_error():
+            probe = matcher.deep_copy()
+            words = np.frombuffer(probe.compute_bitmask(), np.uint8)
+            allowed = np.flatnonzero(np.unpackbits(words, count=self._vocab_size, bitorder="little"))
+            token = next((int(t) for t in allowed if int(t) not in self._eos), None)
+            if token is not None and not probe.is_error():
+                probe.consume_token(token)
+            if probe.is_error():
+                raise InvalidRequest(f"structured outputs: the constraint does not compile: {_first_line(probe)}")
+        if matcher.is_error():
+            raise InvalidRequest(f"structured outputs: the constraint does not compile: {_first_line(matcher)}")
+
+
+def _first_line(matcher: Any) -> str:
+    return str(matcher.get_error()).strip().splitlines()[0] if matcher.get_error() else "unknown error"
 
 
 def grammar_text(so: StructuredOutputsParams) -> str:
@@ -119,9 +145,12 @@ def _masker(matcher: Any) -> LogitsProcessor:
             del consumed[same:]
         for t in output[same:]:
             if not matcher.consume_token(t):
-                raise RuntimeError(f"structured outputs: token {t} violates the grammar: {matcher.get_error()}")
+                raise GenerationError(f"structured outputs: token {t} violates the grammar: {_first_line(matcher)}")
             consumed.append(t)
-        words = np.frombuffer(matcher.compute_bitmask(), np.uint8)  # bit t of the mask: token t allowed
+        bits = matcher.compute_bitmask()
+        if matcher.is_error():  # e.g. a limit of llguidance's reached only now: this sequence fails alone
+            raise GenerationError(f"structured outputs: {_first_line(matcher)}")
+        words = np.frombuffer(bits, np.uint8)  # bit t of the mask: token t allowed
         allowed = np.unpackbits(words, count=x.size, bitorder="little").view(np.bool_)
         x[~allowed] = -np.inf
 

@@ -8,6 +8,8 @@ a process-wide lock (a step, a call or a model load at a time; uncontended it co
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import itertools
 import logging
 import queue
@@ -77,13 +79,15 @@ class EngineWorker:
     def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                priority: int = 0,
                on_output: Callable[[RequestOutput | BaseException], None] | None = None) -> RequestHandle:
-        """Queue a request. Tokenizing and validation happen here, on the caller's thread, and
-        raise at once (InvalidRequest, ...); the engine thread only queues the request."""
+        """Queue a request. Tokenizing, validation and compiling a structured-output constraint
+        happen here, on the caller's thread, and raise at once (InvalidRequest, ...); the engine
+        thread only queues the request."""
         engine = self._live()
         text, ids = engine.prepare_prompt(prompt, params)
+        constraints = engine.compile_constraints(params)
         rid = request_id or f"req-{next(_ids)}"
         handle = RequestHandle(rid, on_output)
-        self._commands.put(("add", (handle, text, ids, params, priority)))
+        self._commands.put(("add", (handle, text, ids, params, priority, constraints)))
         return handle
 
     def abort(self, request_id: str) -> None:
@@ -114,7 +118,10 @@ class EngineWorker:
         if self._thread.is_alive():
             self._commands.put(("stop", None))
             self._thread.join(timeout=30)
-        self.engine = None
+        if self.engine is not None:
+            self.engine = None
+            return_freed_memory()
+
 
     # -- engine thread -------------------------------------------------------------------------
     def _run(self, config: EngineConfig) -> None:
@@ -148,11 +155,14 @@ class EngineWorker:
             try:
                 with KERNEL_LOCK:
                     outs = engine.step()
-            except Exception as e:  # a bug or an exhausted resource: fail what is in flight
+            except Exception:  # a bug or an exhausted resource: fail what is in flight
+                # (a sequence's own failure never gets here: sample_step ends it alone). The
+                # callers get a message with no request's data in it; the log has the cause.
                 log.exception("engine step failed")
                 for rid in list(engine.requests):
                     engine.abort(rid)
-                self._fail_all(e)
+                self._fail_all(EdgeInferError("the engine failed a step (an internal error, logged by the server); "
+                                              "the requests in flight were aborted"))
                 continue
             for out in outs:
                 h = self._handles.get(out.request_id)
@@ -166,10 +176,10 @@ class EngineWorker:
     def _handle(self, engine: LLMEngine, cmd: tuple[str, Any]) -> None:
         kind, arg = cmd
         if kind == "add":
-            handle, text, ids, params, priority = arg
+            handle, text, ids, params, priority, constraints = arg
             try:
                 engine.add_request(handle.request_id, None, params, prompt_token_ids=ids, prompt_text=text,
-                                   priority=priority)
+                                   priority=priority, constraints=constraints)
                 self._handles[handle.request_id] = handle
             except Exception as e:  # e.g. a duplicate request id: the caller learns from its handle
                 handle.put(e)
@@ -190,3 +200,15 @@ class EngineWorker:
         for h in self._handles.values():
             h.put(err)
         self._handles.clear()
+
+
+def return_freed_memory() -> None:
+    """Hand the C heap's free pages back to the system after a model is dropped. glibc keeps
+    large freed buffers (the KV pool, workspaces, repacked weights) in its arenas once its mmap
+    threshold has grown, so a process that creates and drops LLMs would keep growing; trimming
+    here returns them (a no-op where the C library is not glibc)."""
+    gc.collect()  # the engine's reference cycles, so their buffers are free before the trim
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass

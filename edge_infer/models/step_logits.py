@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edge_infer.errors import GenerationError
+
 
 @dataclass(slots=True)
 class StepLogits:
@@ -29,7 +31,12 @@ class StepLogits:
         return self.rows[j]
 
     def argmax(self, i: int) -> int:
-        """Row i's greedy token: the lowest index of its maximum, as np.argmax."""
+        """Row i's greedy token: the lowest index of its maximum, as np.argmax (GenerationError
+        when that is not a finite logit: the model's output overflowed or is NaN)."""
         if self.greedy is not None:
             return int(self.greedy[i])
-        return int(np.argmax(self.row(i)))
+        row = self.row(i)
+        tok = int(np.argmax(row))
+        if not np.isfinite(row[tok]):
+            raise GenerationError("the model produced NaN or infinite logits (its weights or activations overflowed)")
+        return tok

@@ -1,11 +1,11 @@
-"""LLM lifetime: ten LLMs created, used and dropped without close() leave no engine thread
-and at most 100 MB of resident memory behind (after gc and malloc_trim); a closed LLM refuses
+"""LLM lifetime: six LLMs created, used and dropped without close() leave no engine thread
+and at most 64 MiB of resident memory behind (after gc only: a user's process does not trim
+the C heap by hand, so the finalizer must hand freed memory back itself); a closed LLM refuses
 work by name instead of hanging; two live LLMs used at once from two threads give each one's
 greedy tokens (their steps take turns)."""
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import threading
 from pathlib import Path
@@ -25,17 +25,13 @@ def _engine_threads() -> int:
 
 def _rss_after_collect() -> int:
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:  # not glibc
-        pass
     return psutil.Process().memory_info().rss
 
 
 def test_dropped_llms_release_threads_and_memory(smollm2_path: Path) -> None:
     before = _engine_threads()
     rss0 = 0
-    for i in range(10):
+    for i in range(6):
         llm = LLM(str(smollm2_path), n_threads=2, kv_cache_memory="32MiB")
         assert llm.generate(["Hello"], GREEDY)[0].outputs[0].token_ids
         del llm
@@ -44,7 +40,7 @@ def test_dropped_llms_release_threads_and_memory(smollm2_path: Path) -> None:
         if i == 0:
             rss0 = rss  # the first one also leaves the compiled kernels and numba's own threads
     growth = (rss - rss0) / 2**20
-    assert growth < 100, f"RSS grew {growth:.0f} MB over nine more LLMs"
+    assert growth < 64, f"RSS grew {growth:.0f} MiB over five more LLMs"
 
 
 def test_closed_llm_refuses_by_name(smollm2_path: Path) -> None:
