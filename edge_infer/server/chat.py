@@ -1,8 +1,9 @@
 """POST /v1/chat/completions: chat replies under the model's own template, whole or streamed.
 
-Messages are rendered with ChatTemplate.encode, so message text is never parsed as special
-tokens; request-supplied templates are refused in protocol.py. A model without a template is
-a 400 unless the server was started with --chat-template.
+Messages are rendered with ChatTemplate.encode, so no request text (content, names, tool calls,
+tools) is ever parsed as special tokens, within the template's time and size bounds (a render
+past one is a 400); request-supplied templates are refused in protocol.py. A model without a
+template is a 400 unless the server was started with --chat-template.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ from edge_infer.server.errors import APIError
 FORMATS = ("hermes", "llama3_json", "mistral")
 # llguidance's JSON style inside a grammar: as the models write it, no free whitespace
 _STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+# a function name, in tools and in the history's tool calls (OpenAI's rule)
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def detect_format(template: str | None) -> str | None:
@@ -63,7 +65,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(f, dict) or set(t) - {"type", "function"}:
             raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}",
                            param=f"tools[{i}]", code="invalid_value")  # fmt: skip
-        if not isinstance(f.get("name"), str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", f["name"]):
+        if not isinstance(f.get("name"), str) or not FUNCTION_NAME.fullmatch(f["name"]):
             raise APIError(400, f"tools[{i}].function.name must be 1-64 letters, digits, _ . -", param=f"tools[{i}].function.name",
                            code="invalid_value")  # fmt: skip
         extra = set(f) - {"name", "description", "parameters", "strict"}

@@ -1,38 +1,39 @@
-"""Chat templates from GGUF metadata, rendered in a Jinja2 sandbox.
+"""Chat templates from GGUF metadata, rendered in a bounded Jinja2 sandbox.
 
 `ChatTemplate.from_gguf(path)` reads `tokenizer.chat_template`; `render` gives the prompt
 text exactly as llama-cpp-python's and Hugging Face's Jinja2 formatters do (same sandbox,
-trim_blocks/lstrip_blocks, loopcontrols, `tojson`, `raise_exception`, `strftime_now`).
+trim_blocks/lstrip_blocks, loopcontrols, `tojson`, `raise_exception`, `strftime_now`), within
+the time, output and size bounds of limits.py (sandbox.py enforces them). A template is
+rendered once on a sample conversation when it is made: one that goes past a bound there
+refuses the model (UnsupportedModelError).
 
-`encode` keeps special tokens to the template: message content is swapped for private
-markers, the template is rendered, and the output is tokenized piece by piece, template
-text with special-token parsing and content without it. A user who types "<|im_end|>"
-gets those characters, not the control token. (Only message content is protected this
-way; other fields a template prints, such as tool-call arguments, are template text.)
+`encode` keeps special tokens to the template: every string of the request (message content,
+roles, names, tool-call ids, function names and arguments, tools with their descriptions and
+schemas) is swapped for a private marker (spans.py), the template is rendered, and the output
+is tokenized piece by piece, template text with special-token parsing and request text
+without it, however the template printed it (raw, trimmed, through `tojson`, ...). A user who
+types "<|im_end|>" anywhere gets those characters, not the control token.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import secrets
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-import jinja2.ext
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from edge_infer.errors import ChatTemplateError
+from edge_infer.chat.limits import MAX_SOURCE, ChatTemplateLimit
+from edge_infer.chat.sandbox import BoundedSandbox, render
+from edge_infer.chat.spans import Spans
+from edge_infer.errors import ChatTemplateError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from edge_infer.formats.gguf import GGUFFile
     from edge_infer.tokenizer import Tokenizer
 
-__all__ = ["BUILTIN_STOPS", "BUILTIN_TEMPLATES", "ChatTemplate", "chat_by_default"]
+__all__ = ["BUILTIN_STOPS", "BUILTIN_TEMPLATES", "ChatTemplate", "ChatTemplateLimit", "chat_by_default"]
 
 BUILTIN_TEMPLATES: dict[str, str] = {
     "chatml": (
@@ -67,39 +68,6 @@ def chat_by_default(metadata: Mapping[str, Any]) -> tuple[bool, str]:
     return True, "the model has a chat template"
 
 
-class _GenerationTag(jinja2.ext.Extension):
-    """HF's `{% generation %}...{% endgeneration %}` (marks assistant text): renders its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Any) -> Any:
-        parser.stream.skip(1)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The stock immutable sandbox, except that touching an unsafe attribute fails at once
-    (Jinja would hand back an Undefined that prints as "" until something uses it)."""
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
-        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
-
-
-def _tojson(
-    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
-) -> str:
-    # Transformers' chat-template tojson: no HTML escaping, non-ASCII kept.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise_exception(message: str) -> None:
-    raise ChatTemplateError(f"chat template raised an error: {message}")
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
 class ChatTemplate:
     """A Jinja2 chat template with the BOS/EOS texts it may print."""
 
@@ -112,19 +80,28 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.name = name
-        env = _Sandbox(
-            loader=jinja2.BaseLoader(),
-            trim_blocks=True,
-            lstrip_blocks=True,
-            extensions=[_GenerationTag, jinja2.ext.loopcontrols],
-        )
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = _strftime_now
+        if len(template) > MAX_SOURCE:
+            raise UnsupportedModelError(f"{name}: the chat template is {len(template):,} characters, over the "
+                                        f"limit of {MAX_SOURCE:,}")  # fmt: skip
         try:
-            self._template = env.from_string(template)
+            self._template = BoundedSandbox().from_string(template)
         except TemplateSyntaxError as e:
             raise ChatTemplateError(f"{name}: syntax error at line {e.lineno}: {e.message}") from None
+        except RecursionError:
+            raise UnsupportedModelError(f"{name}: the chat template nests too deeply to compile") from None
+        self._try_sample()
+
+    def _try_sample(self) -> None:
+        """Render a sample conversation once: a template that goes past its bounds on it (an
+        endless loop, a huge power, ...) is refused now, naming it, rather than on every request.
+        Other errors are left to requests (the sample may not suit the template's rules)."""
+        try:
+            self._render([dict(m) for m in _SAMPLE], True, {})
+        except ChatTemplateLimit as e:
+            raise UnsupportedModelError(f"{e} (rendering a sample conversation at load); the chat template "
+                                        "is refused") from None  # fmt: skip
+        except ChatTemplateError:
+            pass
 
     @classmethod
     def from_gguf(
@@ -183,16 +160,13 @@ class ChatTemplate:
 
         BOS is put in front when the vocabulary adds one and the template did not print it.
         """
-        contents = _Contents()
-        wrapped = [contents.wrap_message(m) for m in _check(messages)]
-        rendered = self._render(wrapped, add_generation_prompt, kwargs)
-        segments: list[tuple[str, bool]] = []
-        pos = 0
-        for m in contents.pattern.finditer(rendered):
-            segments.append((rendered[pos : m.start()], True))
-            segments.append((contents.texts[int(m.group(1))], False))
-            pos = m.end()
-        segments.append((rendered[pos:], True))
+        spans = Spans()
+        wrapped = [spans.wrap(m) for m in _check(messages)]
+        try:
+            rendered = self._render(wrapped, add_generation_prompt, {k: spans.wrap(v) for k, v in kwargs.items()})
+        except ChatTemplateError as e:  # its message may quote request text: the real text, not markers
+            raise type(e)(spans.restore(str(e))) from None
+        segments = spans.segments(rendered)
         ids = tokenizer.encode_segments(segments, add_special=False)
         bos = tokenizer.bos_id
         if tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
@@ -211,7 +185,9 @@ class ChatTemplate:
             eos_token=self.eos_token,
         )
         try:
-            return self._template.render(**args)
+            return render(self._template, args)
+        except ChatTemplateLimit as e:
+            raise ChatTemplateLimit(f"{self.name}: {e}") from None
         except ChatTemplateError:
             raise
         except SecurityError as e:
@@ -225,6 +201,15 @@ class ChatTemplate:
         return f"ChatTemplate({self.name!r}, {len(self.source)} chars)"
 
 
+# Every template is rendered on this once, when it is made (ChatTemplate._try_sample).
+_SAMPLE = (
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Hello!"},
+    {"role": "assistant", "content": "Hi. How can I help?"},
+    {"role": "user", "content": "What is 2+2?"},
+)
+
+
 def _check(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise ChatTemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
@@ -232,52 +217,3 @@ def _check(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise ChatTemplateError(f"messages[{i}] must be a dict with a string 'role'")
     return messages
-
-
-class _Contents:
-    """Message contents swapped for markers while the template renders (for encode)."""
-
-    def __init__(self) -> None:
-        nonce = secrets.randbelow(10**9)  # digits only: filters like |upper leave it alone
-        self.prefix = f"\ue000{nonce}:"
-        self.pattern = re.compile(re.escape(self.prefix) + "(\\d+)\ue001")
-        self.texts: list[str] = []
-
-    def marker(self, text: str) -> str:
-        if not text:
-            return text  # "" stays "": templates test content for emptiness
-        self.texts.append(text)
-        return _Marker(f"{self.prefix}{len(self.texts) - 1}\ue001", self, text)
-
-    def wrap_message(self, m: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(m)
-        content = out.get("content")
-        if isinstance(content, str):
-            out["content"] = self.marker(content)
-        elif isinstance(content, list):
-            out["content"] = [
-                {**p, "text": self.marker(p["text"])}
-                if isinstance(p, Mapping) and isinstance(p.get("text"), str)
-                else p
-                for p in content
-            ]
-        return out
-
-
-class _Marker(str):
-    """A content marker; strip()/trim on it strips the content it stands for."""
-
-    def __new__(cls, marker: str, owner: _Contents, text: str) -> _Marker:
-        obj = super().__new__(cls, marker)
-        obj._owner = owner  # type: ignore[attr-defined]
-        obj._text = text  # type: ignore[attr-defined]
-        return obj
-
-    def strip(self, chars: str | None = None) -> str:
-        return self._owner.marker(self._text.strip(chars))  # type: ignore[attr-defined]
-
-    def lstrip(self, chars: str | None = None) -> str:
-        return self._owner.marker(self._text.lstrip(chars))  # type: ignore[attr-defined]
-
-    def rstrip(self, chars: str | None = None) -> str:
-        return self._owner.marker(self._text.rstrip(chars))  # type: ignore[attr-defined]
