@@ -39,12 +39,19 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-num-seqs", metavar="N", help="sequences in the running batch (default 32)")
     p.add_argument("--kv-cache-memory", metavar="SIZE", help="KV cache budget, e.g. 512MiB (default: a share of free memory)")  # fmt: skip
     p.add_argument("--max-queue", metavar="N", default="256",
-                   help="requests that may wait beyond the running batch; more are refused with 429 (default 256)")  # fmt: skip
+                   help="sequences (prompts x n) that may wait beyond the running batch; more are refused with 429 "
+                   "(default 256)")  # fmt: skip
     add_spec_args(p)
     p.add_argument("--chat-template", metavar="NAME", choices=("chatml",),
                    help="built-in chat template for a model that has none (chatml); the model's own wins")  # fmt: skip
     p.add_argument("--cors-origin", action="append", metavar="ORIGIN",
                    help="allow browser requests from ORIGIN (repeatable; '*' for any); off by default")  # fmt: skip
+    p.add_argument("--allowed-hosts", action="append", metavar="HOSTS",
+                   help="Host header names the server answers to, comma-separated (repeatable; a port is ignored; "
+                   "'*.example.com' for its subdomains, '*' for any); others get a 400, so a web page cannot read "
+                   "the server through DNS rebinding. Default: the --host address, plus localhost, 127.0.0.1 and "
+                   "::1 when it is a loopback address; any host when it is 0.0.0.0 or :: (the names such a server "
+                   "is reached by are not known here: give them, and --api-key)")  # fmt: skip
     p.add_argument("--shutdown-timeout", metavar="S", default="5",
                    help="on SIGTERM, seconds in-flight requests get to finish before they are aborted (default 5)")  # fmt: skip
     p.add_argument("--read-timeout", metavar="S", default="30",
@@ -70,7 +77,8 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 LIMIT_FLAGS = (("max_body", 32 * 2**20, "bytes of a request body"), ("max_n", 16, "completions per request (n)"),
                ("max_stop", 16, "stop strings per request"), ("max_stop_chars", 512, "characters of a stop string"),
                ("max_logit_bias", 1024, "logit_bias entries"), ("max_messages", 2048, "chat messages per request"),
-               ("max_tools", 128, "tools per request"), ("max_inputs", 2048, "prompts or embedding inputs per request"))
+               ("max_tools", 128, "tools per request"), ("max_inputs", 2048, "prompts or embedding inputs per request"),
+               ("max_chars", 4 * 2**20, "characters of text per request: messages, tools, prompts, inputs"))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -116,6 +124,7 @@ def serve(args: argparse.Namespace) -> int:
                               chat_fallback=args.chat_template, shutdown_timeout=grace, limits=limits,
                               read_timeout=_seconds(args.read_timeout, "--read-timeout"),
                               write_timeout=_seconds(args.write_timeout, "--write-timeout"),
+                              allowed_hosts=_allowed_hosts(args.allowed_hosts, args.host),
                               on_fatal=None if scale else on_fatal)  # fmt: skip
     if scale is not None:
         from dataclasses import replace
@@ -149,12 +158,14 @@ def scale_options(args: argparse.Namespace) -> Any:
     given = [args.replicas, args.ray_address, args.min_replicas, args.max_replicas]
     if all(v is None for v in given):
         return None
+    from edge_infer.cluster.app import ScaleOptions, ray_env
+
+    ray_env(args.host, args.ray_address)  # before Ray is imported: its constants read the environment
     try:
         import ray.serve  # noqa: F401
     except ImportError:
         raise InvalidRequest("--replicas and the other Ray flags need the [cluster] extra: "
                              "pip install 'edge-infer[cluster]'") from None  # fmt: skip
-    from edge_infer.cluster.app import ScaleOptions
 
     def seconds(v: str, flag: str) -> float:
         try:
@@ -169,6 +180,19 @@ def scale_options(args: argparse.Namespace) -> Any:
                         upscale_delay_s=seconds(args.upscale_delay, "--upscale-delay"),
                         downscale_delay_s=seconds(args.downscale_delay, "--downscale-delay"),
                         threads=int_option(args.threads, "-t/--threads", 1) or 1, ray_address=args.ray_address)  # fmt: skip
+
+
+def _allowed_hosts(given: list[str] | None, bind_host: str) -> tuple[str, ...]:
+    """--allowed-hosts as a tuple of names, or the default for the bound address."""
+    from edge_infer.server.http_guards import default_allowed_hosts, entry_name
+
+    if not given:
+        return default_allowed_hosts(bind_host)
+    hosts = tuple(h.strip() for v in given for h in v.split(",") if h.strip())
+    bad = [h for h in hosts if h != "*" and entry_name(h.removeprefix("*.")) is None]
+    if not hosts or bad:
+        raise InvalidRequest(f"--allowed-hosts takes host names or addresses, got {(bad or given)[0]!r}")
+    return hosts
 
 
 def _seconds(value: str, flag: str) -> float:

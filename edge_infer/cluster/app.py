@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import secrets
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from edge_infer.errors import InvalidRequest
 from edge_infer.server.app import ServerSettings
+from edge_infer.server.http_guards import is_loopback
 
 log = logging.getLogger("edge_infer.cluster")
 APP_NAME = "edge-infer"
@@ -54,6 +58,9 @@ class _Ingress:
     """The ingress deployment: the plain server's app over a ClusterEngine."""
 
     def __init__(self, engine_handle: Any, settings: ServerSettings, max_queue: int) -> None:
+        from edge_infer.cluster.replica import log_to_serve
+
+        log_to_serve()
         self.handle, self.settings, self.max_queue = engine_handle, settings, max_queue
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -95,14 +102,53 @@ def build_app(settings: ServerSettings, scale: ScaleOptions) -> Any:
     return ingress.bind(engine, settings, settings.max_queue + config.max_num_seqs * (most - 1))
 
 
+def ray_env(host: str, ray_address: str | None) -> None:
+    """The environment of a local Ray cluster, set before Ray is first imported (its constants
+    read it then). For a loopback --host: Ray's single-machine mode, whose node address is
+    127.0.0.1, so its GCS, raylet, workers, agents and Prometheus exporters listen on loopback
+    only (otherwise Ray swaps a loopback node address for the machine's network address and
+    binds every interface)."""
+    if ray_address is None and is_loopback(host):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def private_token(create: bool) -> Path | None:
+    """Ray's cluster token file (RAY_AUTH_TOKEN_PATH, default ~/.ray/auth_token) readable by its
+    owner only: Ray writes it with the umask's mode (0644), so any local user could read it and
+    run code on the cluster. create: write a new token, mode 0600, when there is none (a local
+    cluster; Ray then uses it); an existing one of ours is chmod-ed to 0600."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        return None  # no file (the token is in the environment), or no token auth
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        if create:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_hex(32))  # what Ray's own generator writes: 256 random bits
+                return path
+        if path.exists() and path.stat().st_uid == os.getuid():
+            path.chmod(0o600)
+    except OSError as e:
+        log.warning("cannot make the Ray token file %s private: %s", path, e)
+    return path
+
+
 def start(settings: ServerSettings, scale: ScaleOptions, host: str, port: int) -> None:
     """Connect to (or start) Ray, deploy the application at http://host:port; returns when it
-    is running (replicas loaded)."""
+    is running (replicas loaded). A local cluster stays on the serve host where Ray allows it
+    (docs/scale-out.md: what a multi-host cluster must firewall)."""
+    ray_env(host, scale.ray_address)
     import ray
     from ray import serve
 
     quiet = {"log_level": "WARNING", "enable_access_log": False}
     if scale.ray_address:
+        private_token(create=False)
         ray.init(address=scale.ray_address, logging_level=logging.WARNING)
     else:
         # Serve's proxy otherwise drains for at least 30 s on shutdown (meant for load balancers
@@ -112,9 +158,21 @@ def start(settings: ServerSettings, scale: ScaleOptions, host: str, port: int) -
         # per streamed message) and gRPC between deployments; clients still enter at the proxy.
         os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
         os.environ.setdefault("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        private_token(create=True)
+        ray.init(include_dashboard=False, logging_level=logging.WARNING, **_node_address(host))
     serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
     serve.run(build_app(settings, scale), name=APP_NAME, route_prefix="/", blocking=False)
+
+
+def _node_address(host: str) -> dict[str, str]:
+    """ray.init's node address for a --host that is one of this machine's network addresses (Ray
+    advertises it and binds its agents' HTTP to it); loopback comes from ray_env, a wildcard or a
+    name from Ray's own choice."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return {}
+    return {} if ip.is_loopback or ip.is_unspecified else {"_node_ip_address": str(ip)}
 
 
 def stop() -> None:

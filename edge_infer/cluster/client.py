@@ -15,27 +15,30 @@ from typing import Any
 from edge_infer.cluster.delta import OutputDelta, apply
 from edge_infer.cluster.request import EngineRequest
 from edge_infer.config import EngineConfig
-from edge_infer.errors import EdgeInferError
+from edge_infer.errors import EdgeInferError, GenerationError
 from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
 from edge_infer.server.engine_client import AsyncEngine
-from edge_infer.server.errors import APIError
+from edge_infer.server.errors import APIError, from_engine_error
 
 log = logging.getLogger("edge_infer.cluster")
 CALL_TIMEOUT_S = 120.0  # for calls to one replica (metrics, embeddings, start-up info)
+REPLICA_FAILED = "a model replica failed while serving this request; retry (the server log has the details)"
 
 
-def _replica_error(e: BaseException) -> BaseException:
-    """A remote failure as the ingress reports it: the replica's own EdgeInferError or APIError
-    as it was; a dead or unreachable replica as a 503 the client may retry."""
+def _replica_error(e: BaseException, what: str) -> BaseException:
+    """A remote failure as the ingress reports it. The request's own errors as the replica raised
+    them (a 4xx, or its generation failing); anything else (a dead or unreachable replica, an
+    engine fault) a generic 503 the client may retry: Ray's messages name the replica's pid,
+    node address and actor id, which are logged here and never sent to a client."""
     cause = getattr(e, "cause", None)
-    if isinstance(cause, (EdgeInferError, APIError)):
-        return cause
-    if isinstance(e, (EdgeInferError, APIError)):
-        return e
-    what = " ".join(str(e).split())[:300] or type(e).__name__
-    return APIError(503, f"the engine replica serving this request failed ({type(e).__name__}): {what}; retry",
-                    code="replica_failed", headers={"Retry-After": "1"})  # fmt: skip
+    err = cause if isinstance(cause, (EdgeInferError, APIError)) else e
+    if isinstance(err, APIError) and err.status < 500:
+        return err
+    if isinstance(err, EdgeInferError) and (isinstance(err, GenerationError) or from_engine_error(err).status < 500):
+        return err
+    log.error("%s: %s: %s", what, type(e).__name__, " ".join(str(e).split()))  # ERROR: Serve flushes its log
+    return APIError(503, REPLICA_FAILED, code="replica_failed", headers={"Retry-After": "1"})
 
 
 class RemoteWorker:
@@ -65,8 +68,7 @@ class RemoteWorker:
             gen.cancel()  # the replica's generator ends, aborting the engine request
             raise
         except Exception as e:
-            log.warning("request %s: %s", request.request_id, e)
-            on_output(_replica_error(e))
+            on_output(_replica_error(e, f"request {request.request_id}"))
         finally:
             self.tasks.pop(request.request_id, None)
 
@@ -96,7 +98,8 @@ class ClusterEngine(AsyncEngine):
         try:
             self.replica_info = await asyncio.wait_for(self.handle.info.remote(), CALL_TIMEOUT_S * 5)
         except Exception as e:
-            self.state, self.error = "failed", f"no engine replica came up: {_replica_error(e)}"
+            _replica_error(e, "no engine replica came up")
+            self.state, self.error = "failed", "no engine replica came up (the server log has the details)"
             raise
         await super().load()
 
@@ -123,4 +126,4 @@ class ClusterEngine(AsyncEngine):
         try:
             return await asyncio.wait_for(self.handle.call.remote(fn), CALL_TIMEOUT_S)
         except Exception as e:
-            raise _replica_error(e) from None
+            raise _replica_error(e, "a call to an engine replica") from None

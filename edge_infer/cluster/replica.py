@@ -4,6 +4,7 @@ threads) serving EngineRequests from the ingress as streams of RequestOutputs.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,11 +22,22 @@ from edge_infer.server.engine_client import AsyncEngine
 STREAM_INTERVAL_S = 0.05
 
 
+def log_to_serve() -> None:
+    """Send edge_infer's log records to this replica's Serve log file: Serve gives handlers to
+    its own "ray.serve" logger only (and, in its throughput profile, nothing reaches stderr), so
+    the full errors the ingress keeps from clients would otherwise be lost."""
+    ours = logging.getLogger("edge_infer")
+    for h in logging.getLogger("ray.serve").handlers:
+        if h not in ours.handlers:
+            ours.addHandler(h)
+
+
 class EngineReplica:
     """What `serve.deployment` wraps (app.py sets its options). Ray calls check_health
     periodically; a replica whose model failed to load is unhealthy and gets replaced."""
 
     def __init__(self, config: EngineConfig, max_queue: int) -> None:
+        log_to_serve()
         self.engine = AsyncEngine(config, max_queue=max_queue)
         self.engine.load_now()  # Serve counts the replica as up once its constructor returns
         self.replica_id = self._replica_id()

@@ -2,7 +2,9 @@
 
 The model loads in the background after the server starts listening: /health is 503 until
 it is ready (and while shutting down), 200 after. /health and /metrics stay open when API
-keys are set; everything else needs `Authorization: Bearer KEY`.
+keys are set; everything else needs `Authorization: Bearer KEY`. Every route answers only to
+the Host names of --allowed-hosts; the JSON routes take only `application/json` bodies, read
+up to --max-body bytes (http_guards.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from edge_infer.server.completions import create_completion
 from edge_infer.server.embeddings import create_embeddings
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError, error_body, from_engine_error
+from edge_infer.server.http_guards import LOOPBACK_NAMES, HostCheck, read_body, require_json
 from edge_infer.server.limits import RequestLimits
 from edge_infer.server.protocol import (
     ChatCompletionRequest,
@@ -63,6 +66,8 @@ class ServerSettings:
     limits: RequestLimits = field(default_factory=RequestLimits)
     read_timeout: float = 30.0  # seconds for a request body to arrive (408 after)
     write_timeout: float = 60.0  # seconds a streaming client may read nothing before it is dropped
+    # Host header names answered ("*": any); `edge-infer serve` derives them from --host
+    allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES
     on_fatal: Callable[[str], None] | None = field(default=None, repr=False)
 
 
@@ -117,12 +122,9 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
 
     async def body(request: Request) -> bytes:
         authorize(request)
+        require_json(request)
         engine.check_ready()
-        try:  # a client that sends its body slowly (or never) does not hold a connection forever
-            return await asyncio.wait_for(request.body(), settings.read_timeout)
-        except asyncio.TimeoutError:
-            raise APIError(408, f"the request body did not arrive within {settings.read_timeout:g}s",
-                           code="request_timeout") from None
+        return await read_body(request, settings.limits.max_body, settings.read_timeout)
 
     @app.get("/health")
     async def health() -> Response:
@@ -200,6 +202,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     _install_error_handlers(app)
+    app.add_middleware(HostCheck, allowed=settings.allowed_hosts)  # type: ignore[arg-type]
     app.add_middleware(_CountRequests, engine=engine)  # type: ignore[arg-type]
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),  # type: ignore[arg-type]

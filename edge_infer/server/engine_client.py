@@ -3,8 +3,10 @@
 The model loads in the background (the server answers /health with 503 meanwhile). Each
 engine request becomes a `Stream` whose outputs the engine thread hands to the loop with
 call_soon_threadsafe; a stream that is dropped (client gone, shutdown) aborts its request,
-which frees its KV blocks before the engine's next step. Admission control caps the requests
-in flight at max_num_seqs running + max_queue waiting (beyond that: 429).
+which frees its KV blocks before the engine's next step. Admission control caps the sequences
+in flight (each prompt's n samples, as vLLM's scheduler counts them against max_num_seqs) at
+max_num_seqs running + max_queue waiting: beyond that a 429, and a request that alone needs
+more (prompts x n) a 400, since retrying it could never succeed.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from edge_infer._version import __version__
 from edge_infer.config import EngineConfig
-from edge_infer.errors import ChatTemplateError, EdgeInferError
+from edge_infer.errors import ChatTemplateError, EdgeInferError, GenerationError
 from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
+from edge_infer.server.daemon_pool import DaemonPool
 from edge_infer.server.errors import APIError, from_engine_error
 from edge_infer.server.metrics import ServerMetrics
 from edge_infer.server.reasoning import OPEN, thinks
@@ -34,14 +37,17 @@ if TYPE_CHECKING:
     from edge_infer.tokenizer import Tokenizer
 
 log = logging.getLogger("edge_infer.server")
+# chat template renders: on daemon threads, so that one still running never holds up exit
+_RENDERS = DaemonPool(8, "edge-infer-render")
 
 class Stream:
     """The outputs of one engine request, on the event loop. `next()` returns the newest
     cumulative RequestOutput (skipping ones the consumer was too slow to see)."""
 
-    def __init__(self, owner: AsyncEngine, request_id: str) -> None:
+    def __init__(self, owner: AsyncEngine, request_id: str, seqs: int = 1) -> None:
         self.owner = owner
         self.request_id = request_id
+        self.seqs = seqs  # sequences it holds in the engine (its n)
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.finished = False
         self.created = time.monotonic()
@@ -68,6 +74,9 @@ class Stream:
         if item.finished:
             self._done()
             self.owner.metrics.observe_finished(item, time.monotonic() - self.created)
+            failed = next((c for c in item.outputs if c.finish_reason == "error"), None)
+            if failed is not None:  # this request's own failure (a 500 for it alone; names only its data)
+                raise GenerationError(failed.error or "generation failed")
         return item
 
     async def final(self) -> RequestOutput:
@@ -205,14 +214,9 @@ class AsyncEngine:
         """Queue one engine request per prompt (ids `request_id`, or `request_id-i` for several);
         all or none (an error aborts the others)."""
         self.check_ready()
-        limit = self.config.max_num_seqs + self.max_queue
-        if len(self.in_flight) + len(prompts) > limit:
-            self.metrics.rejected += 1
-            raise APIError(429, f"the server is at capacity ({len(self.in_flight)} requests in flight, "
-                           f"limit {limit}); retry later", code="queue_full", headers={"Retry-After": "1"})  # fmt: skip
-        streams = [
-            Stream(self, f"{request_id}-{i}" if len(prompts) > 1 else request_id) for i in range(len(prompts))
-        ]
+        self.admit(len(prompts) * params.n, params.n)
+        streams = [Stream(self, f"{request_id}-{i}" if len(prompts) > 1 else request_id, params.n)
+                   for i in range(len(prompts))]  # fmt: skip
         for s in streams:
             self.in_flight[s.request_id] = s
         worker = self.worker
@@ -233,6 +237,19 @@ class AsyncEngine:
                 raise from_engine_error(e)
             raise e
         return streams
+
+    def admit(self, seqs: int, n: int) -> None:
+        """Room for `seqs` more sequences (prompts x n), or a 400 (never fits) / 429 (full now)."""
+        limit = self.config.max_num_seqs + self.max_queue
+        if seqs > limit:
+            field = "n" if n > 1 else "prompt"
+            raise APIError(400, f"{field}: {seqs // n} prompt(s) x n={n} is {seqs} sequences, over this server's limit "
+                           f"of {limit} sequences in flight", param=field, code="limit_exceeded")  # fmt: skip
+        busy = sum(s.seqs for s in self.in_flight.values())
+        if busy + seqs > limit:
+            self.metrics.rejected += 1
+            raise APIError(429, f"the server is at capacity ({busy} sequences in flight, limit {limit}); retry later",
+                           code="queue_full", headers={"Retry-After": "1"})  # fmt: skip
 
     async def run(self, fn: Callable[[], Any]) -> Any:
         """fn() on a helper thread (tokenizing, templates: work that must not block the loop)."""
@@ -278,7 +295,7 @@ class AsyncEngine:
         template, tok = self.chat_template, self.tokenizer
         assert tok is not None
         try:
-            return await self.run(
+            return await _RENDERS.run(
                 lambda: template.encode(messages, tok, add_generation_prompt=add_generation_prompt, tools=tools or None)
             )
         except EdgeInferError as e:

@@ -9,6 +9,7 @@ from typing import Any
 from edge_infer.errors import (
     ChatTemplateError,
     EdgeInferError,
+    GenerationError,
     InvalidRequest,
     OutOfMemoryBudget,
     TokenizerError,
@@ -77,4 +78,6 @@ def from_engine_error(e: EdgeInferError, known_fields: set[str] | None = None) -
         if isinstance(e, ChatTemplateError):
             param = "messages"
         return APIError(400, msg, param=param, code="invalid_value")
+    if isinstance(e, GenerationError):
+        return APIError(500, msg, code="generation_failed")
     return APIError(500, msg, code="internal_error")

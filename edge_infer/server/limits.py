@@ -11,6 +11,7 @@ from edge_infer.errors import InvalidRequest
 from edge_infer.server.errors import APIError
 
 MAX_BODY_BYTES = 32 * 2**20
+MAX_CHARS = 4 * 2**20  # ~1 M tokens of English: far beyond any context, a fraction of a second to tokenize
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +27,11 @@ class RequestLimits:
     max_messages: int = 2048  # chat messages
     max_tools: int = 128  # tools
     max_inputs: int = 2048  # embeddings inputs / completions prompts
+    max_chars: int = MAX_CHARS  # characters of text: messages, tools, prompts, inputs together
 
     def __post_init__(self) -> None:
         for name in ("max_body", "max_n", "max_stop", "max_stop_chars", "max_logit_bias", "max_messages", "max_tools",
-                     "max_inputs"):
+                     "max_inputs", "max_chars"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InvalidRequest(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
@@ -55,6 +57,33 @@ class RequestLimits:
             v = _get(req, name)
             if isinstance(v, list) and v and not all(_is_int(t) for t in v):
                 over(name, len(v), self.max_inputs, "inputs")
+        # Before any templating or tokenizing, which cost CPU in proportion to the text.
+        sizes = {name: _chars(_get(req, name)) for name in ("messages", "tools", "prompt", "input")}
+        total = sum(sizes.values())
+        if total > self.max_chars:
+            field = max(sizes, key=lambda k: sizes[k])
+            raise APIError(400, f"{field}: the request holds {total} characters of text (messages, tools, prompts), "
+                           f"over this server's limit of {self.max_chars}", param=field, code="limit_exceeded")  # fmt: skip
+
+
+def _chars(v: Any) -> int:
+    """Characters of the strings in a request field (message contents, names, tool-call arguments,
+    tool schemas' keys and values; token ids are not text). Iterative: a deeply nested tool
+    schema is counted, not a RecursionError."""
+    total, stack = 0, [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            total += len(x)
+        elif isinstance(x, BaseModel):
+            stack.extend(getattr(x, k) for k in type(x).model_fields)
+            stack.extend((x.model_extra or {}).values())
+        elif isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return total
 
 
 def _is_int(x: object) -> bool:

@@ -19,6 +19,7 @@ from edge_infer.errors import InvalidRequest
 from edge_infer.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.server.errors import APIError, from_engine_error
 from edge_infer.server.limits import RequestLimits
+from edge_infer.server.tools import FUNCTION_NAME
 
 log = logging.getLogger("edge_infer.server")
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -222,6 +223,8 @@ def parse_body(raw: bytes, model: type[M], limits: RequestLimits | None = None) 
         data = json.loads(text, parse_constant=_no_constant)
     except (json.JSONDecodeError, ValueError) as e:
         raise APIError(400, f"malformed JSON in the request body: {e}", code="invalid_json") from None
+    except RecursionError:  # [[[[...]]]] deeper than the parser's stack
+        raise APIError(400, "the request body's JSON is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     for name in REFUSED_FIELDS:
@@ -232,6 +235,8 @@ def parse_body(raw: bytes, model: type[M], limits: RequestLimits | None = None) 
         req = model.model_validate(data)
     except ValidationError as e:
         raise _validation_error(e) from None
+    except RecursionError:
+        raise APIError(400, "the request body's JSON is nested too deeply", code="invalid_json") from None
     if req.model_extra:
         name = sorted(req.model_extra)[0]
         raise APIError(400, f"{name}: this request field is not supported by edge-infer (the README lists the "
@@ -287,6 +292,10 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if m.tool_calls is not None and m.role != "assistant":
             raise APIError(400, f"messages[{i}].tool_calls: only assistant messages carry tool calls",
                            param=f"messages[{i}].tool_calls", code="invalid_value")  # fmt: skip
+        for j, call in enumerate(m.tool_calls or ()):
+            if not FUNCTION_NAME.fullmatch(call.function.name):  # the rule tools[].function.name keeps
+                raise APIError(400, f"messages[{i}].tool_calls[{j}].function.name must be 1-64 letters, digits, _ . -",
+                               param=f"messages[{i}].tool_calls[{j}].function.name", code="invalid_value")  # fmt: skip
         if m.role == "tool" and not m.tool_call_id:
             raise APIError(400, f"messages[{i}].tool_call_id is required for role 'tool'",
                            param=f"messages[{i}].tool_call_id", code="missing_required_parameter")  # fmt: skip

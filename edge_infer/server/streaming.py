@@ -64,7 +64,8 @@ def error_for(e: BaseException, draining: bool) -> APIError:
     if isinstance(e, EdgeInferError):
         return from_engine_error(e)
     log.exception("request failed", exc_info=e)
-    return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+    # the type only: the message (logged) may name what other requests or the host are
+    return APIError(500, f"internal error: {type(e).__name__} (the server log has the details)", code="internal_error")
 
 
 WRITE_TIMEOUT_S = [60.0]  # a client that reads nothing for this long is dropped (set by create_app)

@@ -2,10 +2,14 @@
 the official openai client's streams complete with the plain server's greedy text, a replica
 killed with SIGKILL mid-load fails only its own requests (OpenAI-shaped, no hang) and comes
 back, and requests sharing a long prefix are steered to the replica that holds it (their TTFT
->= 10x the first's)."""
+>= 10x the first's). The killed replica's errors name no pid, address or actor id; a local
+cluster on 127.0.0.1 listens on loopback only and keeps its token file private (issue #33)."""
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -59,9 +63,26 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(cluster: Any) -> N
     assert max(ttft[1:]) * 10 <= ttft[0], ttft
 
 
-def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -> None:
-    import os
+def test_ray_listens_on_loopback_and_keeps_its_token_private(cluster: Any) -> None:
+    import psutil
 
+    procs = [psutil.Process(cluster.proc.pid), *psutil.Process(cluster.proc.pid).children(recursive=True)]
+    listening = []
+    for p in procs:  # the server, Ray's GCS, raylet, agents, workers and Serve's proxy
+        try:
+            listening += [(p.name(), c.laddr) for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.Error:
+            pass
+    assert len(listening) >= 5, listening
+    outside = [(name, a) for name, a in listening if not ipaddress.ip_address(a.ip.removeprefix("::ffff:")).is_loopback]
+    # Serve hard-codes its replicas' inter-deployment gRPC server on [::] (token-authenticated;
+    # docs/scale-out.md): one such port per replica (2 engines, 1 ingress), nothing else
+    assert len(outside) <= 3 and all(name.startswith("ray::ServeReplica:") for name, _ in outside), outside
+    token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    assert token.stat().st_mode & 0o777 == 0o600, oct(token.stat().st_mode)
+
+
+def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -> None:
     pids = engine_pids()
     assert len(pids) == 2
     results: list[str | BaseException] = []
@@ -86,5 +107,8 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -
     assert len(results) == 8 and 1 <= len(errors) < 8, results  # the killed one held some, not all
     for e in errors:  # OpenAI-shaped: the client parsed an API error (a status or an error event)
         assert isinstance(e, openai.APIError), repr(e)
+        said = f"{e} {getattr(e, 'body', '')}"  # nothing of the replica's process, node or actor
+        assert str(victim) not in said and not re.search(r"\d+\.\d+\.\d+\.\d+|pid|actor|ip:", said), said
+        assert "replica failed" in said, said
     assert chat(cluster.url, "Hello again.", stream=False)  # later requests succeed
     wait_for(lambda: len(engine_pids()) == 2 and victim not in engine_pids(), 180, "the replica to restart")

@@ -28,7 +28,7 @@ def _connect(url: str) -> socket.socket:
 
 def test_stalled_body_is_408(server) -> None:  # type: ignore[no-untyped-def]
     s = _connect(server.url)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: 100\r\n\r\n{\"prompt\":")
     t = time.monotonic()
     reply = s.recv(4096).decode(errors="replace")

@@ -1,0 +1,54 @@
+"""What a client of `serve --replicas` is told when a replica fails, without Ray (issue #33): a
+dead replica's error (whose text names its pid, node address and actor id) becomes a generic
+503 and is logged in full; the request's own errors pass as the plain server sends them."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from edge_infer.cluster.client import _replica_error  # noqa: E402
+from edge_infer.errors import EdgeInferError, GenerationError, InvalidRequest  # noqa: E402
+from edge_infer.server.errors import APIError  # noqa: E402
+
+RAY_TEXT = ("The actor died unexpectedly before finishing this task. class_name: ServeReplica:edge-infer:engine "
+            "actor_id: 08d302eeb615d7021b987ba201000000 pid: 16120 name: SERVE_REPLICA::edge-infer#engine#0703y2n0 "
+            "namespace: serve ip: 10.20.30.40")  # fmt: skip
+
+
+class ActorDiedError(Exception):
+    """Ray's exception as far as the ingress sees it: a type name and a message."""
+
+
+class RayTaskError(Exception):
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"ray::ServeReplica.generate() (pid=16120, ip=10.20.30.40) {cause}")
+        self.cause = cause
+
+
+def test_a_dead_replica_is_a_generic_503_logged_in_full(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, logger="edge_infer.cluster"):
+        err = _replica_error(ActorDiedError(RAY_TEXT), "request chatcmpl-1")
+    assert isinstance(err, APIError) and err.status == 503 and err.code == "replica_failed"
+    assert err.headers.get("Retry-After") == "1"
+    said = str(err.body())
+    assert not re.search(r"16120|08d302|10\.20\.30\.40|pid|actor|ip:", said), said
+    assert "16120" in caplog.text and "10.20.30.40" in caplog.text and "chatcmpl-1" in caplog.text
+
+
+@pytest.mark.parametrize("cause", [EdgeInferError("the engine failed a step (pid 16120)"), RuntimeError(RAY_TEXT),
+                                   APIError(500, f"internal: {RAY_TEXT}")])  # fmt: skip
+def test_engine_faults_inside_a_replica_are_generic(cause: BaseException) -> None:
+    err = _replica_error(RayTaskError(cause), "request x")
+    assert isinstance(err, APIError) and err.status == 503 and "16120" not in str(err.body())
+
+
+@pytest.mark.parametrize("cause", [InvalidRequest("max_tokens must be at least 1, got 0"),
+                                   GenerationError("the grammar left no token to sample"),
+                                   APIError(429, "the server is at capacity", code="queue_full")])  # fmt: skip
+def test_the_requests_own_errors_pass_through(cause: BaseException) -> None:
+    assert _replica_error(RayTaskError(cause), "request x") is cause
