@@ -58,12 +58,17 @@ def _campaign(op: Any, mode: GenerationMode, n: int, client: httpx.Client, base_
         except httpx.TimeoutException:
             report.failures.append(f"{label}: no answer within {CALL_TIMEOUT_S}s")
             return
-        report.calls += 1
-        report.by_status[r.status_code] = report.by_status.get(r.status_code, 0) + 1
-        if r.status_code >= 500 and not own_failure(r):
-            report.failures.append(f"{label}: {r.status_code} {r.text[:300]}")
+        record(report, r, label)
 
     one()
+
+
+def record(report: FuzzReport, r: httpx.Response, label: str) -> None:
+    """Count an answer; a 5xx that is not the request's own failure is a finding."""
+    report.calls += 1
+    report.by_status[r.status_code] = report.by_status.get(r.status_code, 0) + 1
+    if r.status_code >= 500 and not own_failure(r):
+        report.failures.append(f"{label}: {r.status_code} {r.text[:300]}")
 
 
 def own_failure(r: httpx.Response) -> bool:

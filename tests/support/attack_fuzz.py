@@ -22,17 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from api_fuzz import own_failure
+from api_fuzz import FuzzReport, record
 
 CALL_TIMEOUT_S = 60.0
 CONTROL_TEXTS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "[INST]", "[/INST]", "<tool_call>", "</s>")
 
 
 @dataclass
-class AttackReport:
-    calls: int = 0
-    by_status: dict[int, int] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)  # attacks answered wrongly
+class AttackReport(FuzzReport):
+    """FuzzReport's counts of the attacks (failures: attacks answered wrongly), and the victim's runs."""
+
     victim_runs: int = 0
     victim_failures: list[str] = field(default_factory=list)
 
@@ -131,10 +130,7 @@ def attack(base_url: str, cases: int, vocab_size: int, control_ids: set[int], se
                 except httpx.TimeoutException:
                     report.failures.append(f"{route}: no answer within {CALL_TIMEOUT_S}s: {str(body)[:200]}")
                     continue
-                report.calls += 1
-                report.by_status[r.status_code] = report.by_status.get(r.status_code, 0) + 1
-                if r.status_code >= 500 and not own_failure(r):
-                    report.failures.append(f"{route} -> {r.status_code} {r.text[:200]}: {str(body)[:200]}")
+                record(report, r, f"{route} {str(body)[:200]}")
                 if route == "/v1/chat/completions" and i % 8 == 3:
                     benign = json.loads(json.dumps(body["messages"]).replace("<|", "(|").replace("|>", "|)")
                                         .replace("[INST]", "(INST)").replace("[/INST]", "(/INST)")
