@@ -11,6 +11,7 @@ import numpy as np
 
 from edge_infer.engine.sequence import LogitsProcessor, Sequence
 from edge_infer.errors import GenerationError
+from edge_infer.models.step_logits import NON_FINITE_LOGITS
 from edge_infer.sampling_params import SamplingParams
 
 
@@ -102,7 +103,7 @@ def greedy_token(x: np.ndarray) -> int:
 def no_token_reason(x: np.ndarray) -> str:
     """Why processed logits x leave nothing to sample."""
     if np.isnan(x).any() or np.isposinf(x).any():
-        return "the model produced NaN or infinite logits (its weights or activations overflowed)"
+        return NON_FINITE_LOGITS
     return ("no token can be generated: the request's constraints (min_tokens, stop_token_ids, logit_bias, "
             "the structured-output grammar) exclude every token of the vocabulary")
 
@@ -111,11 +112,11 @@ def sampling_probs(x: np.ndarray, p: SamplingParams) -> np.ndarray:
     """The distribution a non-greedy request samples from: temperature, min_p, top_k, top_p
     applied to penalised logits x; float64 [V] summing to 1 (GenerationError when no logit
     is finite)."""
-    top = x.max()
+    z = x.astype(np.float64) / p.temperature
+    top = z.max()  # the one pass that also finds a row with no finite logit
     if not np.isfinite(top):
         raise GenerationError(no_token_reason(x))
-    z = x.astype(np.float64) / p.temperature
-    z -= z.max()
+    z -= top
     probs = np.exp(z)
     probs /= probs.sum()
     if p.min_p > 0.0:

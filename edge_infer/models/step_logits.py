@@ -10,6 +10,8 @@ import numpy as np
 
 from edge_infer.errors import GenerationError
 
+NON_FINITE_LOGITS = "the model produced NaN or infinite logits (its weights or activations overflowed)"
+
 
 @dataclass(slots=True)
 class StepLogits:
@@ -38,5 +40,5 @@ class StepLogits:
         row = self.row(i)
         tok = int(np.argmax(row))
         if not np.isfinite(row[tok]):
-            raise GenerationError("the model produced NaN or infinite logits (its weights or activations overflowed)")
+            raise GenerationError(NON_FINITE_LOGITS)
         return tok
