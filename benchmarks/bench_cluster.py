@@ -31,7 +31,7 @@ from edge_infer import hub  # noqa: E402
 
 RAY_ROLES = (("ServeReplica:edge-infer:engine", "engine replica"), ("ServeReplica:edge-infer:ingress", "ingress"),
              ("ProxyActor", "HTTP proxy"), ("ServeController", "Serve controller"), ("gcs_server", "GCS"),
-             ("raylet", "raylet"), ("dashboard", "dashboard"), ("log_monitor", "log monitor"))  # fmt: skip
+             ("raylet", "raylet"), ("dashboard", "dashboard"), ("log_monitor", "log monitor"))
 
 
 def wait_ray_gone(timeout: float = 60) -> None:
@@ -102,7 +102,7 @@ def main() -> int:
     args = ap.parse_args()
     model = hub.resolve_model(args.model)
     bodies = [{"model": "m", "prompt": f"Story number {i}: once upon a time", "max_tokens": args.max_tokens,
-               "temperature": 0.0, "ignore_eos": True, "stream": True} for i in range(args.requests)]  # fmt: skip
+               "temperature": 0.0, "ignore_eos": True, "stream": True} for i in range(args.requests)]
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "cluster": []}
     with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as log:
         for _ in range(args.rounds):  # alternate, so drift shows in both
@@ -125,7 +125,7 @@ def main() -> int:
         print(f"  {k:<18}{v:6.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "median_tokens_per_s": rate,
-                                               "ratio": ratio}, indent=2))  # fmt: skip
+                                               "ratio": ratio}, indent=2))
     return 0 if errors == 0 else 1
 
 

@@ -68,7 +68,7 @@ def write_model(path: Path, shape: str) -> Path:
         w.add_tensor(p + "ffn_norm.weight", np.ones(d, np.float32))
         for name, rows, cols in (("attn_q", d, d), ("attn_k", kv * hd, d), ("attn_v", kv * hd, d),
                                  ("attn_output", d, d), ("ffn_gate", ffn, d), ("ffn_up", ffn, d),
-                                 ("ffn_down", d, ffn)):  # fmt: skip
+                                 ("ffn_down", d, ffn)):
             mat(p + name + ".weight", rows, cols, cols**-0.5)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -160,7 +160,7 @@ def main() -> int:
     if not path.exists():
         write_model(path, args.shape)
     row: dict[str, object] = {"shape": args.shape, "file_bytes": path.stat().st_size,
-                              "device": str(getattr(cuda.get_current_device(), "name", b"simulator").decode()), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+                              "device": str(getattr(cuda.get_current_device(), "name", b"simulator").decode()), "date": time.strftime("%Y-%m-%d")}
     _speed(path, row)
     if not args.no_cpu:
         prompt = [(11 * j) % 250 for j in range(64)]

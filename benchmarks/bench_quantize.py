@@ -129,9 +129,9 @@ def main() -> int:
     ours_im, llama_im = work / "ours.imatrix.gguf", work / "llama.imatrix.gguf"
     t_cal = run([sys.executable, "-m", "edge_infer.cli", "-q", "quantize", str(base), str(work / "scratch.gguf"),
                  "--type", "q8_0", "--force", "--calibrate", str(calib), "--ctx", str(args.ctx), "--chunks",
-                 str(args.calib_chunks), "--save-imatrix", str(ours_im)])  # fmt: skip
+                 str(args.calib_chunks), "--save-imatrix", str(ours_im)])
     t_lcal = run([str(bindir / "llama-imatrix"), "-m", str(base), "-f", str(calib), "-o", str(llama_im), "-c",
-                  str(args.ctx), "-t", "2", "--no-ppl"] + (["--chunks", str(args.calib_chunks)] if args.calib_chunks > 0 else []))  # fmt: skip
+                  str(args.ctx), "-t", "2", "--no-ppl"] + (["--chunks", str(args.calib_chunks)] if args.calib_chunks > 0 else []))
     print(f"calibration: ours {t_cal:.0f} s (with a q8_0 write), llama-imatrix {t_lcal:.0f} s")
     with LLM(str(base), n_threads=2, device="cpu", max_model_len=args.ctx + 1, kv_cache_memory="256MiB") as llm:
         wins = scoring_windows(llm, llm.tokenizer.encode(eval_text, add_special=True), args.ctx, args.chunks)
@@ -146,18 +146,18 @@ def main() -> int:
         secs = run(cmd)
         r = score(out, wins, base_rows, args.ctx)
         row = {"type": t, "by": who, "MB": out.stat().st_size / 1e6, "bpw": bits_per_weight(out), "seconds": secs,
-               "ppl": r.ppl, "ppl_source": r.ppl_base, "kl": r.mean_kl, "kl_std": r.kl_std, "top1": r.top1}  # fmt: skip
+               "ppl": r.ppl, "ppl_source": r.ppl_base, "kl": r.mean_kl, "kl_std": r.kl_std, "top1": r.top1}
         if who.startswith("ours"):
             row["ppl_llama_cpp"] = llama_ppl(out, wins, args.ctx)
         rows.append(row)
         lp = f"  llama.cpp ppl {row['ppl_llama_cpp']:.4f}" if "ppl_llama_cpp" in row else ""
         print(f"{t:<7} {who:<18} {row['MB']:>7.1f} MB {row['bpw']:.3f} bpw  ppl {r.ppl:.4f} (source {r.ppl_base:.4f})  "
-              f"KL {r.mean_kl:.5f} +/- {r.kl_std:.5f}  top1 {100 * r.top1:.2f}%  {secs:.0f} s{lp}", flush=True)  # fmt: skip
+              f"KL {r.mean_kl:.5f} +/- {r.kl_std:.5f}  top1 {100 * r.top1:.2f}%  {secs:.0f} s{lp}", flush=True)
         out.unlink()
     print("\n| type | by | MB | bits/weight | PPL | KL vs source | top-1 | quantize s |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['type']} | {r['by']} | {r['MB']:.1f} | {r['bpw']:.3f} | {r['ppl']:.4f} | {r['kl']:.5f} | "
-              f"{100 * r['top1']:.2f}% | {r['seconds']:.0f} |")  # fmt: skip
+              f"{100 * r['top1']:.2f}% | {r['seconds']:.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if tmpd:

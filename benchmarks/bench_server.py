@@ -100,7 +100,7 @@ def start_edge(path: str, args: argparse.Namespace, log: Any) -> tuple[subproces
     port = free_port()
     cmd = [sys.executable, "-m", "edge_infer.cli", "serve", "-m", path, "--port", str(port), "-t", str(args.threads),
            "--max-num-seqs", str(args.concurrency), "--max-model-len", "2048", "--kv-cache-memory", "1GiB",
-           "--max-queue", "4096"]  # fmt: skip
+           "--max-queue", "4096"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     if not wait_http(proc, url + "/health", args.timeout):
@@ -116,7 +116,7 @@ def start_llama(
     for safe in (False, True):
         port = free_port()
         flags = ["--model", path, "--n_threads", str(args.threads), "--n_ctx", "2048", "--interrupt_requests",
-                 "False", "--port", str(port), "--host", "127.0.0.1"]  # fmt: skip
+                 "False", "--port", str(port), "--host", "127.0.0.1"]
         cmd = (
             [sys.executable, "-c", _LLAMA_SAFE, *flags]
             if safe
@@ -144,7 +144,7 @@ def llama_server_binary(explicit: str | None) -> Path | None:
 
 
 def start_llama_server(path: str, args: argparse.Namespace, body: dict[str, Any], log: Any
-                       ) -> tuple[subprocess.Popen, str, str] | str:  # fmt: skip
+                       ) -> tuple[subprocess.Popen, str, str] | str:
     """llama.cpp's own server with continuous batching (-np slots, 2048 tokens each), ready and
     warmed up, or a sentence saying why not."""
     binary = llama_server_binary(args.llama_server)
@@ -155,7 +155,7 @@ def start_llama_server(path: str, args: argparse.Namespace, body: dict[str, Any]
            "-tb", str(args.threads), "-np", str(n), "-c", str(2048 * n),
            # an HTTP thread per client: with its default (one per core) a queued client's pooled
            # connection can be dropped unanswered, an error that is ours to avoid, not its
-           "--threads-http", str(args.requests + args.disconnects + 4)]  # fmt: skip
+           "--threads-http", str(args.requests + args.disconnects + 4)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     if wait_http(proc, url + "/health", args.timeout) and warm_up(url, body):
@@ -178,13 +178,13 @@ def kv_after(url: str, timeout: float = 30.0) -> dict[str, float]:
             break
         time.sleep(0.1)
     keys = ("num_requests_running", "num_requests_waiting", "num_requests_in_flight", "kv_blocks_used",
-            "kv_blocks_cached", "requests_aborted_total")  # fmt: skip
+            "kv_blocks_cached", "requests_aborted_total")
     return {k: m.get("edge_infer_" + k, float("nan")) for k in keys}
 
 
 # -- main ------------------------------------------------------------------------------------------
 def measure_baseline(name: str, path: str, args: argparse.Namespace, bodies: list[dict[str, Any]],
-                     hang_ups: list[int], log_path: Path) -> dict[str, Any]:  # fmt: skip
+                     hang_ups: list[int], log_path: Path) -> dict[str, Any]:
     """One llama.cpp server started, loaded with the clients and stopped; {"error"} when it did not serve."""
     with open(log_path, "ab") as log:
         started = BASELINES[name](path, args, bodies[0], log)
@@ -200,7 +200,7 @@ def measure_baseline(name: str, path: str, args: argparse.Namespace, bodies: lis
 
 
 def measure_at(conc: int, path: str, args: argparse.Namespace, bodies: list[dict[str, Any]], hang_ups: list[int],
-               baselines: list[str], logs: Path) -> dict[str, Any]:  # fmt: skip
+               baselines: list[str], logs: Path) -> dict[str, Any]:
     """edge-infer serve and each baseline at `conc` clients in flight; every baseline runs before
     and after ours and its row is the mean of both (combine_runs)."""
     args.concurrency = conc
@@ -217,25 +217,25 @@ def measure_at(conc: int, path: str, args: argparse.Namespace, bodies: list[dict
         rows["edge-infer"]["exit_code"] = proc.returncode
     for name in baselines:
         after = (measure_baseline(name, path, args, bodies, hang_ups, logs / f"{name}.log")
-                 if "tokens_per_s" in before[name] else None)  # fmt: skip
+                 if "tokens_per_s" in before[name] else None)
         rows[name] = combine_runs(before[name], after, ("tokens_per_s",)) or before[name]
     edge = rows["edge-infer"]
     ratios = {name: edge["tokens_per_s"] / rows[name]["tokens_per_s"] for name in baselines
-              if edge.get("tokens_per_s") and rows[name].get("tokens_per_s")}  # fmt: skip
+              if edge.get("tokens_per_s") and rows[name].get("tokens_per_s")}
     return {"concurrency": conc, "rows": rows, "throughput_ratios": ratios}
 
 
 def print_run(run: dict[str, Any]) -> None:
     rows = run["rows"]
     print(f"{'server':18}{'done':>6}{'gone':>6}{'err':>5}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}"
-          f"{'ITL p50':>9}{'ITL p99':>9}{'wall':>8}   concurrency {run['concurrency']}")  # fmt: skip
+          f"{'ITL p50':>9}{'ITL p99':>9}{'wall':>8}   concurrency {run['concurrency']}")
     for name, r in rows.items():
         if "error" in r:
             print(f"{name:18} {r['error']}")
             continue
         print(f"{name:18}{r['completed']:>6}{r['disconnected']:>6}{r['errors']:>5}{r['tokens_per_s']:>9.1f}"
               f"{r['ttft_p50_s']:>9.2f}s{r['ttft_p99_s']:>9.2f}s{r['itl_p50_s'] * 1000:>7.0f}ms"
-              f"{r['itl_p99_s'] * 1000:>7.0f}ms{r['wall_s']:>7.1f}s{format_drift(r, 'tokens_per_s')}")  # fmt: skip
+              f"{r['itl_p99_s'] * 1000:>7.0f}ms{r['wall_s']:>7.1f}s{format_drift(r, 'tokens_per_s')}")
         for e in r["first_errors"]:
             print(f"  error: {e}")
     edge = rows["edge-infer"]
@@ -243,7 +243,7 @@ def print_run(run: dict[str, Any]) -> None:
         a = edge["after"]
         print(f"edge-infer after the load: {a['num_requests_running']:.0f} running, {a['kv_blocks_used']:.0f} KV "
               f"blocks used ({a['kv_blocks_cached']:.0f} cached, unreferenced), "
-              f"{a['requests_aborted_total']:.0f} aborted; exit code {edge.get('exit_code')}")  # fmt: skip
+              f"{a['requests_aborted_total']:.0f} aborted; exit code {edge.get('exit_code')}")
     for name, ratio in run["throughput_ratios"].items():
         print(f"throughput edge-infer / {name} ({rows[name]['settings']}): {ratio:.2f}x")
 
@@ -288,14 +288,14 @@ def main() -> None:
     reqs = make_workload("mixed", args.requests, tok.vocab_size, seed=0, scale=args.scale)
     ban = {str(t): -100 for t in sorted(tok.stop_ids)}
     bodies = [{"prompt": tok.decode(r.prompt_token_ids), "max_tokens": min(r.max_tokens, args.max_tokens),
-               "temperature": 0, "stream": True, "logit_bias": ban} for r in reqs]  # fmt: skip
+               "temperature": 0, "stream": True, "logit_bias": ban} for r in reqs]
     hang_ups = [random.Random(i).randint(1, 5) for i in range(args.disconnects)]
     logs = Path(f"/tmp/bench_server-{time.strftime('%Y%m%d-%H%M%S')}")
     logs.mkdir(parents=True, exist_ok=True)
     runs = [measure_at(c, path, args, bodies, hang_ups, baselines, logs) for c in concs]
     res = {"model": args.model, "requests": args.requests, "disconnects": args.disconnects,
            "max_tokens": args.max_tokens, "scale": args.scale, "threads": args.threads, "logs": str(logs),
-           "runs": runs, "llama_cpp_build": baseline_info() if baselines else None}  # fmt: skip
+           "runs": runs, "llama_cpp_build": baseline_info() if baselines else None}
     if args.plot:
         from edge_infer.bench.plot import plot_throughput
 
@@ -303,12 +303,12 @@ def main() -> None:
                          if "tokens_per_s" in r["rows"].get(name, {})} for name in ["edge-infer", *baselines]}
         plot_throughput({k: v for k, v in series.items() if v}, {}, args.plot,
                         f"{args.model}, {args.requests} streaming clients (+{args.disconnects} hanging up), "
-                        f"{args.threads} threads")  # fmt: skip
+                        f"{args.threads} threads")
     if args.json:
         print(json.dumps(res, indent=2))
         return
     print(f"{args.model}  clients={args.requests}+{args.disconnects} disconnecting  max_tokens={args.max_tokens}  "
-          f"scale={args.scale}  threads={args.threads}")  # fmt: skip
+          f"scale={args.scale}  threads={args.threads}")
     for run in runs:
         print_run(run)
     if baselines:

@@ -50,7 +50,7 @@ def mixed_scripts(nbytes: int) -> str:
     # Words drawn from several scripts' letter ranges, with punctuation and digits.
     r = random.Random(7)
     ranges = [(0x61, 0x7A), (0xE0, 0xFF), (0x430, 0x44F), (0x3B1, 0x3C9), (0x4E00, 0x4FFF), (0x3041, 0x3096),
-              (0xAC00, 0xAD00), (0x627, 0x64A), (0x915, 0x939), (0x1F600, 0x1F64F)]  # fmt: skip
+              (0xAC00, 0xAD00), (0x627, 0x64A), (0x915, 0x939), (0x1F600, 0x1F64F)]
     out, size = [], 0
     while size < nbytes:
         lo, hi = r.choice(ranges)
@@ -151,15 +151,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         for kind, e in r["encode"].items():
             same = "-" if "same_ids" not in e else ("yes" if e["same_ids"] else "NO")
             print(f"{r['model']:<20} {kind:<14} {e['mb']:>5.2f} {e['cold_mb_s']:>10.2f} {e['warm_mb_s']:>10.2f} "
-                  f"{_fmt(e.get('llama_mb_s')):>10} {same:>9}")  # fmt: skip
+                  f"{_fmt(e.get('llama_mb_s')):>10} {same:>9}")
     print()
     print(f"{'model':<20} {'load s':>7} {'llama s':>8} {'decode MB/s':>12} {'llama MB/s':>11} {'stream µs/tok':>14} "
-          f"{'200-char encode µs':>19} {'llama µs':>9}")  # fmt: skip
+          f"{'200-char encode µs':>19} {'llama µs':>9}")
     for r in rows:
         d = r["decode"]
         print(f"{r['model']:<20} {r['load_s']:>7.3f} {_fmt(r['llama_load_s'], '.3f'):>8} {d['mb_s']:>12.1f} "
               f"{_fmt(d.get('llama_mb_s'), '.1f'):>11} {d['stream_us_per_token']:>14.2f} {r['short_prompt_us']:>19.1f} "
-              f"{_fmt(r.get('llama_short_prompt_us'), '.1f'):>9}")  # fmt: skip
+              f"{_fmt(r.get('llama_short_prompt_us'), '.1f'):>9}")
 
 
 def main(argv: list[str] | None = None) -> int:

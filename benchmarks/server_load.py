@@ -75,7 +75,7 @@ async def stream_one(
 
 
 async def run_load(url: str, bodies: list[dict[str, Any]], hang_ups: list[int], concurrency: int,
-                   timeout: float) -> dict[str, Any]:  # fmt: skip
+                   timeout: float) -> dict[str, Any]:
     # a fresh connection per request: a pooled one idle past a server's keep-alive timeout (cpp-httplib:
     # 5 s, while a client waits its turn) is closed under it and the request fails unanswered
     limits = httpx.Limits(max_connections=len(bodies) + len(hang_ups) + 4, max_keepalive_connections=0)
@@ -106,4 +106,4 @@ async def run_load(url: str, bodies: list[dict[str, Any]], hang_ups: list[int], 
     return {"completed": sum(c.ok for c in done), "disconnected": sum(c.ok for c in gone), "errors": len(errors),
             "first_errors": errors[:3], "output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "itl_p50_s": pct(itl, 50),
-            "itl_p99_s": pct(itl, 99)}  # fmt: skip
+            "itl_p99_s": pct(itl, 99)}

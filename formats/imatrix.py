@@ -55,7 +55,7 @@ class Imatrix:
             return None
         if s.shape[1] != n_in:
             raise ImatrixError(f"importance matrix entry {name!r} has {s.shape[1]} input channels, "
-                               f"the model's tensor has {n_in}")  # fmt: skip
+                               f"the model's tensor has {n_in}")
         c = self.counts[name]
         return (s / np.where(c > 0, c, 1)[:, None]).astype(np.float32)
 
@@ -91,12 +91,12 @@ class Imatrix:
             kind = f.metadata.get("general.type")
             if kind != "imatrix":
                 raise ImatrixError(f"{path}: not an importance matrix (general.type is {kind!r}, expected 'imatrix'); "
-                                   "the legacy .dat format is not read: convert it with llama-imatrix --in-file")  # fmt: skip
+                                   "the legacy .dat format is not read: convert it with llama-imatrix --in-file")
             datasets = f.metadata.get("imatrix.datasets", [])
             if not isinstance(datasets, list):
                 raise ImatrixError(f"{path}: imatrix.datasets must be an array of strings, got {datasets!r}")
             out = cls(datasets=[str(d) for d in datasets], chunk_count=_count(f, "imatrix.chunk_count"),
-                      chunk_size=_count(f, "imatrix.chunk_size"))  # fmt: skip
+                      chunk_size=_count(f, "imatrix.chunk_size"))
             for tname, t in f.tensors.items():
                 if not tname.endswith(SUM2):
                     continue
@@ -112,7 +112,7 @@ class Imatrix:
                 # [n_in, n_mat]; llama-imatrix's single-matrix entries are stored 1-D
                 if len(t.shape) > 2 or counts.size == 0 or sums.size % counts.size or t.shape[0] * counts.size != sums.size:
                     raise ImatrixError(f"{path}: {tname} of shape {list(t.shape)} does not match "
-                                       f"{name + COUNTS} of shape {list(c.shape)}")  # fmt: skip
+                                       f"{name + COUNTS} of shape {list(c.shape)}")
                 sums = sums.reshape(counts.size, -1)
                 if not np.isfinite(sums).all() or (sums < 0).any():
                     raise ImatrixError(f"{path}: {tname} has negative or non-finite values")

@@ -134,12 +134,12 @@ def _mix_type(target: Target, name: str, n_layer: int, n_gqa: int, counters: dic
         return {FT.MOSTLY_Q2_K: T.Q3_K, FT.MOSTLY_Q3_K_M: T.Q4_K, FT.MOSTLY_Q3_K_L: T.Q5_K}.get(ft, base)
     if "attn_qkv.weight" in name:
         return {FT.MOSTLY_Q3_K_M: T.Q4_K, FT.MOSTLY_Q3_K_L: T.Q4_K, FT.MOSTLY_Q4_K_M: T.Q5_K,
-                FT.MOSTLY_Q5_K_M: T.Q6_K}.get(ft, base)  # fmt: skip
+                FT.MOSTLY_Q5_K_M: T.Q6_K}.get(ft, base)
     return base
 
 
 def choose_types(tensors: list[tuple[str, tuple[int, ...]]], target: Target, keep: list[tuple[str, T]],
-                 n_layer: int, n_gqa: int, has_imatrix: bool = False) -> dict[str, T | None]:  # fmt: skip
+                 n_layer: int, n_gqa: int, has_imatrix: bool = False) -> dict[str, T | None]:
     """For each (name, GGUF shape ne0 first) in file order: the new type, or None to copy the
     tensor as it is (not quantizable). A --keep pattern that matches nothing is an error.
     has_imatrix: Q4_0 / Q5_0 then keep the first eighth of ffn_down at Q4_1 / Q5_1 (llama.cpp

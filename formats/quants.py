@@ -326,7 +326,7 @@ def _quantize_weighted(x: np.ndarray, qtype: T, importance: np.ndarray) -> np.nd
     imp = np.asarray(importance, dtype=np.float32).reshape(-1)
     if imp.shape != (n,) or not np.isfinite(imp).all() or (imp < 0).any():
         raise EdgeInferError(f"quantize to {lay.name}: the importance must be {n} finite non-negative values, "
-                             f"got {imp.shape[0]}")  # fmt: skip
+                             f"got {imp.shape[0]}")
     imp = imp + np.float32(1e-12) * max(float(imp.max()), 1e-30)  # a never-active channel still counts a little
     rows = x.reshape(-1, n)
     fn, per_row = WEIGHTED_QUANTIZERS[qtype], n // lay.block_size

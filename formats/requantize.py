@@ -124,7 +124,7 @@ def check_output(src: str | os.PathLike[str], dst: str | os.PathLike[str], force
 
 def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], target: Target,
                keep: list[tuple[str, T]] | None = None, imatrix: Imatrix | None = None, force: bool = False,
-               progress: Progress | None = None, extra_kv: dict[str, str | int] | None = None) -> list[TensorPlan]:  # fmt: skip
+               progress: Progress | None = None, extra_kv: dict[str, str | int] | None = None) -> list[TensorPlan]:
     """Write `dst` from `src` at `target`; returns the plan it followed. Refuses an existing
     dst unless force (also one created while it writes: the final move never replaces without
     force), and dst == src always."""

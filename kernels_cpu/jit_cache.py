@@ -21,7 +21,7 @@ from numba.core import event
 
 # The modules with kernels (and the non-inlined helpers they call) of this package.
 KERNEL_MODULES = ("attention", "dequant", "matmul", "matmul_i8", "matmul_k", "matmul_experts", "membw", "moe",
-                  "ops", "repack_i8", "repack_k", "simd_i8", "simd_k")  # fmt: skip
+                  "ops", "repack_i8", "repack_k", "simd_i8", "simd_k")
 _PACKAGE = __name__.rsplit(".", 1)[0]
 
 
@@ -88,7 +88,7 @@ def jit_cache_status() -> JitCacheStatus:
     except Exception as e:  # numba's private cache API changed: say so, guess nothing
         return JitCacheStatus(location, False, kernels, f"{type(e).__name__}: {e}")
     writable = location is not None and os.access(location if os.path.isdir(location) else
-                                                  os.path.dirname(location), os.W_OK)  # fmt: skip
+                                                  os.path.dirname(location), os.W_OK)
     return JitCacheStatus(location, writable, kernels)
 
 

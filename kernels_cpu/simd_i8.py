@@ -32,7 +32,7 @@ DOTPROD_CPUS = frozenset({
     "neoverse-v1", "neoverse-v2", "neoverse-v3", "neoverse-v3ae", "neoverse-512tvb", "ampere1", "ampere1a",
     "ampere1b", "apple-a13", "apple-a14", "apple-a15", "apple-a16", "apple-a17", "apple-m1", "apple-m2",
     "apple-m3", "apple-m4", "exynos-m4", "exynos-m5", "saphira", "tsv110", "oryon-1", "grace", "kryo", "carmel",
-})  # fmt: skip
+})
 
 
 def _has_sdot() -> bool:

@@ -105,7 +105,7 @@ class CudaBackend:
         for _role, w in matrices:
             if w.data.ndim == 3:
                 raise UnsupportedModelError(f"{w.name}: device='cuda' has no mixture-of-experts kernels "
-                                            "(route_experts, expert_matmuls); use device='cpu'")  # fmt: skip
+                                            "(route_experts, expert_matmuls); use device='cpu'")
             out.append(QMatrix(w.name, w.data, w.qtype, w.rows, w.cols, self._form(w)))
         return out
 
@@ -142,7 +142,7 @@ class CudaBackend:
             f32(t, d_model), f32(t, d_model), cuda.device_array(t, np.int32), cuda.device_array(t, np.int32),
             cuda.device_array((t, k_max // 4), np.int32), f32(t, k_max // 32), cuda.device_array((0, 0), np.int32),
             cuda.device_array((t, k_max // 16), np.int32), f32(t, 0),
-        )  # fmt: skip
+        )
 
     @staticmethod
     def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -158,7 +158,7 @@ class CudaBackend:
         shape, dt = (num_blocks, block_size, n_kv_heads, head_dim), KV_DTYPES[kv_dtype]
         none = cuda.device_array((0, 0, 0), np.float32)
         return [(cuda.to_device(np.zeros(shape, dt)), none, cuda.to_device(np.zeros(shape, dt)), none)
-                for _ in range(n_layers)]  # fmt: skip
+                for _ in range(n_layers)]
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None:
         if not copies:
@@ -185,7 +185,7 @@ class CudaBackend:
         while g is None:
             b, parts = key
             g = StepGraph(b, parts, PackedInputs(b, b, b, -(-parts * attention.PART // self._block_size),
-                                                 pinned=not SIMULATOR))  # fmt: skip
+                                                 pinned=not SIMULATOR))
             self._max_pos, self._steps.recording, generation = parts * attention.PART - 1, g, self._steps.generation
             try:
                 g.output = launch(type(inp)(*g.inputs.device))  # records the launches, runs nothing

@@ -127,7 +127,7 @@ class StepGraph:
             self.graph = builder.end_building().complete()
         except Exception as e:  # an older numba-cuda / cuda.core: replay launches the list instead
             log.warning("CUDA graph capture failed (%s: %s): replaying the recorded launches one by one",
-                        type(e).__name__, e)  # fmt: skip
+                        type(e).__name__, e)
             self.graph = None
 
     def replay(self, stream: Any) -> None:

@@ -40,7 +40,7 @@ RANKS = {
     "edge_infer.llm": 4,
     "edge_infer.server": 5, "edge_infer.cluster": 5, "edge_infer.bench": 5, "edge_infer.quantize": 5,
     "edge_infer.cli": 6,
-}  # fmt: skip
+}
 # The package root is the public face: it re-exports these, and nothing imports it.
 ROOT_MAY_IMPORT = {"edge_infer._version", "edge_infer.errors", "edge_infer.sampling_params", "edge_infer.llm"}
 
@@ -239,6 +239,6 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
     assert edges == {
         ("pkg", "pkg.b"), ("pkg.a", "pkg.b"), ("pkg.a", "pkg.sub.c"), ("pkg.sub", "pkg.a"),
         ("pkg.sub.c", "pkg.a"), ("pkg.sub.c", "pkg"),
-    }  # fmt: skip
+    }
     loop = [Edge("x", "y", tmp_path, 1), Edge("y", "x", tmp_path, 2), Edge("y", "z", tmp_path, 3)]
     assert [[e.dst for e in c] for c in find_cycles(loop)] == [["y", "x"]]

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_cuda_kernels_and_engine_under_the_simulator() -> None:
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels_cuda",
-           "-k", "not test_kernel_compiles_to_ptx"]  # fmt: skip
+           "-k", "not test_kernel_compiles_to_ptx"]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     tail = (p.stdout + p.stderr)[-6000:]
     assert p.returncode == 0, tail

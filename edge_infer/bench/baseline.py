@@ -29,7 +29,7 @@ def format_baseline(info: dict[str, Any] | None) -> str:
 
 
 def combine_runs(before: dict[str, Any] | None, after: dict[str, Any] | None, keys: tuple[str, ...]
-                 ) -> dict[str, Any] | None:  # fmt: skip
+                 ) -> dict[str, Any] | None:
     """One baseline row from the runs of llama.cpp before and after ours (so that a machine that
     drifts during the run shows as two different baselines, not as a ratio): `before` with each
     of `keys` (rates, higher is better) replaced by the mean of both runs, the two runs' own

@@ -69,7 +69,7 @@ class KLResult:
     def as_dict(self) -> dict[str, float | int]:
         return {"ctx": self.ctx, "chunks": self.chunks, "tokens_scored": self.tokens_scored,
                 "mean_kl": self.mean_kl, "kl_std": self.kl_std, "top1_agreement": self.top1,
-                "ppl": self.ppl, "ppl_base": self.ppl_base, "ppl_ratio": self.ppl_ratio}  # fmt: skip
+                "ppl": self.ppl, "ppl_base": self.ppl_base, "ppl_ratio": self.ppl_ratio}
 
 
 def _log_probs(logits: np.ndarray) -> np.ndarray:
@@ -95,11 +95,11 @@ def add_window(res: KLResult, base_logits: np.ndarray, logits: np.ndarray, targe
 
 
 def kl_divergence(llm: LLM, base: LLM, tokens: Sequence[int], ctx: int = 512, n_chunks: int | None = None,
-                  on_chunk: Callable[[int, KLResult], None] | None = None) -> KLResult:  # fmt: skip
+                  on_chunk: Callable[[int, KLResult], None] | None = None) -> KLResult:
     """Compare `llm` with `base` over `tokens` (tokenized with special tokens by llm)."""
     if llm.model_config.vocab_size != base.model_config.vocab_size:
         raise InvalidRequest(f"the models' vocabularies differ ({llm.model_config.vocab_size} vs "
-                             f"{base.model_config.vocab_size} tokens): KL divergence needs the same tokenizer")  # fmt: skip
+                             f"{base.model_config.vocab_size} tokens): KL divergence needs the same tokenizer")
     limit = min(llm.plan.max_model_len, base.plan.max_model_len)
     if isinstance(ctx, int) and ctx >= limit:
         raise InvalidRequest(f"ctx {ctx} must be below the maximum context length of {limit} tokens")

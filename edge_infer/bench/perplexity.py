@@ -61,7 +61,7 @@ def token_nlls(logits: np.ndarray, targets: Sequence[int]) -> np.ndarray:
 
 
 def scoring_windows(llm: LLM, tokens: Sequence[int], ctx: int, n_chunks: int | None,
-                    what: str = "perplexity") -> list[list[int]]:  # fmt: skip
+                    what: str = "perplexity") -> list[list[int]]:
     """The windows llama-perplexity scores: consecutive ctx-token slices of `tokens` (a short
     tail dropped), at most n_chunks of them, BOS first when the model adds one; validated."""
     if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 4:

@@ -72,7 +72,7 @@ def plot_pp_tg(results: list[dict[str, Any]], path: str | Path, title: str = "")
 
 
 def plot_throughput(series: dict[str, dict[int, float]], flat: dict[str, float], path: str | Path,
-                    title: str, points: dict[str, tuple[int, float]] | None = None) -> Path:  # fmt: skip
+                    title: str, points: dict[str, tuple[int, float]] | None = None) -> Path:
     """series: name -> {concurrency: tokens/s}, drawn as lines; flat: name -> tokens/s of a
     baseline with no concurrency axis (e.g. llama.cpp serving one request at a time); points:
     name -> (concurrency, tokens/s), single marks (e.g. static batching at its batch size)."""

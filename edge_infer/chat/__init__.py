@@ -82,7 +82,7 @@ class ChatTemplate:
         self.name = name
         if len(template) > MAX_SOURCE:
             raise UnsupportedModelError(f"{name}: the chat template is {len(template):,} characters, over the "
-                                        f"limit of {MAX_SOURCE:,}")  # fmt: skip
+                                        f"limit of {MAX_SOURCE:,}")
         try:
             self._template = BoundedSandbox().from_string(template)
         except TemplateSyntaxError as e:
@@ -99,7 +99,7 @@ class ChatTemplate:
             self._render([dict(m) for m in _SAMPLE], True, {})
         except ChatTemplateLimit as e:
             raise UnsupportedModelError(f"{e} (rendering a sample conversation at load); the chat template "
-                                        "is refused") from None  # fmt: skip
+                                        "is refused") from None
         except ChatTemplateError:
             pass
 

@@ -57,7 +57,7 @@ def render(template: jinja2.Template, args: dict[str, Any]) -> str:
 # string as a sequence (list, first, join, map, ...) use Text's own methods instead.
 _TEXT_FILTERS = frozenset({"capitalize", "center", "e", "escape", "float", "forceescape", "format", "indent", "int",
                            "lower", "replace", "string", "striptags", "title", "trim", "truncate", "upper", "urlencode",
-                           "urlize", "wordcount", "wordwrap"})  # fmt: skip
+                           "urlize", "wordcount", "wordwrap"})
 
 
 def _bounded_filter(name: str, f: Any) -> Any:
@@ -171,7 +171,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def __init__(self) -> None:
         super().__init__(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
-                         extensions=[_GenerationTag, jinja2.ext.loopcontrols])  # fmt: skip
+                         extensions=[_GenerationTag, jinja2.ext.loopcontrols])
         self.filters["tojson"] = tojson
         self.filters = {name: _bounded_filter(name, f) for name, f in self.filters.items()}
         self.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, lipsum=_lipsum)

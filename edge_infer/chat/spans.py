@@ -43,7 +43,7 @@ class Spans:
         self.size += len(text) + _MARKER_COST
         if self.size > MAX_MARKED:
             raise ChatTemplateLimit(f"the request's text and what the template derives from it are over the "
-                                    f"limit of {MAX_MARKED:,} characters")  # fmt: skip
+                                    f"limit of {MAX_MARKED:,} characters")
         self.texts.append(text)
         return Text(f"{self.prefix}{len(self.texts) - 1}\ue001", self, text)
 

@@ -26,7 +26,7 @@ _COMMANDS: tuple[Register, ...] = (
     models.register_pull, models.register_models, inspect.register,
     run.register, chat.register, perplexity.register, bench.register,
     serve.register, doctor.register, quantize.register,
-)  # fmt: skip
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

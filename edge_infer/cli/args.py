@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Flag -> SamplingParams field, so a bad value's message names the flag the user typed.
 _FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
-          "repetition_penalty": "--repeat-penalty", "max_tokens": "-n"}  # fmt: skip
+          "repetition_penalty": "--repeat-penalty", "max_tokens": "-n"}
 
 SAMPLING_HELP = (
     "sampling defaults follow llama-cli/Ollama: --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05, "
@@ -42,12 +42,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help=f"a known model name (pulled on first use) or a .gguf path (default: {DEFAULT_MODEL})",
     )
     p.add_argument("-t", "--threads", metavar="N", help="compute threads (default: physical cores)")
-    p.add_argument("--max-model-len", metavar="N", help="context length (default: the model's, capped by the KV budget)")  # fmt: skip
+    p.add_argument("--max-model-len", metavar="N", help="context length (default: the model's, capped by the KV budget)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where to run: auto = an NVIDIA GPU when numba-cuda (the [cuda] extra) finds one and "
-                   "the model is supported, else the CPU (default auto)")  # fmt: skip
+                   "the model is supported, else the CPU (default auto)")
     p.add_argument("--enforce-eager", action="store_true",
-                   help="CUDA: launch every step's kernels instead of replaying CUDA graphs (slower; for debugging)")  # fmt: skip
+                   help="CUDA: launch every step's kernels instead of replaying CUDA graphs (slower; for debugging)")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -55,10 +55,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--spec", choices=("ngram", "draft"),
                    help="speculative decoding: n-gram prompt lookup, or a draft model; greedy output is "
-                   "unchanged and sampled output keeps the model's distribution")  # fmt: skip
+                   "unchanged and sampled output keeps the model's distribution")
     g.add_argument("--draft-model", metavar="M",
-                   help="with --spec draft: the draft model (a known name or a .gguf path with the same vocabulary)")  # fmt: skip
-    g.add_argument("--spec-k", metavar="K", help=f"tokens proposed per step (1-{SPEC_K_MAX}), or 'auto' to adapt (default 4)")  # fmt: skip
+                   help="with --spec draft: the draft model (a known name or a .gguf path with the same vocabulary)")
+    g.add_argument("--spec-k", metavar="K", help=f"tokens proposed per step (1-{SPEC_K_MAX}), or 'auto' to adapt (default 4)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, default_n: int) -> None:
@@ -117,7 +117,7 @@ def engine_options(args: argparse.Namespace, *, min_model_len: int | None = None
     opts: dict[str, Any] = {}
     # (flag, argparse name, engine option, lowest value or None)
     checks = [("-t/--threads", "threads", "n_threads", 1),
-              ("--max-model-len", "max_model_len", "max_model_len", min_model_len)]  # fmt: skip
+              ("--max-model-len", "max_model_len", "max_model_len", min_model_len)]
     if hasattr(args, "max_num_seqs"):
         checks.append(("--max-num-seqs", "max_num_seqs", "max_num_seqs", 1))
     for flag, attr, key, low in checks:

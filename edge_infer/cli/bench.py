@@ -16,7 +16,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Measure prefill (ppN: an N-token prompt) and decode (tgN: N greedy tokens after it) "
         "tokens/s; with llama-cpp-python installed, llama.cpp on the same model, prompt and threads in "
         "the same run. Figures are medians of --repetitions runs.",
-    )  # fmt: skip
+    )
     p.add_argument("-m", "--model", nargs="+", default=[DEFAULT_MODEL], metavar="MODEL",
                    help=f"known names or .gguf paths, measured one after another (default {DEFAULT_MODEL})")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")

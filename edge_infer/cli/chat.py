@@ -21,7 +21,7 @@ from edge_infer.cli.args import (
     add_spec_args,
     engine_options,
     sampling_params,
-)  # fmt: skip
+)
 from edge_infer.cli.common import ChatEncoder, Message, load_llm, print_figures, stream_request
 from edge_infer.errors import EdgeInferError
 
@@ -41,11 +41,11 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "partial reply) from the history; /reset clears the history; /exit, /quit or Ctrl-D quits. "
         "Lines are read from stdin, so a conversation can be piped in. -v prints speed figures after "
         "each reply. " + SAMPLING_HELP,
-    )  # fmt: skip
+    )
     add_model_args(p)
     p.add_argument("--system", metavar="TEXT", help="a system message at the start of the conversation")
     p.add_argument("--template", metavar="NAME",
-                   help="use a built-in template (chatml) instead of the model's; needed for models without one")  # fmt: skip
+                   help="use a built-in template (chatml) instead of the model's; needed for models without one")
     add_sampling_args(p, default_n=-1)
     add_spec_args(p)
     p.set_defaults(func=chat)
@@ -73,7 +73,7 @@ def chat(args: argparse.Namespace) -> int:
 
 
 def _repl(llm: LLM, encoder: ChatEncoder, params: SamplingParams, args: argparse.Namespace,
-          interactive: bool) -> None:  # fmt: skip
+          interactive: bool) -> None:
     start: list[Message] = [{"role": "system", "content": args.system}] if args.system is not None else []
     history = list(start)
     while True:
@@ -107,7 +107,7 @@ def _repl(llm: LLM, encoder: ChatEncoder, params: SamplingParams, args: argparse
 
 
 def _reply(llm: LLM, encoder: ChatEncoder, messages: list[Message], params: SamplingParams,
-           verbose: int, interactive: bool) -> str | None:  # fmt: skip
+           verbose: int, interactive: bool) -> str | None:
     """Stream one reply to stdout; its text, or None when it failed or was interrupted."""
     final: list[RequestOutput] = []
     wrote = False

@@ -42,7 +42,7 @@ def load_llm(args: argparse.Namespace, model: str | os.PathLike[str] | None = No
             draft = f" {Path(spec['model']).name}" if "model" in spec else ""
             extra += f", speculative {spec['method']}{draft} k {spec.get('k', 4)}"
         print(f"edge-infer: loaded {Path(llm.plan.model_path).name} in {time.perf_counter() - t0:.2f} s "
-              f"({llm.plan.device}, {llm.plan.n_threads} threads, context {llm.plan.max_model_len}{extra})", file=sys.stderr)  # fmt: skip
+              f"({llm.plan.device}, {llm.plan.n_threads} threads, context {llm.plan.max_model_len}{extra})", file=sys.stderr)
     return llm
 
 
@@ -65,7 +65,7 @@ def compile_notice(args: argparse.Namespace) -> Callable[[], None]:
 
 
 def stream_request(llm: LLM, prompt: str | list[int], params: SamplingParams,
-                   final: list[RequestOutput]) -> Iterator[str]:  # fmt: skip
+                   final: list[RequestOutput]) -> Iterator[str]:
     """Text deltas of one request; the last RequestOutput is appended to `final`."""
     return llm.stream(prompt, params, final=final)
 
@@ -101,7 +101,7 @@ def print_spec_figures(llm: LLM) -> None:
         return
     print(f"edge-infer: speculative: {m['spec_accepted_tokens']:.0f} of {m['spec_proposed_tokens']:.0f} "
           f"proposed tokens accepted ({m['spec_acceptance_rate']:.0%}), "
-          f"{m['spec_tokens_per_step']:.2f} tokens per step", file=sys.stderr)  # fmt: skip
+          f"{m['spec_tokens_per_step']:.2f} tokens per step", file=sys.stderr)
 
 
 @dataclass(slots=True)
@@ -134,7 +134,7 @@ class ChatEncoder:
             return cls(t)
         if not t.name.startswith("builtin"):  # the model has its own: force the built-in anyway
             t = ChatTemplate(BUILTIN_TEMPLATES[forced], bos_token=t.bos_token, eos_token=t.eos_token,
-                             name=f"builtin {forced} template")  # fmt: skip
+                             name=f"builtin {forced} template")
         return cls(t, BUILTIN_STOPS.get(forced, ()))
 
     def encode(self, llm: LLM, messages: list[Message]) -> list[int]:

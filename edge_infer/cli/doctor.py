@@ -27,10 +27,10 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "they are compiled for this CPU, available memory and the default KV pool, the memory read "
         "bandwidth (what bounds decoding) and the cached models, whether CUDA is usable (device='auto'), "
         "and the llama.cpp oracle if installed.",
-    )  # fmt: skip
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("-m", "--model", metavar="M",
-                   help="also report this model (a cached known name or a .gguf path): its matrices' types and paths")  # fmt: skip
+                   help="also report this model (a cached known name or a .gguf path): its matrices' types and paths")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the ~1 s memory bandwidth measurement")
     p.set_defaults(func=doctor)
 
@@ -59,7 +59,7 @@ def _threading(n_threads: int) -> dict[str, Any]:
 
     membw.sum_kernel(np.ones(4096, np.float32), min(n_threads, numba.config.NUMBA_NUM_THREADS))
     return {"layer": numba.threading_layer(), "configured": numba.config.THREADING_LAYER,
-            "numba_threads": numba.config.NUMBA_NUM_THREADS}  # fmt: skip
+            "numba_threads": numba.config.NUMBA_NUM_THREADS}
 
 
 def model_report(model: str) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def model_report(model: str) -> dict[str, Any]:
             g[1] += t.nbytes
     matrices = [{"type": k[0], "path": k[1], "count": c, "bytes": b} for k, (c, b) in groups.items()]
     return {"path": str(path), "arch": arch, "size": path.stat().st_size,
-            "matrices": sorted(matrices, key=lambda m: -m["bytes"])}  # fmt: skip
+            "matrices": sorted(matrices, key=lambda m: -m["bytes"])}
 
 
 def gather(bandwidth: bool = True, model: str | None = None) -> dict[str, Any]:
@@ -108,18 +108,18 @@ def gather(bandwidth: bool = True, model: str | None = None) -> dict[str, Any]:
         "platform": f"{platform.system()} {platform.machine()}",
         "cpu": {"model": cpu_model(), "llvm_name": target.cpu_name(), "machine": platform.machine(),
                 "logical_cores": os.cpu_count(), "default_threads": threads,
-                "features": target.features()},  # fmt: skip
+                "features": target.features()},
         "int8_isa": target.int8_isa(),
         "matmul_paths": target.matmul_paths(),
         "numba": {"numba": numba.__version__, "llvmlite": llvmlite.__version__,
                   "llvm": ".".join(map(str, llvm.llvm_version_info)),
-                  "cpu_name_env": os.environ.get("NUMBA_CPU_NAME"), **_threading(threads)},  # fmt: skip
+                  "cpu_name_env": os.environ.get("NUMBA_CPU_NAME"), **_threading(threads)},
         "jit_cache": {"location": cache.location, "writable": cache.writable, "state": cache.state,
                       "compiled": cache.compiled, "total": cache.total, "error": cache.error,
-                      "modules": {k: {"compiled": c, "total": t} for k, (c, t) in cache.kernels.items()}},  # fmt: skip
+                      "modules": {k: {"compiled": c, "total": t} for k, (c, t) in cache.kernels.items()}},
         "memory": {"total_bytes": mem.total, "available_bytes": mem.available,
                    "default_kv_pool_bytes": kv_budget(EngineConfig(model="-")),
-                   "read_bandwidth_gbps": None},  # fmt: skip
+                   "read_bandwidth_gbps": None},
     }
     if bandwidth:
         from edge_infer.kernels_cpu.membw import read_bandwidth_gbps
@@ -152,7 +152,7 @@ def _print_report(r: dict[str, Any]) -> None:
     cpu, nb, jc, mem = r["cpu"], r["numba"], r["jit_cache"], r["memory"]
     print(f"edge-infer {r['edge_infer']} on {r['platform']}, Python {r['python']}")
     row("CPU", f"{cpu['model']} (LLVM target: {cpu['llvm_name']}), {cpu['logical_cores']} logical cores, "
-               f"{cpu['default_threads']} threads by default")  # fmt: skip
+               f"{cpu['default_threads']} threads by default")
     have = [f for f, ok in cpu["features"].items() if ok]
     lack = [f for f, ok in cpu["features"].items() if not ok]
     row("features", " ".join(have) or "none of those the kernels use")
@@ -164,7 +164,7 @@ def _print_report(r: dict[str, Any]) -> None:
     for i, (path, types) in enumerate(sorted(by_path.items(), key=lambda kv: kv[0].startswith("float"))):
         row("weight types" if i == 0 else "", f"{' '.join(types)}: {path}")
     row("numba", f"{nb['numba']}, llvmlite {nb['llvmlite']} (LLVM {nb['llvm']}), threading layer {nb['layer']}"
-                 f" ({nb['numba_threads']} threads)" + (f", NUMBA_CPU_NAME={nb['cpu_name_env']}" if nb["cpu_name_env"] else ""))  # fmt: skip
+                 f" ({nb['numba_threads']} threads)" + (f", NUMBA_CPU_NAME={nb['cpu_name_env']}" if nb["cpu_name_env"] else ""))
     state = jc["state"]
     if jc["error"]:
         state += f" ({jc['error']})"
@@ -177,7 +177,7 @@ def _print_report(r: dict[str, Any]) -> None:
     print(f"{'':<13}{state}")
     bw = f"; read bandwidth {mem['read_bandwidth_gbps']:.1f} GB/s" if mem["read_bandwidth_gbps"] else ""
     row("memory", f"{human_bytes(mem['available_bytes'])} available of {human_bytes(mem['total_bytes'])}; "
-                  f"default KV pool up to {human_bytes(mem['default_kv_pool_bytes'])}{bw}")  # fmt: skip
+                  f"default KV pool up to {human_bytes(mem['default_kv_pool_bytes'])}{bw}")
     models = r["models"]["cached"]
     if not models:
         row("models", f"none cached in {r['models']['cache_dir']}")

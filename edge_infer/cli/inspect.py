@@ -20,7 +20,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "inspect", parents=parents, help="show a GGUF file's metadata and tensors",
         description="Show a GGUF file's header, metadata (arrays summarised) and tensor table.",
-    )  # fmt: skip
+    )
     p.add_argument("model", metavar="MODEL", help="a known model name (must be pulled) or a .gguf path")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON object")
     p.set_defaults(func=run)

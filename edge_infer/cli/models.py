@@ -35,7 +35,7 @@ def register_models(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "models", parents=parents, help="list the known models and what is in the cache",
         description="List the known models: size, licence, whether cached; and other .gguf files in the cache.",
-    )  # fmt: skip
+    )
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     p.set_defaults(func=_cmd_models)
 
@@ -53,7 +53,7 @@ def list_models() -> dict[str, Any]:
         cached = "no" if size is None else "yes" if size == m.size else "wrong size"
         rows.append({"name": m.name, "size": m.size, "license": m.license, "cached": cached,
                      "path": str(path), "packages": list(m.packages), "sha256": m.sha256,
-                     "description": m.description})  # fmt: skip
+                     "description": m.description})
     known = {hub.cached_path(n).name for n in hub.KNOWN_MODELS}
     d = hub.models_dir()
     others = sorted(p for p in d.glob("*.gguf") if p.name not in known) if d.is_dir() else []

@@ -21,7 +21,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "tokens (the first token of each replaced by BOS when the model adds one), and only the "
         "second half of each window is scored. Prints PPL = exp(mean NLL) +/- its uncertainty; "
         "-v prints the running value after each chunk ([1]12.34,[2]...) on stderr.",
-    )  # fmt: skip
+    )
     add_model_args(p)
     p.add_argument("-f", "--file", metavar="TEXT", required=True, help="the text file (UTF-8)")
     p.add_argument("--ctx", metavar="N", default="512", help="window size in tokens (default 512)")
@@ -30,10 +30,10 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--kl-base", metavar="BASE.gguf",
                    help="also run this reference model on the same windows and report the mean KL divergence "
-                   "KL(base || model), top-1 agreement and the perplexity ratio (llama.cpp's --kl-divergence)")  # fmt: skip
+                   "KL(base || model), top-1 agreement and the perplexity ratio (llama.cpp's --kl-divergence)")
     p.add_argument("--json", action="store_true",
                    help='print {"model","ctx","chunks","tokens_scored","ppl","ppl_std"} as JSON (with --kl-base: '
-                   '"mean_kl","kl_std","top1_agreement","ppl_base","ppl_ratio" too)')  # fmt: skip
+                   '"mean_kl","kl_std","top1_agreement","ppl_base","ppl_ratio" too)')
     p.set_defaults(func=run)
 
 
@@ -73,11 +73,11 @@ def run(args: argparse.Namespace) -> int:
         llm.close()
     if args.json:
         out = {"model": args.model, "ctx": res.ctx, "chunks": res.chunks, "tokens_scored": res.tokens_scored,
-               "ppl": res.ppl, "ppl_std": res.ppl_std}  # fmt: skip
+               "ppl": res.ppl, "ppl_std": res.ppl_std}
         print(json.dumps(out))
     else:
         print(f"Final estimate: PPL = {res.ppl:.4f} +/- {res.ppl_std:.5f} "
-              f"({res.chunks} chunks of {res.ctx} tokens, {res.tokens_scored} tokens scored)")  # fmt: skip
+              f"({res.chunks} chunks of {res.ctx} tokens, {res.tokens_scored} tokens scored)")
     return 0
 
 
@@ -101,7 +101,7 @@ def _run_kl(args: argparse.Namespace, ctx: int, chunks: int, text: str) -> int:
             tokens = llm.tokenizer.encode(text, add_special=True)
             if base.tokenizer.encode(text, add_special=True) != tokens:
                 raise InvalidRequest(f"{args.kl_base}: the reference model tokenizes the text differently; "
-                                     "KL divergence needs the same tokenizer")  # fmt: skip
+                                     "KL divergence needs the same tokenizer")
             total = min(len(tokens) // ctx, chunks) if chunks > 0 else len(tokens) // ctx
             bar = _bar(sys.stderr.isatty() and not args.verbose, total)
 
@@ -124,5 +124,5 @@ def _run_kl(args: argparse.Namespace, ctx: int, chunks: int, text: str) -> int:
         print(f"Mean KL divergence: {res.mean_kl:.6f} +/- {res.kl_std:.6f}")
         print(f"Same top token: {100 * res.top1:.3f}%")
         print(f"PPL: {res.ppl:.4f}, base PPL: {res.ppl_base:.4f}, ratio {res.ppl_ratio:.5f} "
-              f"({res.chunks} chunks of {res.ctx} tokens, {res.tokens_scored} tokens scored)")  # fmt: skip
+              f"({res.chunks} chunks of {res.ctx} tokens, {res.tokens_scored} tokens scored)")
     return 0

@@ -16,7 +16,7 @@ from edge_infer.cli.args import number, read_text
 from edge_infer.errors import InvalidRequest
 
 TYPES_HELP = ("plain: f32 f16 q8_0 q6_k q5_k q5_1 q5_0 q4_k q4_1 q4_0 q3_k q2_k; mixes as llama.cpp's file types: "
-              "q5_k_m q4_k_m q4_k_s q3_k_l q3_k_m q2_k_m (llama.cpp's Q2_K)")  # fmt: skip
+              "q5_k_m q4_k_m q4_k_s q3_k_l q3_k_m q2_k_m (llama.cpp's Q2_K)")
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -27,13 +27,13 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "output matrix gets Q6_K as llama.cpp gives it; a K-quant on rows that are not a multiple of "
         "256 falls back to Q5_0/Q5_1/Q8_0. With --calibrate or --imatrix the block scales minimise "
         "the error weighted by each input channel's mean squared activation (llama.cpp's imatrix).",
-    )  # fmt: skip
+    )
     p.add_argument("input", metavar="IN", help="the source model: a .gguf path or a known model name")
     p.add_argument("output", metavar="OUT", help="the .gguf file to write")
     p.add_argument("--type", required=True, metavar="T", help=TYPES_HELP)
     p.add_argument("--keep", action="append", default=[], metavar="PATTERN=TYPE",
                    help="give tensors matching a glob this type, e.g. 'blk.0.*=q8_0' 'output.weight=q6_k' "
-                   "(repeatable; the first matching pattern wins)")  # fmt: skip
+                   "(repeatable; the first matching pattern wins)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--calibrate", metavar="FILE", help="collect an importance matrix by running IN over this text")
     src.add_argument("--imatrix", metavar="FILE", help="use this importance matrix (llama-imatrix's GGUF format)")
@@ -64,7 +64,7 @@ def _calibrate(args: argparse.Namespace, model: Path, threads: int | None) -> An
         bar = _bar(total, "calibrating", "chunk", args)
         try:
             im = collect_imatrix(llm, tokens, ctx, None if chunks == -1 else chunks, Path(args.calibrate).name,
-                                 on_chunk=lambda i: bar.update(1))  # fmt: skip
+                                 on_chunk=lambda i: bar.update(1))
         finally:
             bar.close()
     if args.save_imatrix:
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if im is not None:
         extra = {"quantize.imatrix.file": Path(args.save_imatrix or args.imatrix or args.calibrate).name,
                  "quantize.imatrix.dataset": ",".join(im.datasets) or "unknown",
-                 "quantize.imatrix.entries_count": len(im.sums), "quantize.imatrix.chunks_count": im.chunk_count}  # fmt: skip
+                 "quantize.imatrix.entries_count": len(im.sums), "quantize.imatrix.chunks_count": im.chunk_count}
     from edge_infer.formats.gguf import GGUFFile
 
     with GGUFFile(model) as f:
@@ -127,13 +127,13 @@ def _summary(steps: list[Any], args: argparse.Namespace, out: Path, seconds: flo
         print(json.dumps({"output": str(out), "type": args.type, "seconds": round(seconds, 2),
                           "bytes_before": before, "bytes_after": after, "bits_per_weight": 8 * after / n,
                           "types": {k: {"tensors": v[0], "elements": v[1], "bytes_before": v[2], "bytes_after": v[3]}
-                                    for k, v in sorted(rows.items())}}))  # fmt: skip
+                                    for k, v in sorted(rows.items())}}))
         return
     print(f"{'type':<6} {'tensors':>7} {'weights':>13} {'before MB':>10} {'after MB':>9}")
     for k, v in sorted(rows.items(), key=lambda kv: -kv[1][3]):
         print(f"{k:<6} {v[0]:>7} {v[1]:>13,} {v[2] / 1e6:>10.1f} {v[3] / 1e6:>9.1f}")
     print(f"{'total':<6} {len(steps):>7} {n:>13,} {before / 1e6:>10.1f} {after / 1e6:>9.1f}  "
-          f"({8 * before / n:.2f} -> {8 * after / n:.2f} bits per weight)")  # fmt: skip
+          f"({8 * before / n:.2f} -> {8 * after / n:.2f} bits per weight)")
     print(f"wrote {out} in {seconds:.1f} s")
 
 
@@ -142,4 +142,4 @@ def _bar(total: int, desc: str, unit: str, args: argparse.Namespace, scale: bool
 
     show = sys.stderr.isatty() and not args.quiet
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=scale, disable=not show, file=sys.stderr,
-                dynamic_ncols=True)  # fmt: skip
+                dynamic_ncols=True)

@@ -15,7 +15,7 @@ from edge_infer.cli.args import (
     engine_options,
     read_text,
     sampling_params,
-)  # fmt: skip
+)
 from edge_infer.cli.common import ChatEncoder, load_llm, print_figures, print_spec_figures, stream_request
 from edge_infer.errors import InvalidRequest
 
@@ -33,7 +33,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "step). A model whose GGUF has a chat template (and does not call itself a base model) gets the "
         "prompt as a user message in it, as llama-cli and Ollama do; --raw continues the text instead. "
         + SAMPLING_HELP,
-    )  # fmt: skip
+    )
     p.add_argument("prompt_arg", nargs="?", metavar="PROMPT", help="the prompt text, or - to read stdin")
     p.add_argument("-p", "--prompt", help="the prompt text")
     p.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE (UTF-8)")
@@ -44,7 +44,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     pick = mode.add_mutually_exclusive_group()
     pick.add_argument("--chat", action="store_true",
                       help="wrap the prompt as one user message in the model's chat template (the default "
-                      "for a model with a template that does not call itself a base model)")  # fmt: skip
+                      "for a model with a template that does not call itself a base model)")
     pick.add_argument("--raw", action="store_true", help="plain completion: continue the prompt text as it is")
     mode.add_argument("--system", metavar="TEXT", help="a system message before the prompt (chat mode)")
     mode.add_argument("--template", metavar="NAME", help="force a built-in chat template (chatml)")

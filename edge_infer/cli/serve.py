@@ -28,45 +28,45 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Serve a model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions, "
         "/v1/chat/completions (streaming or not), /tokenize, /detokenize, /health and /metrics "
         "(Prometheus). One engine thread batches all requests continuously.",
-    )  # fmt: skip
+    )
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", default="8000", help="port to listen on (default 8000)")
     p.add_argument("--api-key", action="append", metavar="KEY",
                    help="require `Authorization: Bearer KEY` (repeatable; also $EDGE_INFER_API_KEY); "
-                   "/health and /metrics stay open")  # fmt: skip
-    p.add_argument("--served-model-name", metavar="NAME", help="model id clients use (default: the model name or file stem)")  # fmt: skip
+                   "/health and /metrics stay open")
+    p.add_argument("--served-model-name", metavar="NAME", help="model id clients use (default: the model name or file stem)")
     p.add_argument("--max-num-seqs", metavar="N", help="sequences in the running batch (default 32)")
-    p.add_argument("--kv-cache-memory", metavar="SIZE", help="KV cache budget, e.g. 512MiB (default: a share of free memory)")  # fmt: skip
+    p.add_argument("--kv-cache-memory", metavar="SIZE", help="KV cache budget, e.g. 512MiB (default: a share of free memory)")
     p.add_argument("--max-queue", metavar="N", default="256",
                    help="sequences (prompts x n) that may wait beyond the running batch; more are refused with 429 "
-                   "(default 256)")  # fmt: skip
+                   "(default 256)")
     add_spec_args(p)
     p.add_argument("--chat-template", metavar="NAME", choices=("chatml",),
-                   help="built-in chat template for a model that has none (chatml); the model's own wins")  # fmt: skip
+                   help="built-in chat template for a model that has none (chatml); the model's own wins")
     p.add_argument("--cors-origin", action="append", metavar="ORIGIN",
-                   help="allow browser requests from ORIGIN (repeatable; '*' for any); off by default")  # fmt: skip
+                   help="allow browser requests from ORIGIN (repeatable; '*' for any); off by default")
     p.add_argument("--allowed-hosts", action="append", metavar="HOSTS",
                    help="Host header names the server answers to, comma-separated (repeatable; a port is ignored; "
                    "'*.example.com' for its subdomains, '*' for any); others get a 400, so a web page cannot read "
                    "the server through DNS rebinding. Default: the --host address, plus localhost, 127.0.0.1 and "
                    "::1 when it is a loopback address; any host when it is 0.0.0.0 or :: (the names such a server "
-                   "is reached by are not known here: give them, and --api-key)")  # fmt: skip
+                   "is reached by are not known here: give them, and --api-key)")
     p.add_argument("--shutdown-timeout", metavar="S", default="5",
-                   help="on SIGTERM, seconds in-flight requests get to finish before they are aborted (default 5)")  # fmt: skip
+                   help="on SIGTERM, seconds in-flight requests get to finish before they are aborted (default 5)")
     p.add_argument("--read-timeout", metavar="S", default="30",
-                   help="seconds a request body may take to arrive; then 408 (default 30)")  # fmt: skip
+                   help="seconds a request body may take to arrive; then 408 (default 30)")
     p.add_argument("--write-timeout", metavar="S", default="60",
-                   help="seconds a streaming client may read nothing before it is dropped (default 60)")  # fmt: skip
+                   help="seconds a streaming client may read nothing before it is dropped (default 60)")
     ray = p.add_argument_group("scale-out on Ray Serve (the [cluster] extra; without these flags Ray is not used)")
     ray.add_argument("--replicas", metavar="N", help="engine replicas, each with --threads threads (the initial "
-                     "count when autoscaling)")  # fmt: skip
+                     "count when autoscaling)")
     ray.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)")
     ray.add_argument("--min-replicas", metavar="A", help="autoscale on ongoing requests per replica, from A ...")
     ray.add_argument("--max-replicas", metavar="B", help="... to B replicas")
-    ray.add_argument("--target-ongoing", metavar="R", default="4", help="autoscaling target: ongoing requests per replica (default 4)")  # fmt: skip
-    ray.add_argument("--upscale-delay", metavar="S", default="10", help="seconds of load before a replica is added (default 10)")  # fmt: skip
-    ray.add_argument("--downscale-delay", metavar="S", default="60", help="seconds of low load before one is removed (default 60)")  # fmt: skip
+    ray.add_argument("--target-ongoing", metavar="R", default="4", help="autoscaling target: ongoing requests per replica (default 4)")
+    ray.add_argument("--upscale-delay", metavar="S", default="10", help="seconds of load before a replica is added (default 10)")
+    ray.add_argument("--downscale-delay", metavar="S", default="60", help="seconds of low load before one is removed (default 60)")
     limits = p.add_argument_group("request limits (over one: a 400 naming it; the body: 413)")
     for name, default, what in LIMIT_FLAGS:
         limits.add_argument(f"--{name.replace('_', '-')}", metavar="N", help=f"{what} (default {default})")
@@ -125,7 +125,7 @@ def serve(args: argparse.Namespace) -> int:
                               read_timeout=_seconds(args.read_timeout, "--read-timeout"),
                               write_timeout=_seconds(args.write_timeout, "--write-timeout"),
                               allowed_hosts=_allowed_hosts(args.allowed_hosts, args.host),
-                              on_fatal=None if scale else on_fatal)  # fmt: skip
+                              on_fatal=None if scale else on_fatal)
     if scale is not None:
         from dataclasses import replace
 
@@ -138,7 +138,7 @@ def serve(args: argparse.Namespace) -> int:
         return serve_until_signal(settings, scale, args.host, port or 8000)
     app = create_app(settings)
     uv = uvicorn.Config(app, host=args.host, port=port or 0, log_config=None, access_log=args.verbose >= 2,
-                        timeout_graceful_shutdown=max(1, int(grace) + 5), lifespan="on")  # fmt: skip
+                        timeout_graceful_shutdown=max(1, int(grace) + 5), lifespan="on")
     server = _make_server(uv, lambda: app.state.loop.call_soon_threadsafe(app.state.begin_drain))
     print(
         f"edge-infer: serving {name} at http://{args.host}:{port}/v1 (loading the model)",
@@ -165,7 +165,7 @@ def scale_options(args: argparse.Namespace) -> Any:
         import ray.serve  # noqa: F401
     except ImportError:
         raise InvalidRequest("--replicas and the other Ray flags need the [cluster] extra: "
-                             "pip install 'edge-infer[cluster]'") from None  # fmt: skip
+                             "pip install 'edge-infer[cluster]'") from None
 
     def seconds(v: str, flag: str) -> float:
         try:
@@ -179,7 +179,7 @@ def scale_options(args: argparse.Namespace) -> Any:
                         target_ongoing=seconds(args.target_ongoing, "--target-ongoing"),
                         upscale_delay_s=seconds(args.upscale_delay, "--upscale-delay"),
                         downscale_delay_s=seconds(args.downscale_delay, "--downscale-delay"),
-                        threads=int_option(args.threads, "-t/--threads", 1) or 1, ray_address=args.ray_address)  # fmt: skip
+                        threads=int_option(args.threads, "-t/--threads", 1) or 1, ray_address=args.ray_address)
 
 
 def _allowed_hosts(given: list[str] | None, bind_host: str) -> tuple[str, ...]:

@@ -45,7 +45,7 @@ class ScaleOptions:
             raise InvalidRequest("give --min-replicas and --max-replicas together (autoscaling bounds)")
         if lo is not None and hi is not None and not 0 < lo <= self.replicas <= hi:
             raise InvalidRequest(f"need 1 <= --min-replicas ({lo}) <= --replicas ({self.replicas}) "
-                                 f"<= --max-replicas ({hi})")  # fmt: skip
+                                 f"<= --max-replicas ({hi})")
         if self.target_ongoing <= 0 or self.upscale_delay_s < 0 or self.downscale_delay_s < 0:
             raise InvalidRequest("--target-ongoing must be positive and the delays non-negative")
 
@@ -87,18 +87,18 @@ def build_app(settings: ServerSettings, scale: ScaleOptions) -> Any:
         "max_ongoing_requests": per_replica, "health_check_period_s": 2.0, "health_check_timeout_s": 30.0,
         "graceful_shutdown_timeout_s": settings.shutdown_timeout,
         "request_router_config": RequestRouterConfig(request_router_class=ROUTER),
-    }  # fmt: skip
+    }
     if scale.autoscaling:
         opts["autoscaling_config"] = AutoscalingConfig(
             min_replicas=scale.min_replicas, max_replicas=scale.max_replicas, initial_replicas=scale.replicas,
             target_ongoing_requests=scale.target_ongoing, upscale_delay_s=scale.upscale_delay_s,
-            downscale_delay_s=scale.downscale_delay_s)  # fmt: skip
+            downscale_delay_s=scale.downscale_delay_s)
     else:
         opts["num_replicas"] = scale.replicas
     engine = serve.deployment(EngineReplica, **opts).bind(config, settings.max_queue)
     most = scale.max_replicas or scale.replicas
     ingress = serve.deployment(serve.ingress()(_Ingress), name="ingress", ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=per_replica * most, logging_config=quiet)  # fmt: skip
+                               max_ongoing_requests=per_replica * most, logging_config=quiet)
     return ingress.bind(engine, settings, settings.max_queue + config.max_num_seqs * (most - 1))
 
 
@@ -195,7 +195,7 @@ def serve_until_signal(settings: ServerSettings, scale: ScaleOptions, host: str,
         # after ray.init, which installs handlers of its own
         old = {s: signal.signal(s, lambda n, _f: stopping.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
         print(f"edge-infer: serving {settings.model_name} on Ray Serve at http://{host}:{port}/v1 "
-              f"({scale.replicas} engine replica(s))", flush=True)  # fmt: skip
+              f"({scale.replicas} engine replica(s))", flush=True)
         while not stopping:
             time.sleep(0.5)
     finally:

@@ -50,7 +50,7 @@ class RemoteWorker:
         self.tasks: dict[str, asyncio.Future[None]] = {}
 
     def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-               on_output: Callable[[Any], None]) -> None:  # fmt: skip
+               on_output: Callable[[Any], None]) -> None:
         if not isinstance(prompt, list):
             raise EdgeInferError("the cluster ingress sends token ids (a text prompt reached the worker)")
         request = EngineRequest(prompt, params, request_id)
@@ -86,7 +86,7 @@ class ClusterEngine(AsyncEngine):
     """AsyncEngine whose requests run on the engine deployment's replicas."""
 
     def __init__(self, config: EngineConfig, handle: Any, *, max_queue: int = 256,
-                 chat_fallback: str | None = None) -> None:  # fmt: skip
+                 chat_fallback: str | None = None) -> None:
         super().__init__(config, max_queue=max_queue, chat_fallback=chat_fallback)
         self.handle = handle
         self._loop: asyncio.AbstractEventLoop | None = None

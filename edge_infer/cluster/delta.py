@@ -41,7 +41,7 @@ def diff(prev: RequestOutput, cur: RequestOutput) -> OutputDelta:
         nt, nx = (len(p.token_ids), len(p.text)) if p is not None else (0, 0)
         nl = len(p.logprobs) if p is not None and p.logprobs is not None else 0
         samples.append(SampleDelta(c.index, c.text[nx:], c.token_ids[nt:], c.logprobs[nl:] if c.logprobs is not None else None,
-                                   c.finish_reason, c.stop_reason, c.cumulative_logprob, c.error))  # fmt: skip
+                                   c.finish_reason, c.stop_reason, c.cumulative_logprob, c.error))
     return OutputDelta(samples, cur.finished, cur.metrics if cur.finished else None)
 
 
@@ -54,6 +54,6 @@ def apply(prev: RequestOutput, d: OutputDelta) -> RequestOutput:
         text, ids = (p.text, p.token_ids) if p is not None else ("", [])
         lps = (p.logprobs or []) + s.logprobs if s.logprobs is not None else (p.logprobs if p is not None else None)
         outs.append(CompletionOutput(s.index, text + s.text, ids + s.token_ids, s.finish_reason, lps, s.stop_reason,
-                                     s.cumulative_logprob, s.error))  # fmt: skip
+                                     s.cumulative_logprob, s.error))
     return RequestOutput(prev.request_id, prev.prompt, prev.prompt_token_ids, outs, d.finished,
-                         d.metrics if d.metrics is not None else prev.metrics)  # fmt: skip
+                         d.metrics if d.metrics is not None else prev.metrics)

@@ -54,7 +54,7 @@ class EngineReplica:
     async def info(self) -> dict[str, Any]:
         """The replica's id, pid and engine limits (the ingress asks once, at start-up)."""
         return {"replica_id": self.replica_id, "pid": os.getpid(), "max_model_len": self.engine.max_model_len,
-                "max_num_seqs": self.engine.config.max_num_seqs}  # fmt: skip
+                "max_num_seqs": self.engine.config.max_num_seqs}
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput | OutputDelta]:
         """The request's first output, then deltas until it finishes; a

@@ -57,7 +57,7 @@ class PrefixAffinityRouter(RequestRouter):
         return [[r] for r in ordered]
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:  # fmt: skip
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         prompt = _prompt(pending_request)
         if prompt is None or not candidate_replicas:
             return self._by_load(candidate_replicas)
@@ -71,7 +71,7 @@ class PrefixAffinityRouter(RequestRouter):
         return self._by_load(candidate_replicas)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
-                          result: ReplicaResult) -> None:  # fmt: skip
+                          result: ReplicaResult) -> None:
         self._in_flight[replica_id] = self._in_flight.get(replica_id, 0) + 1
         prompt = _prompt(pending_request)
         if prompt is None:

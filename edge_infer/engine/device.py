@@ -62,7 +62,7 @@ def make_backend(config: EngineConfig, cfg: ModelConfig) -> Backend:
 
         backend = CudaBackend(graphs=not config.enforce_eager)
         log.info("device %s: CUDA on %s%s", config.device, backend.device_name,
-                 " (eager: no CUDA graphs)" if config.enforce_eager else "")  # fmt: skip
+                 " (eager: no CUDA graphs)" if config.enforce_eager else "")
         return backend
     if lacks is not None:  # a GPU is there but this model cannot use it: worth a warning
         log.warning("device auto: running on the CPU: %s", lacks)

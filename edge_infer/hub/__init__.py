@@ -32,7 +32,7 @@ from edge_infer.hub.registry import DEFAULT_MODEL, KNOWN_MODELS, KnownModel, unk
 __all__ = [
     "CHUNK", "DEFAULT_MODEL", "KNOWN_MODELS", "KnownModel", "cache_dir", "cached_path", "is_url",
     "models_dir", "progress_bar", "pull", "resolve_model",
-]  # fmt: skip
+]
 
 log = logging.getLogger(__name__)
 

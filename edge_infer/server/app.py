@@ -48,7 +48,7 @@ from edge_infer.server.protocol import (
 from edge_infer.server.schema import body_schema
 
 log = logging.getLogger("edge_infer.server")
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/health", "/metrics", "/tokenize", "/detokenize")  # fmt: skip
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/health", "/metrics", "/tokenize", "/detokenize")
 
 
 @dataclass(slots=True)
@@ -94,7 +94,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
 
     # /openapi.json describes every route's body (the fuzz tests generate requests from it)
     app = FastAPI(title="edge-infer", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json")  # fmt: skip
+                  openapi_url="/openapi.json")
     app.state.engine = engine
     app.state.settings = settings
 
@@ -109,7 +109,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
         ok = scheme.lower() == "bearer" and any(hmac.compare_digest(key.strip().encode(), k.encode())
-                                                for k in settings.api_keys)  # fmt: skip
+                                                for k in settings.api_keys)
         if not ok:
             what = "invalid API key" if header else "missing API key (send Authorization: Bearer KEY)"
             raise APIError(401, what, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
@@ -117,7 +117,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     def check_model(name: str | None) -> str:
         if name is not None and name != settings.model_name and name not in settings.aliases:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {settings.model_name!r}",
-                           param="model", code="model_not_found")  # fmt: skip
+                           param="model", code="model_not_found")
         return settings.model_name
 
     async def body(request: Request) -> bytes:
@@ -186,7 +186,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
         bad = [t for t in req.tokens if not 0 <= t < tok.vocab_size]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{tok.vocab_size - 1})",
-                           param="tokens", code="invalid_value")  # fmt: skip
+                           param="tokens", code="invalid_value")
         try:
             text = await engine.run(lambda: tok.decode(req.tokens))
         except EdgeInferError as e:
@@ -206,7 +206,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     app.add_middleware(_CountRequests, engine=engine)  # type: ignore[arg-type]
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),  # type: ignore[arg-type]
-                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])  # fmt: skip
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
     return app
 
 
@@ -221,12 +221,12 @@ async def _load(engine: AsyncEngine, settings: ServerSettings) -> None:
         return
     if engine.state == "ready":
         print(f"edge-infer: {settings.model_name} loaded in {engine.load_seconds or 0.0:.2f} s; ready",
-              file=sys.stderr, flush=True)  # fmt: skip
+              file=sys.stderr, flush=True)
 
 
 def _model_card(name: str, created: int, engine: AsyncEngine) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": created, "owned_by": "edge-infer",
-            "max_model_len": engine.max_model_len or None}  # fmt: skip
+            "max_model_len": engine.max_model_len or None}
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -29,7 +29,7 @@ from edge_infer.server.tools import plan_tools, template_history, tool_grammar
 
 
 async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine, model: str,
-                                 receive: Receive) -> Response:  # fmt: skip
+                                 receive: Receive) -> Response:
     plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, engine.tool_format)
     messages = template_history(req.template_messages())
     n = req.n if req.n is not None else 1
@@ -49,7 +49,7 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
     if grammar is not None:
         if params.structured_outputs is not None:
             raise APIError(400, f"tool_choice {req.tool_choice!r} constrains the output to tool calls: it cannot be "
-                           "combined with a structured output", param="tool_choice", code="invalid_value")  # fmt: skip
+                           "combined with a structured output", param="tool_choice", code="invalid_value")
         params = dataclasses.replace(params, structured_outputs=StructuredOutputsParams(grammar=grammar))
     engine.check_ready()
     prompt = await engine.chat_prompt(messages, tools=plan.tools if plan else None)
@@ -75,14 +75,14 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
         )
         message, finish = shaper.message(c.text, c.finish_reason)
         choices.append({"index": c.index, "message": message, "logprobs": lp,
-                        "finish_reason": finish, "stop_reason": c.stop_reason})  # fmt: skip
+                        "finish_reason": finish, "stop_reason": c.stop_reason})
     body = {**base, "object": "chat.completion", "choices": choices, "usage": usage(list(outs)),
-            "system_fingerprint": engine.fingerprint}  # fmt: skip
+            "system_fingerprint": engine.fingerprint}
     return JSONResponse(body)
 
 
 async def _chunks(streams: list[Stream], base: dict[str, Any], n: int, k: int | None, include_usage: bool,
-                  engine: AsyncEngine, shaper: ReplyShaper) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
+                  engine: AsyncEngine, shaper: ReplyShaper) -> AsyncIterator[dict[str, Any]]:
     tok = engine.tokenizer
     assert tok is not None
     for i in range(n):

@@ -54,10 +54,10 @@ async def create_completion(
         raise APIError(400, "suffix is not supported", param="suffix", code="unsupported_parameter")
     if req.best_of is not None and req.best_of != n:
         raise APIError(400, f"best_of must equal n ({n}) when given, got {req.best_of}", param="best_of",
-                       code="unsupported_parameter")  # fmt: skip
+                       code="unsupported_parameter")
     if req.echo and req.logprobs is not None:
         raise APIError(400, "echo with logprobs is not supported (prompt logprobs are not computed)",
-                       param="echo", code="unsupported_parameter")  # fmt: skip
+                       param="echo", code="unsupported_parameter")
     params = req.sampling_params(req.max_tokens, req.logprobs)
     tok = engine.tokenizer
     assert tok is not None
@@ -86,13 +86,13 @@ async def create_completion(
             if req.logprobs is not None and c.logprobs is not None:
                 lp = completion_logprobs(tok, c.token_ids, c.logprobs, req.logprobs)
             choices.append({"index": i * n + c.index, "text": prefix + c.text, "logprobs": lp,
-                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})  # fmt: skip
+                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     body = {**base, "choices": choices, "usage": usage(list(outs)), "system_fingerprint": engine.fingerprint}
     return JSONResponse(body)
 
 
 async def _chunks(streams: list[Stream], base: dict[str, Any], n: int, echo: list[str] | None,
-                  k: int | None, include_usage: bool, engine: AsyncEngine) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
+                  k: int | None, include_usage: bool, engine: AsyncEngine) -> AsyncIterator[dict[str, Any]]:
     tok = engine.tokenizer
     assert tok is not None
     sent_text: dict[int, int] = {}

@@ -22,7 +22,7 @@ async def create_embeddings(req: EmbeddingRequest, engine: AsyncEngine, model: s
     fmt = req.encoding_format or "float"
     if fmt not in ENCODINGS:
         raise APIError(400, f"encoding_format must be float or base64, got {fmt!r}", param="encoding_format",
-                       code="invalid_value")  # fmt: skip
+                       code="invalid_value")
     items = req.inputs()
     worker = engine.worker
     if worker is None or worker.engine is None:
@@ -31,7 +31,7 @@ async def create_embeddings(req: EmbeddingRequest, engine: AsyncEngine, model: s
     width = eng.model_config.d_model
     if req.dimensions is not None and req.dimensions != width:
         raise APIError(400, f"dimensions: this model's embeddings have {width} dimensions and cannot be "
-                       f"shortened to {req.dimensions}", param="dimensions", code="invalid_value")  # fmt: skip
+                       f"shortened to {req.dimensions}", param="dimensions", code="invalid_value")
     try:
         ids = await engine.run(lambda: [eng.embed_ids(x) for x in items])  # tokenized off the engine thread
         vectors: np.ndarray = await engine.call(lambda e: e.embed(ids))

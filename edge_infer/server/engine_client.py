@@ -201,7 +201,7 @@ class AsyncEngine:
     def check_ready(self) -> None:
         if self.state == "loading":
             raise APIError(503, "the model is still loading; retry shortly", code="model_loading",
-                           headers={"Retry-After": "1"})  # fmt: skip
+                           headers={"Retry-After": "1"})
         if self.state == "failed":
             raise APIError(503, f"the model failed to load: {self.error}", code="model_load_failed")
         if self.state == "draining" or self.worker is None:
@@ -216,14 +216,14 @@ class AsyncEngine:
         self.check_ready()
         self.admit(len(prompts) * params.n, params.n)
         streams = [Stream(self, f"{request_id}-{i}" if len(prompts) > 1 else request_id, params.n)
-                   for i in range(len(prompts))]  # fmt: skip
+                   for i in range(len(prompts))]
         for s in streams:
             self.in_flight[s.request_id] = s
         worker = self.worker
         assert worker is not None
         loop = asyncio.get_running_loop()
         calls = [loop.run_in_executor(self._pool, partial(worker.submit, p, params, s.request_id, on_output=s.on_output))
-                 for p, s in zip(prompts, streams)]  # fmt: skip
+                 for p, s in zip(prompts, streams)]
         results = await asyncio.gather(*calls, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
@@ -244,12 +244,12 @@ class AsyncEngine:
         if seqs > limit:
             field = "n" if n > 1 else "prompt"
             raise APIError(400, f"{field}: {seqs // n} prompt(s) x n={n} is {seqs} sequences, over this server's limit "
-                           f"of {limit} sequences in flight", param=field, code="limit_exceeded")  # fmt: skip
+                           f"of {limit} sequences in flight", param=field, code="limit_exceeded")
         busy = sum(s.seqs for s in self.in_flight.values())
         if busy + seqs > limit:
             self.metrics.rejected += 1
             raise APIError(429, f"the server is at capacity ({busy} sequences in flight, limit {limit}); retry later",
-                           code="queue_full", headers={"Retry-After": "1"})  # fmt: skip
+                           code="queue_full", headers={"Retry-After": "1"})
 
     async def run(self, fn: Callable[[], Any]) -> Any:
         """fn() on a helper thread (tokenizing, templates: work that must not block the loop)."""

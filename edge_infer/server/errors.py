@@ -34,7 +34,7 @@ class APIError(Exception):
     """An error answered as `{"error": {"message", "type", "param", "code"}}` with `status`."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message

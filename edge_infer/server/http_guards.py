@@ -111,7 +111,7 @@ class HostCheck:
         what = "no Host header" if not raw else "more than one Host header" if len(raw) > 1 else f"Host {value[:100]!r}"
         msg = f"{what}: this server answers only to the host names of --allowed-hosts"
         response = JSONResponse(error_body(400, msg, code="invalid_host"), status_code=400,
-                                headers={"Connection": "close"})  # fmt: skip
+                                headers={"Connection": "close"})
         await response(scope, receive, send)
 
 
@@ -126,7 +126,7 @@ def require_json(request: Request) -> None:
 def too_large(limit: int) -> APIError:
     # Connection: close, so the server reads no more of a body it has refused
     return APIError(413, f"the request body is larger than this server's limit of {limit} bytes (--max-body)",
-                    code="body_too_large", headers={"Connection": "close"})  # fmt: skip
+                    code="body_too_large", headers={"Connection": "close"})
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:

@@ -41,7 +41,7 @@ class RequestLimits:
         def over(field: str, size: int, limit: int, what: str) -> None:
             if size > limit:
                 raise APIError(400, f"{field}: {size} {what} is over this server's limit of {limit}", param=field,
-                               code="limit_exceeded")  # fmt: skip
+                               code="limit_exceeded")
 
         if _get(req, "n") is not None:
             over("n", int(_get(req, "n")), self.max_n, "completions")
@@ -63,7 +63,7 @@ class RequestLimits:
         if total > self.max_chars:
             field = max(sizes, key=lambda k: sizes[k])
             raise APIError(400, f"{field}: the request holds {total} characters of text (messages, tools, prompts), "
-                           f"over this server's limit of {self.max_chars}", param=field, code="limit_exceeded")  # fmt: skip
+                           f"over this server's limit of {self.max_chars}", param=field, code="limit_exceeded")
 
 
 def _chars(v: Any) -> int:

@@ -24,7 +24,7 @@ def _lp(v: float | None) -> float | None:
 
 
 def completion_logprobs(tok: Tokenizer, token_ids: list[int], logprobs: list[dict[int, float]], k: int,
-                        offset: int = 0) -> dict[str, Any]:  # fmt: skip
+                        offset: int = 0) -> dict[str, Any]:
     """{tokens, token_logprobs, top_logprobs, text_offset}; offsets count from `offset`."""
     tokens, chosen, tops, offsets = [], [], [], []
     pos = offset

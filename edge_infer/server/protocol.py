@@ -31,7 +31,7 @@ GUIDED_ALIASES = {"guided_json": "json", "guided_regex": "regex", "guided_choice
 # Request fields copied into SamplingParams when given (not null).
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                     "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos",
-                    "skip_special_tokens", "include_stop_str_in_output", "stop_token_ids")  # fmt: skip
+                    "skip_special_tokens", "include_stop_str_in_output", "stop_token_ids")
 
 
 class _Strict(BaseModel):
@@ -74,7 +74,7 @@ class _Sampling(_Strict):
     guided_grammar: str | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                        extra_stop: tuple[str, ...] = ()) -> SamplingParams:  # fmt: skip
+                        extra_stop: tuple[str, ...] = ()) -> SamplingParams:
         """SamplingParams from the given fields; bad values raise APIError(400) naming the field."""
         opts: dict[str, Any] = {k: getattr(self, k) for k in _SAMPLING_FIELDS if getattr(self, k) is not None}
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
@@ -95,7 +95,7 @@ class _Sampling(_Strict):
         given = [n for n in ("response_format", "structured_outputs", *GUIDED_ALIASES) if getattr(self, n) is not None]
         if len(given) > 1:
             raise APIError(400, f"give one of {', '.join(given)}: they all set the structured output",
-                           param=given[1], code="invalid_value")  # fmt: skip
+                           param=given[1], code="invalid_value")
         if not given:
             return None
         name = given[0]
@@ -127,7 +127,7 @@ class CompletionRequest(_Sampling):
             ):
                 return list(p)
         raise APIError(400, "prompt must be a string, a list of strings, a list of token ids, or a list of "
-                       "token id lists (none of them empty)", param="prompt", code="invalid_type")  # fmt: skip
+                       "token id lists (none of them empty)", param="prompt", code="invalid_type")
 
 
 class ContentPart(_Strict):
@@ -187,7 +187,7 @@ class EmbeddingRequest(_Strict):
             if all((isinstance(x, str) and x) or (isinstance(x, list) and x and all(_is_int(t) for t in x)) for x in p):
                 return list(p)
         raise APIError(400, "input must be a non-empty string, a list of them, a list of token ids, or a list of "
-                       "token id lists", param="input", code="invalid_type")  # fmt: skip
+                       "token id lists", param="input", code="invalid_type")
 
 
 class TokenizeRequest(_Strict):
@@ -212,7 +212,7 @@ def parse_body(raw: bytes, model: type[M], limits: RequestLimits | None = None) 
     limits = limits or RequestLimits()
     if len(raw) > limits.max_body:
         raise APIError(413, f"the request body is larger than this server's limit of {limits.max_body} bytes",
-                       code="body_too_large")  # fmt: skip
+                       code="body_too_large")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -230,7 +230,7 @@ def parse_body(raw: bytes, model: type[M], limits: RequestLimits | None = None) 
     for name in REFUSED_FIELDS:
         if name in data:
             raise APIError(400, f"{name}: request-supplied chat templates are not accepted; the server uses "
-                           "the model's own template", param=name, code="unsupported_parameter")  # fmt: skip
+                           "the model's own template", param=name, code="unsupported_parameter")
     try:
         req = model.model_validate(data)
     except ValidationError as e:
@@ -241,7 +241,7 @@ def parse_body(raw: bytes, model: type[M], limits: RequestLimits | None = None) 
         name = sorted(req.model_extra)[0]
         raise APIError(400, f"{name}: this request field is not supported by edge-infer (the README lists the "
                        "fields it implements and the ones it accepts without effect)", param=name,
-                       code="unsupported_parameter")  # fmt: skip
+                       code="unsupported_parameter")
     limits.check(req)
     return req
 
@@ -260,14 +260,14 @@ def response_format(rf: dict[str, Any]) -> StructuredOutputsParams | None:
         if not isinstance(js, dict) or extra:
             raise APIError(400, "response_format.json_schema must be an object with name, schema, strict, description"
                            + (f" (unknown: {', '.join(extra)})" if extra else ""), param="response_format",
-                           code="invalid_value")  # fmt: skip
+                           code="invalid_value")
         schema = js.get("schema", {"type": "object"})
         if not isinstance(schema, dict) or not isinstance(js.get("strict", False), bool):
             raise APIError(400, "response_format.json_schema.schema must be a JSON schema object and strict a boolean",
-                           param="response_format", code="invalid_value")  # fmt: skip
+                           param="response_format", code="invalid_value")
         return StructuredOutputsParams(json=schema)  # always enforced: strict or not, the output matches
     raise APIError(400, "response_format.type must be text, json_object or json_schema (with nothing else), got "
-                   f"{json.dumps(rf)[:120]}", param="response_format", code="invalid_value")  # fmt: skip
+                   f"{json.dumps(rf)[:120]}", param="response_format", code="invalid_value")
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -278,30 +278,30 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if m.model_extra:
             name = sorted(m.model_extra)[0]
             raise APIError(400, f"messages[{i}].{name}: this message field is not supported by edge-infer",
-                           param=f"messages[{i}].{name}", code="unsupported_parameter")  # fmt: skip
+                           param=f"messages[{i}].{name}", code="unsupported_parameter")
         if m.role not in ROLES:
             raise APIError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.role!r}",
-                           param=f"messages[{i}].role", code="invalid_value")  # fmt: skip
+                           param=f"messages[{i}].role", code="invalid_value")
         content = m.content
         if isinstance(content, list):
             for j, part in enumerate(content):
                 if part.type != "text" or part.text is None:
                     raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported, got "
-                                   f"type {part.type!r}", param=f"messages[{i}].content", code="invalid_value")  # fmt: skip
+                                   f"type {part.type!r}", param=f"messages[{i}].content", code="invalid_value")
             content = "\n".join(p.text or "" for p in content)
         if m.tool_calls is not None and m.role != "assistant":
             raise APIError(400, f"messages[{i}].tool_calls: only assistant messages carry tool calls",
-                           param=f"messages[{i}].tool_calls", code="invalid_value")  # fmt: skip
+                           param=f"messages[{i}].tool_calls", code="invalid_value")
         for j, call in enumerate(m.tool_calls or ()):
             if not FUNCTION_NAME.fullmatch(call.function.name):  # the rule tools[].function.name keeps
                 raise APIError(400, f"messages[{i}].tool_calls[{j}].function.name must be 1-64 letters, digits, _ . -",
-                               param=f"messages[{i}].tool_calls[{j}].function.name", code="invalid_value")  # fmt: skip
+                               param=f"messages[{i}].tool_calls[{j}].function.name", code="invalid_value")
         if m.role == "tool" and not m.tool_call_id:
             raise APIError(400, f"messages[{i}].tool_call_id is required for role 'tool'",
-                           param=f"messages[{i}].tool_call_id", code="missing_required_parameter")  # fmt: skip
+                           param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
         if content is None and m.role != "assistant":
             raise APIError(400, f"messages[{i}].content is required for role {m.role!r}",
-                           param=f"messages[{i}].content", code="invalid_value")  # fmt: skip
+                           param=f"messages[{i}].content", code="invalid_value")
         msg: dict[str, Any] = {
             "role": "system" if m.role == "developer" else m.role,
             "content": content or "",

@@ -89,7 +89,7 @@ class SSEResponse(Response):
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:  # type: ignore[override]
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                   (b"x-accel-buffering", b"no")]  # fmt: skip
+                   (b"x-accel-buffering", b"no")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         producer = asyncio.ensure_future(self._produce(send))
         watcher = asyncio.ensure_future(wait_disconnect(receive))

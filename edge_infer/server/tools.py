@@ -64,15 +64,15 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
         f = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(f, dict) or set(t) - {"type", "function"}:
             raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}",
-                           param=f"tools[{i}]", code="invalid_value")  # fmt: skip
+                           param=f"tools[{i}]", code="invalid_value")
         if not isinstance(f.get("name"), str) or not FUNCTION_NAME.fullmatch(f["name"]):
             raise APIError(400, f"tools[{i}].function.name must be 1-64 letters, digits, _ . -", param=f"tools[{i}].function.name",
-                           code="invalid_value")  # fmt: skip
+                           code="invalid_value")
         extra = set(f) - {"name", "description", "parameters", "strict"}
         if extra or not isinstance(f.get("parameters", {}), dict):
             raise APIError(400, f"tools[{i}].function: parameters must be a JSON schema object"
                            + (f"; unknown {', '.join(sorted(extra))}" if extra else ""), param=f"tools[{i}].function",
-                           code="invalid_value")  # fmt: skip
+                           code="invalid_value")
         names.append(f["name"])
     if len(set(names)) != len(names):
         raise APIError(400, "tools: function names must be unique", param="tools", code="invalid_value")
@@ -84,10 +84,10 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
         choice, function = "function", tool_choice["function"]["name"]
     else:
         raise APIError(400, "tool_choice must be auto, none, required or {\"type\": \"function\", \"function\": "
-                       "{\"name\": <one of the tools>}}", param="tool_choice", code="invalid_value")  # fmt: skip
+                       "{\"name\": <one of the tools>}}", param="tool_choice", code="invalid_value")
     if choice != "none" and fmt is None:
         raise APIError(400, "tools: this model's chat template has no tool-call format edge-infer knows (Hermes/Qwen, "
-                       "Llama 3.x, Mistral)", param="tools", code="unsupported_parameter")  # fmt: skip
+                       "Llama 3.x, Mistral)", param="tools", code="unsupported_parameter")
     return ToolPlan(tools if choice != "none" else [], choice, function, parallel is not False, fmt)
 
 

@@ -46,7 +46,7 @@ class Tokenizer:
             self._bpe: BPEModel | None = BPEModel(
                 vocab.token_to_id, vocab.merges, PreTokenizer(vocab.pre.splitter),
                 ignore_merges=vocab.pre.ignore_merges,
-            )  # fmt: skip
+            )
             self._spm: SPMModel | None = None
         else:
             assert vocab.scores is not None

@@ -40,7 +40,7 @@ _TYPE_ATTR = {
 _EOT_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
     "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
-)  # fmt: skip
+)
 _EOM_TEXTS = ("<|eom_id|>",)
 _FIM_TEXTS = {
     "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
@@ -49,13 +49,13 @@ _FIM_TEXTS = {
     "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "fim_sep": ("<|file_sep|>",),
-}  # fmt: skip
+}
 _EOG_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
     "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<｜end▁of▁sentence｜>", "[e~[",
-)  # fmt: skip
+)
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
 
 # Control, user-defined and unknown tokens are found in prompt text by one regex over all their
@@ -71,7 +71,7 @@ _ID_KEYS = (
     ("fim_mid", "fim_mid_token_id"), ("fim_pad", "fim_pad_token_id"), ("fim_rep", "fim_rep_token_id"),
     ("fim_sep", "fim_sep_token_id"), ("fim_pre", "prefix_token_id"), ("fim_suf", "suffix_token_id"),
     ("fim_mid", "middle_token_id"),
-)  # fmt: skip
+)
 
 
 @dataclass(slots=True, eq=False)
@@ -167,7 +167,7 @@ def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
 
     eog = _detect_special_texts(tokens, token_to_id, attrs, special)
     vocab = Vocab(kind, tokens, token_to_id, attrs, scores, merges, pre, special, eog,
-                  add_bos, add_eos, add_space_prefix, clean_spaces)  # fmt: skip
+                  add_bos, add_eos, add_space_prefix, clean_spaces)
     _name_based_attrs(vocab, str(meta.get("general.name") or ""))
     n_special = sum(k for a, k in Counter(attrs).items() if a & _SPECIAL)
     if n_special > MAX_SPECIAL_TOKENS:

@@ -133,7 +133,7 @@ def llama_cpp_perplexity(model: Path, text: str, ctx: int, n_chunks: int) -> tup
                 batch.logits[k] = k >= first
             assert L.llama_decode(lctx, batch) == 0
             rows = np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(lctx, i), shape=(n_vocab,))
-                             for i in range(first, ctx - 1)])  # fmt: skip
+                             for i in range(first, ctx - 1)])
             v = token_nlls(rows, window[first + 1 :])
             nll += float(v.sum())
             count += len(v)
@@ -148,7 +148,7 @@ def llama_cpp_perplexity(model: Path, text: str, ctx: int, n_chunks: int) -> tup
 def test_perplexity_matches_llama_cpp(capsys: pytest.CaptureFixture[str], smollm2_path: Path) -> None:
     if not GPL3.is_file():
         pytest.skip(f"{GPL3} is missing (Debian's common-licenses); no reference text")
-    argv = ["perplexity", "-v", "-m", str(smollm2_path), "-f", str(GPL3), "--ctx", str(CTX), "--chunks", str(CHUNKS), "--json"]  # fmt: skip
+    argv = ["perplexity", "-v", "-m", str(smollm2_path), "-f", str(GPL3), "--ctx", str(CTX), "--chunks", str(CHUNKS), "--json"]
     rc = cli.main(argv)
     out, err = capsys.readouterr()
     assert rc == 0, err

@@ -30,7 +30,7 @@ def calibrated(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     from edge_infer.cli import main
 
     assert main(["-q", "quantize", str(smollm2_path), str(out), "--type", "q4_0", "--calibrate", CALIB,
-                 "--chunks", "2", "--save-imatrix", str(im), "--json"]) == 0  # fmt: skip
+                 "--chunks", "2", "--save-imatrix", str(im), "--json"]) == 0
     return out, im
 
 
@@ -50,7 +50,7 @@ def test_the_imatrix_is_llama_cpp_s_format(calibrated: tuple[Path, Path], smollm
 
 
 def test_calibration_lowers_kl_and_the_imatrix_is_reusable(calibrated: tuple[Path, Path], smollm2_path: Path,
-                                                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cal, im = calibrated
     rtn, again = tmp_path / "rtn.gguf", tmp_path / "again.gguf"
     assert run(capsys, "-q", "quantize", str(smollm2_path), str(rtn), "--type", "q4_0")[0] == 0
@@ -59,7 +59,7 @@ def test_calibration_lowers_kl_and_the_imatrix_is_reusable(calibrated: tuple[Pat
     kl = {}
     for name, path in (("rtn", rtn), ("cal", cal)):
         rc, out, err = run(capsys, "-q", "perplexity", "-m", str(path), "-f", EVAL, "--kl-base", str(smollm2_path),
-                           "--chunks", "2", "--json", "-t", "2")  # fmt: skip
+                           "--chunks", "2", "--json", "-t", "2")
         assert rc == 0, err
         kl[name] = json.loads(out)
     assert kl["cal"]["mean_kl"] < 0.8 * kl["rtn"]["mean_kl"], kl
@@ -76,7 +76,7 @@ def test_kl_against_itself_is_zero_and_matches_a_direct_computation(smollm2_path
     cal, _ = calibrated
     text = Path(EVAL).read_text()
     with LLM(str(smollm2_path), n_threads=2, kv_cache_memory="64MiB") as base, \
-            LLM(str(cal), n_threads=2, kv_cache_memory="64MiB") as q:  # fmt: skip
+            LLM(str(cal), n_threads=2, kv_cache_memory="64MiB") as q:
         toks = base.tokenizer.encode(text, add_special=True)
         same = kl_divergence(base, base, toks, 256, 2)
         assert same.mean_kl == pytest.approx(0, abs=1e-9) and same.top1 == 1 and same.ppl_ratio == pytest.approx(1)
@@ -94,9 +94,9 @@ def test_kl_against_itself_is_zero_and_matches_a_direct_computation(smollm2_path
     (["--type", "q8_0", "--save-imatrix", "x.gguf"], ["--save-imatrix needs --calibrate"]),
     (["--type", "q8_0", "--imatrix", EVAL], ["bad magic"]),
     (["--type", "q8_0", "--calibrate", "/nonexistent.txt"], ["/nonexistent.txt: no such file"]),
-])  # fmt: skip
+])
 def test_mistakes_are_one_clear_error(smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                      argv: list[str], needles: list[str]) -> None:  # fmt: skip
+                                      argv: list[str], needles: list[str]) -> None:
     out = tmp_path / "o.gguf"
     rc, _, err = run(capsys, "quantize", str(smollm2_path), str(out), *argv)
     assert_one_line_error(rc, err, *needles)
@@ -104,14 +104,14 @@ def test_mistakes_are_one_clear_error(smollm2_path: Path, tmp_path: Path, capsys
 
 
 def test_an_existing_output_is_kept_without_force(smollm2_path: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "o.gguf"
     out.write_bytes(b"mine")
     rc, _, err = run(capsys, "quantize", str(smollm2_path), str(out), "--type", "q8_0")
     assert_one_line_error(rc, err, "already exists", "--force")
     assert out.read_bytes() == b"mine"
     rc, stdout, err = run(capsys, "-q", "quantize", str(smollm2_path), str(out), "--type", "q8_0", "--force",
-                          "--keep", "blk.0.*=f16")  # fmt: skip
+                          "--keep", "blk.0.*=f16")
     assert rc == 0, err
     assert "F16" in stdout and "bits per weight" in stdout
     with GGUFFile(out) as f:
@@ -136,7 +136,7 @@ def test_expert_stacks_get_per_expert_statistics(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["counts_f16", "sum2_q8_0"])
 def test_an_imatrix_tensor_of_another_type_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                              bad: str) -> None:  # fmt: skip
+                                                              bad: str) -> None:
     """llama-imatrix writes F32 only: other bytes are refused naming the tensor and its type, not a
     numpy traceback (the old reader viewed any bytes as float32)."""
     from gguf import GGMLQuantizationType, GGUFWriter

@@ -93,7 +93,7 @@ def tight(llm: LLM, smollm2_path: Path) -> Iterator[LLM]:
     (368,640 bytes per 16-token f16 block for smollm2), and a 64-token step budget."""
     per_block = llm.plan.kv_cache_bytes // llm.plan.num_kv_blocks
     with LLM(str(smollm2_path), n_threads=THREADS, kv_cache_memory=TIGHT_BLOCKS * per_block,
-             max_num_batched_tokens=TIGHT_BUDGET) as m:  # fmt: skip
+             max_num_batched_tokens=TIGHT_BUDGET) as m:
         assert m.plan.num_kv_blocks == TIGHT_BLOCKS
         yield m
 
@@ -106,7 +106,7 @@ def assert_same(got: list[list[int]], want: list[list[int]], what: str) -> None:
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if g != w:
             k = next((j for j, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), min(len(g), len(w)))
-            pytest.fail(f"{what}: prompt {i} differs from its alone run at output token {k}: {g[k:k + 6]} vs {w[k:k + 6]}")  # fmt: skip
+            pytest.fail(f"{what}: prompt {i} differs from its alone run at output token {k}: {g[k:k + 6]} vs {w[k:k + 6]}")
 
 
 def wait(handle: RequestHandle) -> RequestOutput:

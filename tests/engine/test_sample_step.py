@@ -32,7 +32,7 @@ def test_only_rows_someone_samples_from_are_whole() -> None:
     follower_led.followers = [_decoding(SamplingParams(temperature=0.8, max_tokens=4))]
     chunks = [ScheduledChunk(plain, [3], [0]), ScheduledChunk(prefill, list(range(4)), []),
               ScheduledChunk(sampled, [3], [0]), ScheduledChunk(logprobs, [3, 4, 5], [0, 1, 2], num_proposed=2),
-              ScheduledChunk(penalised, [3], [0]), ScheduledChunk(follower_led, [3], [0])]  # fmt: skip
+              ScheduledChunk(penalised, [3], [0]), ScheduledChunk(follower_led, [3], [0])]
     assert whole_rows(chunks).tolist() == [False, True, True, True, True, True, True]
 
 

@@ -129,7 +129,7 @@ def test_min_tokens_above_max_tokens() -> None:
     [("top_k", -1), ("top_k", 0), ("top_p", 1.0), ("top_p", 1e-9), ("min_p", 1.0), ("temperature", 0),
      ("temperature", 100.0), ("presence_penalty", -2.0), ("frequency_penalty", 2.0), ("seed", -1),
      ("seed", 2**70), ("logprobs", 0), ("logprobs", 20), ("max_tokens", None), ("repetition_penalty", 1e-3)],
-)  # fmt: skip
+)
 def test_boundary_values_accepted(name: str, value: object) -> None:
     assert getattr(SamplingParams(**{name: value}), name) == value
 

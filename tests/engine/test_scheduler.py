@@ -110,7 +110,7 @@ def test_chunked_prefill_splits_into_budget_sized_chunks() -> None:
     sim.add("a", 50, max_tokens=3)
     got = [sim.step().scheduled for _ in range(6)]
     assert got == [[("a", 16, False)], [("a", 16, False)], [("a", 16, False)], [("a", 2, True)],
-                   [("a", 1, True)], [("a", 1, True)]]  # fmt: skip
+                   [("a", 1, True)], [("a", 1, True)]]
     assert sim.finished == ["a"] and not sim.unfinished() and sim.bm.num_used_blocks == 0
 
 

@@ -41,7 +41,7 @@ DRAFT_PROMPTS: Prompts = [
 
 
 def generate(model: Path, prompts: Prompts, speculative: dict[str, Any] | None = None
-             ) -> tuple[list[list[int]], dict[str, float]]:  # fmt: skip
+             ) -> tuple[list[list[int]], dict[str, float]]:
     with LLM(str(model), n_threads=THREADS, kv_cache_memory="64MiB", speculative=speculative) as llm:
         outs = llm.generate(prompts, GREEDY)
         return [o.token_ids for o in outs], llm.metrics()
@@ -51,7 +51,7 @@ def assert_same(got: list[list[int]], want: list[list[int]], what: str) -> None:
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if g != w:
             k = next((j for j, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), min(len(g), len(w)))
-            pytest.fail(f"{what}: prompt {i} differs from plain greedy at output token {k}: {g[k:k + 6]} vs {w[k:k + 6]}")  # fmt: skip
+            pytest.fail(f"{what}: prompt {i} differs from plain greedy at output token {k}: {g[k:k + 6]} vs {w[k:k + 6]}")
 
 
 # -- n-gram -------------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def qwen_plain(qwen2_path: Path) -> tuple[Prompts, list[list[int]]]:
 
 @pytest.mark.parametrize("k", [1, 4, 8, "auto"])
 def test_ngram_greedy_equals_plain(qwen2_path: Path, qwen_plain: tuple[Prompts, list[list[int]]],
-                                   k: int | str) -> None:  # fmt: skip
+                                   k: int | str) -> None:
     prompts, plain = qwen_plain
     ids, m = generate(qwen2_path, prompts, {"method": "ngram", "k": k})
     assert_same(ids, plain, f"ngram k={k}")
@@ -94,7 +94,7 @@ def f16_plain(f16_target: Path) -> list[list[int]]:
 
 @pytest.mark.parametrize("k", [2, 5])
 def test_draft_greedy_equals_plain(f16_target: Path, f16_plain: list[list[int]], smollm2_path: Path,
-                                   k: int) -> None:  # fmt: skip
+                                   k: int) -> None:
     ids, m = generate(f16_target, DRAFT_PROMPTS, {"method": "draft", "model": str(smollm2_path), "k": k})
     assert_same(ids, f16_plain, f"draft k={k}")
     assert m["spec_proposed_tokens"] > 0, m

@@ -25,7 +25,7 @@ def llama_meta(**over: int) -> gb.RawGGUF:
     """The keys llama's config reads, with small values unless overridden (no tensors)."""
     g = gb.RawGGUF().kv("general.architecture", gb.STR, "llama")
     values = {"block_count": 2, "embedding_length": 64, "attention.head_count": 4, "feed_forward_length": 128,
-              "context_length": 128, "vocab_size": 8} | over  # fmt: skip
+              "context_length": 128, "vocab_size": 8} | over
     for key, v in values.items():
         g.kv(f"llama.{key}", gb.U32, v)
     return g
@@ -66,7 +66,7 @@ def test_two_hundred_million_layers_in_a_tiny_file_are_refused_in_bounded_memory
     ("llama.attention.key_length", 1 << 20, "0..4096"),
     ("llama.vocab_size", 1 << 30, f"0..{MAX_VOCAB}"),
     ("llama.expert_count", 1 << 20, "0..1024"),
-])  # fmt: skip
+])
 def test_absurd_counts_and_widths_are_refused_naming_the_key(tmp_path: Path, key: str, value: int, shown: str) -> None:
     g = llama_meta()
     g.kvs = [kv for kv in g.kvs if kv[0] != key] + [(key, gb.U64, value, None)]

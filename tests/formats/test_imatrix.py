@@ -51,7 +51,7 @@ def test_llama_imatrix_layout_reads_the_same(tmp_path: Path) -> None:
     one = np.arange(1, 5, dtype=np.float32)
     stack = np.arange(12, dtype=np.float32).reshape(3, 4)  # numpy (n_mat, n_in) = GGUF [n_in, n_mat]
     p = _llama_style(tmp_path / "l.gguf", {"a.weight": (one, np.array([2.0])),
-                                           "b.weight": (stack, np.array([[1.0], [2.0], [4.0]]))})  # fmt: skip
+                                           "b.weight": (stack, np.array([[1.0], [2.0], [4.0]]))})
     im = Imatrix.load(p)
     assert np.allclose(im.importance("a.weight", 4), one[None] / 2)
     assert np.allclose(im.importance("b.weight", 4), stack / np.array([[1.0], [2.0], [4.0]]))

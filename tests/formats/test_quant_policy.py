@@ -25,7 +25,7 @@ def src(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     d = tmp_path_factory.mktemp("policy")
     # 16 layers: the mixes' first-eighth / first-sixteenth / every-third-layer rules all show
     return write_tiny_llama(d / "f32.gguf", n_layers=16, d_model=256, ffn=512, n_heads=4, n_kv_heads=1,
-                            tied=request.param)  # fmt: skip
+                            tied=request.param)
 
 
 def _ours(src: Path, name: str) -> dict[str, str]:
@@ -44,7 +44,7 @@ def test_types_match_llama_cpp(src: Path, name: str, tmp_path: Path) -> None:
 def test_plain_k_types_are_llama_cpp_pure_with_a_q6_k_output(src: Path, name: str, tmp_path: Path) -> None:
     tied = "output.weight" not in tensor_types(src)
     theirs = tensor_types(llama_quantize(src, tmp_path / "l.gguf", int(PLAIN[name][1]), pure=True,
-                                         output_type=int(T.Q6_K), embd_type=int(T.Q6_K) if tied else None))  # fmt: skip
+                                         output_type=int(T.Q6_K), embd_type=int(T.Q6_K) if tied else None))
     assert _ours(src, name) == theirs
 
 
@@ -60,7 +60,7 @@ def test_keep_overrides_and_row_length_fallbacks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("spec, message", [
     ("blk.0.*", "expected PATTERN=TYPE"), ("=q8_0", "expected PATTERN=TYPE"), ("blk.*=q9_9", "unknown type"),
-])  # fmt: skip
+])
 def test_bad_keep_is_refused(spec: str, message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
         parse_keep(spec)

@@ -51,7 +51,7 @@ def _ggml_imatrix(lib: ctypes.CDLL, x: np.ndarray, qtype: T, imp: np.ndarray) ->
     out = np.zeros(x.size // lay.block_size * lay.type_size, np.uint8)
     fn = lib.ggml_quantize_chunk
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_void_p]  # fmt: skip
+                   ctypes.c_void_p]
     fn.restype = ctypes.c_size_t
     fn(int(qtype), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], imp.ctypes.data)
     return out

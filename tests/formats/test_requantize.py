@@ -30,7 +30,7 @@ IDS = list(np.random.default_rng(7).integers(3, VOCAB_SIZE - 8, 96))
 @pytest.fixture(scope="module")
 def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("rq") / "f32.gguf", n_layers=2, d_model=256, ffn=512,
-                            n_heads=4, n_kv_heads=2)  # fmt: skip
+                            n_heads=4, n_kv_heads=2)
 
 
 def _nll_both(path: Path, windows: list[list[int]]) -> tuple[float, float]:
@@ -56,7 +56,7 @@ def text_ids(smollm2_path: Path) -> list[list[int]]:
 
 @pytest.mark.parametrize("name", TYPES)
 def test_every_type_loads_in_llama_cpp_and_agrees(smollm2_path: Path, text_ids: list[list[int]], name: str,
-                                                  tmp_path: Path) -> None:  # fmt: skip
+                                                  tmp_path: Path) -> None:
     """The real model (Q4_1) requantized to each type: llama.cpp's perplexity and ours agree
     within 1%. (smollm2's 576-wide rows take the K-quants' fallbacks; its 1536-wide ffn_down
     takes the K-quants themselves.)"""

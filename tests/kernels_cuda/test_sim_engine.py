@@ -48,6 +48,6 @@ def test_qwen2_f32_with_ngram_speculation(tmp_path: Path) -> None:
 
 def test_gemma3_sliding_window(tmp_path: Path) -> None:
     path = write_tiny_gemma3(tmp_path, n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, ffn=64, head_dim=16,
-                             sliding_window=4)  # fmt: skip
+                             sliding_window=4)
     prompts = ["the quick brown fox jumps"]
     assert _greedy(path, "cuda", prompts, 6) == _greedy(path, "cpu", prompts, 6)

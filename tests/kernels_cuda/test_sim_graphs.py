@@ -29,7 +29,7 @@ SHAPE = {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 1, "ffn": 64}
 
 def _engine(path: Path, eager: bool) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(path), device="cuda", kv_cache_memory="1MiB", max_model_len=512,
-                                  enforce_eager=eager))  # fmt: skip
+                                  enforce_eager=eager))
 
 
 def _step(seqs: list[tuple[list[int], int, list[int]]], bs: int) -> StepInputs:
@@ -48,7 +48,7 @@ def _step(seqs: list[tuple[list[int], int, list[int]]], bs: int) -> StepInputs:
         tables[si, : len(t)] = t
     n = len(tokens)
     return StepInputs(np.array(tokens, np.int32), np.array(pos, np.int32), np.array(slots, np.int64),
-                      np.array(tseq, np.int32), tables, np.arange(n, dtype=np.int64))  # fmt: skip
+                      np.array(tseq, np.int32), tables, np.arange(n, dtype=np.int64))
 
 
 def _kv_host(eng: LLMEngine) -> list[np.ndarray]:

@@ -51,11 +51,11 @@ def test_matmul_matches_its_twin_and_is_batch_invariant(qtype: T) -> None:
         q4, nib = hm.q.view(np.int32), hm.kind == "nibbles"
         matmul.matmul_codes_kernel[rows, matmul.THREADS](xq4, xd, xs16, q4, nib, hm.off, hm.s, hm.o, out)
         matmul.matmul_codes_kernel[rows, matmul.THREADS](xq4[1:2], xd[1:2], xs16[1:2], q4, nib, hm.off, hm.s, hm.o,
-                                                         alone)  # fmt: skip
+                                                         alone)
         if nib:  # the int8 form of the same matrix: the same result, bit for bit
             as_codes = np.zeros_like(out)
             matmul.matmul_codes_kernel[rows, matmul.THREADS](xq4, xd, xs16, codes.view(np.int32), False, 0, hm.s, hm.o,
-                                                             as_codes)  # fmt: skip
+                                                             as_codes)
             assert np.array_equal(out, as_codes)
         # the twin: the same quantized activations, float64 sums of each group's exact terms
         q, d, s16 = ref.quantize_q8_16(x)
@@ -152,7 +152,7 @@ def test_paged_attention_matches_the_twin_and_is_batch_invariant(window: int, so
     out = _attend(q, k, v, tables, seq, pos, window, softcap)
     want = ref.paged_attention(q, k.view(np.uint16), np.zeros((0, 0, 0), np.float32), v.view(np.uint16),
                                np.zeros((0, 0, 0), np.float32), tables, seq, pos, np.float32(hd**-0.5), window,
-                               softcap)  # fmt: skip
+                               softcap)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     alone = _attend(q[4:5], k, v, tables, seq[4:5], pos[4:5], window, softcap)
     assert np.array_equal(alone[0], out[4])
@@ -167,7 +167,7 @@ def test_attention_over_several_partitions() -> None:
     q = RNG.standard_normal((1, hd)).astype(np.float32)
     out = _attend(q, k, v, tables, np.zeros(1, np.int32), pos, 0, 0.0)
     want = ref.paged_attention(q, k, np.zeros((0, 0, 0), np.float32), v, np.zeros((0, 0, 0), np.float32), tables,
-                               np.zeros(1, np.int32), pos, np.float32(hd**-0.5), 0, 0.0)  # fmt: skip
+                               np.zeros(1, np.int32), pos, np.float32(hd**-0.5), 0, 0.0)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
@@ -191,7 +191,7 @@ def test_qkv_finish_matches_the_cpu_kernel() -> None:
         dev = [a.copy() for a in (q, k, v)]
         kc, vc = np.zeros((4, bs, n_kv, hd), np.float16), np.zeros((4, bs, n_kv, hd), np.float16)
         attention.qkv_finish_kernel[n, attention.ROW](*dev, bq, bk, bv, qn, kn, 6, pos, inv_freq, 1.0, neox, eps,
-                                                      slots, kc, vc)  # fmt: skip
+                                                      slots, kc, vc)
         for a, b in zip(dev, cpu):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(kc.astype(np.float32), kc_cpu.view(np.float16).astype(np.float32), rtol=1e-3, atol=1e-3)

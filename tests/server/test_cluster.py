@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster(start_server: Callable[..., Any], smollm2_path: Path) -> Any:
     return start_server(smollm2_path, "--replicas", "2", "-t", "1", "--served-model-name", "m",
-                        "--kv-cache-memory", "64MiB")  # fmt: skip
+                        "--kv-cache-memory", "64MiB")
 
 
 def test_two_replicas_stream_the_plain_servers_greedy_text(
@@ -54,7 +54,7 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(cluster: Any) -> N
     for i in range(8):
         t0 = time.perf_counter()
         r = httpx.post(cluster.url + "/v1/completions", json={**body, "prompt": text + f"\nQuestion {i}:"},
-                       timeout=300)  # fmt: skip
+                       timeout=300)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens"] >= 1800
         ttft.append(time.perf_counter() - t0)
@@ -90,7 +90,7 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -
     def one(i: int) -> None:
         try:
             results.append(chat(cluster.url, f"Write a long story about the number {i}.", max_tokens=600,
-                                timeout=90, ignore_eos=True))  # long enough to be cut: ~10 s  # fmt: skip
+                                timeout=90, ignore_eos=True))  # long enough to be cut: ~10 s
         except Exception as e:  # the client's error for a failed request
             results.append(e)
 

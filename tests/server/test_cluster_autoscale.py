@@ -20,10 +20,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_autoscaling_grows_under_load_and_shrinks_back(start_server: Callable[..., Any],
-                                                       smollm2_path: Path) -> None:  # fmt: skip
+                                                       smollm2_path: Path) -> None:
     srv = start_server(smollm2_path, "--min-replicas", "1", "--max-replicas", "2", "-t", "1",
                        "--target-ongoing", "1", "--upscale-delay", "1", "--downscale-delay", "4",
-                       "--served-model-name", "m", "--kv-cache-memory", "64MiB")  # fmt: skip
+                       "--served-model-name", "m", "--kv-cache-memory", "64MiB")
     base = len(engine_pids())
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(chat, srv.url, f"Tell a long tale {i}.", 400, True, 300) for i in range(6)]

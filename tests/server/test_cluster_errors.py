@@ -17,7 +17,7 @@ from edge_infer.server.errors import APIError  # noqa: E402
 
 RAY_TEXT = ("The actor died unexpectedly before finishing this task. class_name: ServeReplica:edge-infer:engine "
             "actor_id: 08d302eeb615d7021b987ba201000000 pid: 16120 name: SERVE_REPLICA::edge-infer#engine#0703y2n0 "
-            "namespace: serve ip: 10.20.30.40")  # fmt: skip
+            "namespace: serve ip: 10.20.30.40")
 
 
 class ActorDiedError(Exception):
@@ -41,7 +41,7 @@ def test_a_dead_replica_is_a_generic_503_logged_in_full(caplog: pytest.LogCaptur
 
 
 @pytest.mark.parametrize("cause", [EdgeInferError("the engine failed a step (pid 16120)"), RuntimeError(RAY_TEXT),
-                                   APIError(500, f"internal: {RAY_TEXT}")])  # fmt: skip
+                                   APIError(500, f"internal: {RAY_TEXT}")])
 def test_engine_faults_inside_a_replica_are_generic(cause: BaseException) -> None:
     err = _replica_error(RayTaskError(cause), "request x")
     assert isinstance(err, APIError) and err.status == 503 and "16120" not in str(err.body())
@@ -49,6 +49,6 @@ def test_engine_faults_inside_a_replica_are_generic(cause: BaseException) -> Non
 
 @pytest.mark.parametrize("cause", [InvalidRequest("max_tokens must be at least 1, got 0"),
                                    GenerationError("the grammar left no token to sample"),
-                                   APIError(429, "the server is at capacity", code="queue_full")])  # fmt: skip
+                                   APIError(429, "the server is at capacity", code="queue_full")])
 def test_the_requests_own_errors_pass_through(cause: BaseException) -> None:
     assert _replica_error(RayTaskError(cause), "request x") is cause

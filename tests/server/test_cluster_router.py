@@ -72,7 +72,7 @@ def test_deltas_rebuild_the_cumulative_outputs() -> None:
 
     def out(texts: list[str], ids: list[list[int]], finished: bool = False) -> RequestOutput:
         samples = [CompletionOutput(i, t, d, "stop" if finished else None, [{x: -0.5} for x in d], None, -1.0)
-                   for i, (t, d) in enumerate(zip(texts, ids))]  # fmt: skip
+                   for i, (t, d) in enumerate(zip(texts, ids))]
         return RequestOutput("r", None, list(range(2000)), samples, finished, RequestMetrics(1.0) if finished else None)
 
     steps = [out(["a", ""], [[1], []]), out(["ab", "x"], [[1, 2], [7]]), out(["abc", "xy"], [[1, 2, 3], [7, 8]], True)]

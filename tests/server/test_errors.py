@@ -25,7 +25,7 @@ def server(start_server, smollm2_path: Path):  # type: ignore[no-untyped-def]
     return start_server(smollm2_path, "-t", "2", "--kv-cache-memory", "32MiB", "--max-model-len", "256",
                         "--max-num-seqs", "1", "--max-queue", "0", "--api-key", KEY,
                         "--cors-origin", "http://ui.example", "--max-n", "4", "--max-messages", "8",
-                        "--max-body", "65536")  # fmt: skip
+                        "--max-body", "65536")
 
 
 def post(server: Any, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -129,7 +129,7 @@ def test_unknown_field_is_400_naming_it_and_bookkeeping_fields_accepted(server) 
 
 def _stream_lines(server: Any, client: httpx.Client, max_tokens: int):  # type: ignore[no-untyped-def]
     body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-            "stream": True}  # fmt: skip
+            "stream": True}
     return client.stream("POST", server.url + C, json=body, headers=AUTH, timeout=120)
 
 

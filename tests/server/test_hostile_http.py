@@ -29,7 +29,7 @@ def server(start_server: Any, smollm2_path: Path) -> Any:
     # 2 running + 2 waiting sequences in all
     return start_server(smollm2_path, "-t", "1", "--kv-cache-memory", "32MiB", "--max-model-len", "512",
                         "--max-body", str(MAX_BODY), "--max-chars", str(MAX_CHARS), "--max-num-seqs", "2",
-                        "--max-queue", "2")  # fmt: skip
+                        "--max-queue", "2")
 
 
 def _peak_reset(pid: int) -> None:
@@ -87,7 +87,7 @@ def test_content_length_over_the_limit_is_413_before_the_body(server: Any) -> No
     _peak_reset(server.proc.pid)
     before = _peak_mib(server.proc.pid)
     reply, sent = _send_until_answered(server.url, _head(server.url, f"Content-Length: {total}\r\n"),
-                                       _body_chunks(total))  # fmt: skip
+                                       _body_chunks(total))
     grown = _peak_mib(server.proc.pid) - before
     assert grown < 64, f"server peak RSS grew {grown:.0f} MiB"
     assert sent < 64 * 2**20, sent  # answered long before the body was sent (at once, in fact)
@@ -100,7 +100,7 @@ def test_chunked_body_is_refused_when_it_passes_the_limit(server: Any) -> None:
     _peak_reset(server.proc.pid)
     before = _peak_mib(server.proc.pid)
     reply, sent = _send_until_answered(server.url, _head(server.url, "Transfer-Encoding: chunked\r\n"),
-                                       _body_chunks(total, chunked=True))  # fmt: skip
+                                       _body_chunks(total, chunked=True))
     grown = _peak_mib(server.proc.pid) - before
     assert grown < 64, f"server peak RSS grew {grown:.0f} MiB"
     assert sent < 64 * 2**20, sent  # the limit (4 MiB) plus what the sockets buffer, not the 256 MiB
@@ -133,7 +133,7 @@ def test_json_routes_need_application_json(server: Any, ctype: str | None) -> No
 
 def test_json_with_a_charset_is_accepted(server: Any) -> None:
     r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "Hi", "max_tokens": 2}',
-                   headers={"content-type": "Application/JSON; charset=utf-8"}, timeout=60)  # fmt: skip
+                   headers={"content-type": "Application/JSON; charset=utf-8"}, timeout=60)
     assert r.status_code == 200, r.text
 
 
@@ -151,14 +151,14 @@ def test_loopback_hosts_are_answered(server: Any, host: str) -> None:
     r = httpx.get(server.url + "/health", headers={"host": host.format(port=port)}, timeout=30)
     assert r.status_code == 200, r.text
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1},
-                   headers={"host": host.format(port=port)}, timeout=60)  # fmt: skip
+                   headers={"host": host.format(port=port)}, timeout=60)
     assert r.status_code == 200, r.text
 
 
 def test_a_request_needing_more_sequences_than_the_server_holds_is_400(server: Any) -> None:
     # 3 prompts x n=2 = 6 sequences > 2 running + 2 waiting: it could never be admitted
     r = httpx.post(server.url + "/v1/completions", json={"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 2},
-                   timeout=60)  # fmt: skip
+                   timeout=60)
     err = _error(r, 400)
     assert err["param"] == "n" and "6 sequences" in err["message"]
     r = httpx.post(server.url + "/v1/completions", json={"prompt": ["a"] * 5, "max_tokens": 2}, timeout=60)
@@ -193,7 +193,7 @@ def test_oversized_text_is_refused_before_templating(server: Any, path: str) -> 
 
 def test_too_many_messages_is_400(server: Any) -> None:
     err = _error(httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}] * 2049},
-                            timeout=60), 400)  # fmt: skip
+                            timeout=60), 400)
     assert err["param"] == "messages" and "2048" in err["message"]
 
 

@@ -22,7 +22,7 @@ from edge_infer.server.protocol import ChatCompletionRequest, CompletionRequest 
     ("Example.COM:8000", "example.com"), ("example.com.", "example.com"), ("[::1]:8000", "::1"),
     ("[0:0:0:0:0:0:0:1]", "::1"), ("127.0.0.1", "127.0.0.1"), ("localhost:", "localhost"),
     ("::1", None), ("a:b:c", None), ("host:port", None), ("[::1", None), ("", None), (":80", None),
-])  # fmt: skip
+])
 def test_host_name(header: str, name: str | None) -> None:
     assert host_name(header) == name
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def gemma_server(start_server, gemma3_path: Path):  # type: ignore[no-untyped-def]
     return start_server(gemma3_path, "-t", "2", "--kv-cache-memory", "32MiB", "--max-model-len", "512",
-                        "--shutdown-timeout", "1")  # fmt: skip
+                        "--shutdown-timeout", "1")
 
 
 def test_health_503_while_loading(gemma_server) -> None:  # type: ignore[no-untyped-def]
@@ -30,7 +30,7 @@ def test_health_503_while_loading(gemma_server) -> None:  # type: ignore[no-unty
 
 def test_no_chat_template_is_400(gemma_server) -> None:  # type: ignore[no-untyped-def]
     r = httpx.post(gemma_server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]},
-                   timeout=60)  # fmt: skip
+                   timeout=60)
     assert r.status_code == 400
     err = r.json()["error"]
     assert "chat template" in err["message"] and "--chat-template chatml" in err["message"]
@@ -57,7 +57,7 @@ def test_sigterm_during_stream_exits_0(gemma_server) -> None:  # type: ignore[no
     body = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
     lines: list[str] = []
     with httpx.Client(timeout=120) as client, client.stream("POST", gemma_server.url + "/v1/completions",
-                                                             json=body) as r:  # fmt: skip
+                                                             json=body) as r:
         it = r.iter_lines()
         while sum(line.startswith("data: {") for line in lines) < 2:
             lines.append(next(it))

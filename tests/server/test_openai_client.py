@@ -24,7 +24,7 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def server(start_server, smollm2_path: Path):  # type: ignore[no-untyped-def]
     return start_server(smollm2_path, "-t", "2", "--kv-cache-memory", "64MiB", "--max-model-len", "1024",
-                        "--max-num-seqs", "8", "--api-key", KEY)  # fmt: skip
+                        "--max-num-seqs", "8", "--api-key", KEY)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_completions_token_id_prompt(client, llm: LLM) -> None:  # type: ignore[
 def test_completions_stream_matches(client, llm: LLM) -> None:  # type: ignore[no-untyped-def]
     want = llm.generate(PROMPTS[1], SamplingParams(max_tokens=10, temperature=0))[0]
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=10, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))  # fmt: skip
+                                            stream=True, stream_options={"include_usage": True}))
     content, usage = chunks[:-1], chunks[-1]
     assert all(c.object == "text_completion" for c in chunks)
     assert "".join(c.choices[0].text for c in content) == want.text
@@ -89,7 +89,7 @@ def test_stop_and_logit_bias(client, llm: LLM) -> None:  # type: ignore[no-untyp
     assert r.choices[0].finish_reason == want.finish_reason == "stop"
     first = llm.generate(PROMPTS[0], SamplingParams(max_tokens=1, temperature=0))[0].token_ids[0]
     r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0,
-                                  logit_bias={str(first): -100})  # fmt: skip
+                                  logit_bias={str(first): -100})
     want = llm.generate(PROMPTS[0], SamplingParams(max_tokens=4, temperature=0, logit_bias={first: -100}))[0]
     assert r.choices[0].text == want.text
     assert want.token_ids[0] != first
@@ -123,7 +123,7 @@ def test_chat_greedy_matches_llm(client, llm: LLM) -> None:  # type: ignore[no-u
 
 def test_chat_logprobs(client, llm: LLM) -> None:  # type: ignore[no-untyped-def]
     r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6, temperature=0, logprobs=True,
-                                       top_logprobs=2)  # fmt: skip
+                                       top_logprobs=2)
     want = llm.chat(CHAT, SamplingParams(max_tokens=6, temperature=0, logprobs=2))[0].outputs[0]
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == len(want.token_ids)
@@ -146,7 +146,7 @@ def test_async_chat_stream_n2_and_concurrent(server, llm: LLM) -> None:  # type:
         chunks = []
         stream = await client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, temperature=0.8,
                                                       seed=7, n=2, stream=True,
-                                                      stream_options={"include_usage": True})  # fmt: skip
+                                                      stream_options={"include_usage": True})
         async for chunk in stream:
             chunks.append(chunk)
             for c in chunk.choices:

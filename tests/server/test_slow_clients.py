@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(start_server, smollm2_path: Path):  # type: ignore[no-untyped-def]
     return start_server(smollm2_path, "-t", "2", "--kv-cache-memory", "64MiB", "--max-model-len", "2048",
-                        "--read-timeout", "1", "--write-timeout", "2")  # fmt: skip
+                        "--read-timeout", "1", "--write-timeout", "2")
 
 
 def _connect(url: str) -> socket.socket:

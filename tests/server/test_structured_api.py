@@ -32,7 +32,7 @@ class Person(BaseModel):
 @pytest.fixture(scope="module")
 def client(start_server, smollm2_path: Path):  # type: ignore[no-untyped-def]
     srv = start_server(smollm2_path, "-t", "2", "--kv-cache-memory", "64MiB", "--max-model-len", "1024",
-                       "--max-num-seqs", "8", "--api-key", KEY)  # fmt: skip
+                       "--max-num-seqs", "8", "--api-key", KEY)
     return openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
 
 

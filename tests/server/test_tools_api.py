@@ -29,7 +29,7 @@ WEATHER = [{"role": "user", "content": "What is the weather in Paris right now?"
 @pytest.fixture(scope="module")
 def client(start_server, qwen2_1p5b_path: Path):  # type: ignore[no-untyped-def]
     srv = start_server(qwen2_1p5b_path, "-t", "2", "--kv-cache-memory", "128MiB", "--max-model-len", "2048",
-                       "--api-key", KEY)  # fmt: skip
+                       "--api-key", KEY)
     return openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=600)
 
 

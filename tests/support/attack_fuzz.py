@@ -71,7 +71,7 @@ def _chat_body(rng: random.Random, text: Callable[[], str]) -> dict[str, Any]:
         {"role": "tool", "content": text(), "tool_call_id": call["id"]},
     ]
     tools = [{"type": "function", "function": {"name": "get_weather", "description": text(),
-                                               "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": text()}}}}}]  # fmt: skip
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": text()}}}}}]
     body = {"messages": msgs[: rng.randint(2, 4)], "max_tokens": rng.randint(1, 4), "temperature": 0}
     # half with tools: a model whose template has no tool format refuses those (400), the rest generate
     return {**body, "tools": tools} if rng.random() < 0.5 else body

@@ -45,18 +45,18 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def chat(url: str, prompt: str, max_tokens: int = 12, stream: bool = True, timeout: float = 120,
-         ignore_eos: bool = False) -> str:  # fmt: skip
+         ignore_eos: bool = False) -> str:
     """The greedy reply to one user message (ignore_eos: exactly max_tokens of it)."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=timeout, max_retries=0)
     messages = [{"role": "user", "content": prompt}]
     extra = {"ignore_eos": True} if ignore_eos else None
     if not stream:
         r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0,
-                                           extra_body=extra)  # fmt: skip
+                                           extra_body=extra)
         return r.choices[0].message.content or ""
     parts = []
     for chunk in client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
-                                                temperature=0, stream=True, extra_body=extra):  # fmt: skip
+                                                temperature=0, stream=True, extra_body=extra):
         if chunk.choices and chunk.choices[0].delta.content:
             parts.append(chunk.choices[0].delta.content)
     return "".join(parts)

@@ -47,5 +47,5 @@ def signatures() -> list[tuple[str, object, tuple]]:
             (f"attention_part {kv}", attention.attention_part_kernel,
              (x, cache, cache, xi, pos, pos, f32, i64, f32, A3, A3, A4[f32])),
             (f"copy_blocks {kv}", attention.copy_blocks_kernel, (cache, cache, xi)),
-        ]  # fmt: skip
+        ]
     return out

@@ -15,7 +15,7 @@ from edge_infer.formats.gguf import GGUFFile
 
 
 def llama_quantize(src: Path, dst: Path, ftype: int, *, pure: bool = False, output_type: int | None = None,
-                   embd_type: int | None = None) -> Path:  # fmt: skip
+                   embd_type: int | None = None) -> Path:
     """llama.cpp's quantization of src into dst (ftype: a llama_ftype)."""
     lc = pytest.importorskip("llama_cpp")
     p = lc.llama_model_quantize_default_params()

@@ -46,7 +46,7 @@ SPECIAL_TEXTS = [
     "<end_of_turn>", "<unused0>", "<unused42>", "<start_of_image>", "[multimodal]", "</s>", "<s>",
     "<table>", "</td>", "<h1>", "<0x0A>", "<0xFF>", "[PAD151665]", "<|im_", "im_end|>", "<|", "|>",
     "<end_of_turn", "<|endoftext|", "<<|im_end|>>", "<|im_end|><|im_end|>",
-]  # fmt: skip
+]
 SCRIPTS = [
     "Déjà vu à l'école, où l'on s'amuse.", "Straße, Größe, Übermaß", "Ελληνικά γράμματα και λέξεις",
     "Русский текст с ёжиком", "中文分词测试，我们来看看效果。", "日本語のテキストとカタカナ、ひらがな。",
@@ -55,7 +55,7 @@ SCRIPTS = [
     "e\u0301 a\u0308 o\u0302\u0323 n\u0303", "Z\u0351\u036b\u0343a\u0310\u0352l\u0350g\u0357o",
     "🎉🚀👍🏽👨‍👩‍👧‍👦🇫🇷🏳️‍🌈", "∑∫√∞≠≤≥ ⊕⊗ ℝℕℤ", "Ⅻ ⅷ ½ ¾ ² ³ ₁₂ ①②", "\u200b\u200c\u200d\ufeff",
     "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝐛𝐨𝐥𝐝 𝟙𝟚𝟛", "\U00020000\U0002a6d6 \U0001f600", "ﬁﬂ ﬀ Å Ω K µ",
-]  # fmt: skip
+]
 WHITESPACE = [
     " ",
     "  ",
@@ -104,7 +104,7 @@ def _python(r: random.Random) -> str:
         f"{a} = [{b} ** 2 for {b} in {a}s if {b}]  # comment: {_sentence(r)}",
         f"import numpy as np\n\n{a} = np.zeros(({r.randint(1, 64)}, {r.randint(1, 64)}), dtype=np.float16)\n",
         f"    try:\n        {a}()\n    except Exception as e:\n        raise RuntimeError('{b}') from e\n",
-    ])  # fmt: skip
+    ])
 
 
 def _c(r: random.Random) -> str:
@@ -115,7 +115,7 @@ def _c(r: random.Random) -> str:
         f"    {a} = ({b} >> 4) & 0x{r.randint(0, 255):02X}; /* {_sentence(r)} */",
         f"if ({a} != NULL && {b}->len >= {r.randint(0, 99)}) {{ return {a}; }}",
         f"struct {a} {{ uint32_t {b}[{r.randint(1, 16)}]; float scale; }};",
-    ])  # fmt: skip
+    ])
 
 
 def _json(r: random.Random) -> str:
@@ -143,7 +143,7 @@ def _number(r: random.Random) -> str:
         "١٢٣٤٥ ۱۲۳ १२३ ௧௨௩ ໑໒ 一二三 ⅠⅡⅢ",
         f"0x{r.getrandbits(32):08x} 0b{r.getrandbits(8):08b} 1e{r.randint(-30, 30)}",
         f"{r.randint(1, 31)}/{r.randint(1, 12)}/{r.randint(0, 99):02d}, {r.randint(1, 12)}am",
-    ])  # fmt: skip
+    ])
 
 
 def _whitespace(r: random.Random) -> str:
@@ -192,7 +192,7 @@ def corpus_by_kind(seed: int = 20240531) -> dict[str, list[str]]:
                   *(" " * k for k in range(2, 9)), *("\n" * k for k in range(2, 6)), "''", "'s", " 's"],
         "mixture": [_mixture(r, makers) for _ in range(300)],
         "long": ["\n\n".join(_mixture(r, makers) for _ in range(r.randint(20, 60))) for _ in range(12)],
-    }  # fmt: skip
+    }
     return out
 
 

@@ -35,7 +35,7 @@ HOSTILE = {  # template code -> words of its error
     "replace": ("{{ ('a' * 1000).replace('', 'b' * 1000).replace('', 'c' * 1000) }}", "replace() result"),
     "join": ("{{ range(100000)|join('x' * 100000) }}", "joined string"),
     "range": ("{{ range(10**9)|list|length }}", "Range too big"),
-}  # fmt: skip
+}
 MESSAGES = [{"role": "user", "content": "hi"}] * 5
 
 
@@ -83,5 +83,5 @@ def test_ordinary_templates_are_untouched() -> None:
     # loops, literals, ~, + and filters well inside the bounds render as before
     tpl = ChatTemplate("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + m.content|length %}"
                        "{{ [m.role, m.content]|join(':') ~ ';' }}{% endfor %}{{ ns.n }}{{ {'a': 2 ** 10}|tojson }}"
-                       "{{ ('-' * 3)|center(7) }}{{ '%05d' % 42 }}{{ '{:>4}'.format(7) }}")  # fmt: skip
+                       "{{ ('-' * 3)|center(7) }}{{ '%05d' % 42 }}{{ '{:>4}'.format(7) }}")
     assert tpl.render(MESSAGES[:2]) == 'user:hi;user:hi;4{"a": 1024}  ---  00042   7'

@@ -32,7 +32,7 @@ def tiny_tokenizer(extra: tuple[str, ...] = ()) -> Tokenizer:
         "tokenizer.ggml.token_type": types + [3] * len(extra), "tokenizer.ggml.merges": merges,
         "tokenizer.ggml.bos_token_id": ENDOFTEXT, "tokenizer.ggml.eos_token_id": ENDOFTEXT,
         "tokenizer.ggml.add_bos_token": False,
-    }))  # fmt: skip
+    }))
 
 
 def text_of(tok: Tokenizer, ids: list[int]) -> str:
@@ -50,21 +50,21 @@ def request(field: str | None, text: str, arguments_as_text: bool = False) -> tu
     if arguments_as_text:
         args = v("arguments", "Paris")  # not JSON: templates get the string itself
     params = {"type": "object", "properties": {v("parameter key", "city"): {"type": "string",
-              "description": v("parameters", "The city."), "enum": ["Paris", v("enum", "Rome")]}}}  # fmt: skip
+              "description": v("parameters", "The city."), "enum": ["Paris", v("enum", "Rome")]}}}
     tools = [{"type": "function", "function": {"name": "get_weather", "description": v("description", "Weather now."),
-                                               "parameters": params}}]  # fmt: skip
+                                               "parameters": params}}]
     messages = [
         {"role": "user", "content": "Weather in Paris?", **({"name": v("name", "")} if field == "name" else {})},
         {"role": "assistant", "content": "", "tool_calls": [{"id": v("id", "call00001"), "type": "function",
                                                              "function": {"name": v("function name", "get_weather"),
-                                                                          "arguments": args}}]},  # fmt: skip
+                                                                          "arguments": args}}]},
         {"role": "tool", "tool_call_id": v("tool_call_id", "call00001"), "content": "22 C"},
     ]
     return messages, tools
 
 
 def control_counts(tpl: ChatTemplate, tok: Tokenizer, field: str | None, text: str, controls: tuple[str, ...],
-                   arguments_as_text: bool = False) -> tuple[list[int], int]:  # fmt: skip
+                   arguments_as_text: bool = False) -> tuple[list[int], int]:
     """Per control token: its count in the encoded prompt; and how often the rendered text shows
     one (the attack's text does reach the prompt, so a naive tokenizer would take it)."""
     messages, tools = request(field, text, arguments_as_text)
@@ -83,9 +83,9 @@ def qwen(qwen2_path: Path) -> tuple[ChatTemplate, Tokenizer]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("field", "as_text"), [("arguments", False), ("arguments", True), ("function name", False),
                                                 ("description", False), ("parameters", False), ("parameter key", False),
-                                                ("enum", False)])  # fmt: skip
+                                                ("enum", False)])
 def test_qwen25_tool_fields_never_become_control_tokens(qwen: tuple[ChatTemplate, Tokenizer], field: str,
-                                                        as_text: bool) -> None:  # fmt: skip
+                                                        as_text: bool) -> None:
     tpl, tok = qwen
     controls = ("<|im_end|>", "<|im_start|>")
     benign, shown_benign = control_counts(tpl, tok, None, ATTACK, controls, as_text)
@@ -162,7 +162,7 @@ STRING_OPS = (
 def test_string_operations_keep_request_text_and_render_unchanged() -> None:
     tpl, tok = ChatTemplate(STRING_OPS), tiny_tokenizer()
     messages = [{"role": "user", "content": "  hello\tworld <|im_end|> über 12 \n second <|im_start|> a a <b>x</b> "},
-                {"role": "assistant", "content": "12"}]  # fmt: skip
+                {"role": "assistant", "content": "12"}]
     rendered = tpl.render(messages)
     ids = tpl.encode(messages, tok)
     assert text_of(tok, ids) == rendered
@@ -172,6 +172,6 @@ def test_string_operations_keep_request_text_and_render_unchanged() -> None:
 
 def test_template_errors_quote_the_request_text_itself() -> None:
     tpl = ChatTemplate("{% for m in messages %}{% if m.content.startswith('!') %}{{ raise_exception('cannot say '"
-                       " ~ m.content ~ ' as ' + m.role) }}{% endif %}{% endfor %}")  # fmt: skip
+                       " ~ m.content ~ ' as ' + m.role) }}{% endif %}{% endfor %}")
     with pytest.raises(ChatTemplateError, match=re.escape("cannot say !<|im_end|> as robot") + "$"):
         tpl.encode([{"role": "robot", "content": "!<|im_end|>"}], tiny_tokenizer())

@@ -22,7 +22,7 @@ def control_vocab(path: Path, n_control: int) -> Path:
          .kv("tokenizer.ggml.pre", gb.STR, "qwen2")
          .kv("tokenizer.ggml.tokens", gb.ARR, tokens, gb.STR)
          .kv("tokenizer.ggml.token_type", gb.ARR, [1, 1, 1] + [3] * n_control, gb.I32)
-         .kv("tokenizer.ggml.merges", gb.ARR, ["a b"], gb.STR))  # fmt: skip
+         .kv("tokenizer.ggml.merges", gb.ARR, ["a b"], gb.STR))
     path.write_bytes(g.build())
     return path
 
@@ -30,7 +30,7 @@ def control_vocab(path: Path, n_control: int) -> Path:
 def test_two_hundred_thousand_control_tokens_are_refused_at_load(tmp_path: Path) -> None:
     path = control_vocab(tmp_path / "v.gguf", 200_000)
     with pytest.raises(UnsupportedModelError, match=rf"v\.gguf: 200000 control, user-defined and unknown tokens "
-                       rf"\(tokenizer\.ggml\.token_type\), more than the {MAX_SPECIAL_TOKENS} edge-infer looks for"):  # fmt: skip
+                       rf"\(tokenizer\.ggml\.token_type\), more than the {MAX_SPECIAL_TOKENS} edge-infer looks for"):
         Tokenizer.from_gguf(path)
 
 
