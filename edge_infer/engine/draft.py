@@ -27,7 +27,7 @@ class DraftProposer:
         cfg = EngineConfig(model=model, n_threads=n_threads, kv_cache_memory=kv_cache_memory,
                            enable_prefix_caching=False)
         m = load_model(cfg)
-        self.runner, self.bm, self.tokenizer = m.runner, m.block_manager, m.tokenizer
+        self.prefill, self.tokenizer = m.prefill, m.tokenizer  # the shadows' only way into the blocks
         _check_same_vocab(target_tokenizer, m.tokenizer, model)
         self.shadows: dict[int, Sequence] = {}
 
@@ -45,7 +45,7 @@ class DraftProposer:
         for seq, k in wanted:
             sh = self._shadow(seq)
             n = seq.num_tokens - sh.num_computed_tokens
-            if k <= 0 or n <= 0 or not self.bm.append_slots(sh, n + k - 1):
+            if k <= 0 or n <= 0 or not self.prefill.reserve(sh, n + k - 1):
                 continue
             toks = seq.tokens_slice(sh.num_computed_tokens, seq.num_tokens)
             chunks.append(ScheduledChunk(sh, toks, [len(toks) - 1]))
@@ -53,9 +53,7 @@ class DraftProposer:
         out: dict[int, Proposal] = {s.seq_id: ([], []) for s, _, _ in active}
         if not active:
             return out
-        rows = self.runner.run(chunks)
-        for (_, sh, _), c in zip(active, chunks):
-            sh.num_computed_tokens += c.num_new_tokens
+        rows = self.prefill.forward(chunks)
         while True:
             nxt = []
             for i, (seq, sh, k) in enumerate(active):
@@ -69,9 +67,7 @@ class DraftProposer:
                     nxt.append((seq, sh, k, tok))
             if not nxt:
                 return out
-            rows = self.runner.run([ScheduledChunk(sh, [tok], [0]) for _, sh, _, tok in nxt])
-            for _, sh, _, _ in nxt:
-                sh.num_computed_tokens += 1
+            rows = self.prefill.forward([ScheduledChunk(sh, [tok], [0]) for _, sh, _, tok in nxt])
             active = [(seq, sh, k) for seq, sh, k, _ in nxt]
 
     def _pick(self, logits: np.ndarray, seq: Sequence, proposed: list[int]) -> tuple[int, np.ndarray | None]:
@@ -87,13 +83,12 @@ class DraftProposer:
         sh = self.shadows.get(seq.seq_id)
         if sh is None:
             return
-        sh.num_computed_tokens = min(sh.num_computed_tokens, seq.num_tokens - 1)
-        self.bm.truncate(sh, sh.num_computed_tokens)
+        self.prefill.rollback(sh, seq.num_tokens - 1)
 
     def release(self, seq: Sequence) -> None:
         sh = self.shadows.pop(seq.seq_id, None)
         if sh is not None:
-            self.bm.free(sh)
+            self.prefill.release(sh)
 
 
 def _check_same_vocab(target: Tokenizer, draft: Tokenizer, model: str) -> None:

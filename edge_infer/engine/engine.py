@@ -21,7 +21,7 @@ from edge_infer.engine.output_processor import OutputProcessor
 from edge_infer.engine.request import Request
 from edge_infer.engine.sample_step import sample_step, whole_rows
 from edge_infer.engine.sampler import make_logits_processors, stop_ids, unsatisfiable
-from edge_infer.engine.scheduler import SampledTokens, ScheduledChunk
+from edge_infer.engine.scheduler import SampledTokens
 from edge_infer.engine.sequence import LogitsProcessor, Sequence, SequenceStatus
 from edge_infer.engine.spec_decode import Proposer, SpecDecoder
 from edge_infer.engine.structured import GrammarCompiler
@@ -38,6 +38,7 @@ class LLMEngine:
         m: LoadedModel = load_model(config)
         self.model_config, self.tokenizer, self.plan = m.model_config, m.tokenizer, m.plan
         self.runner, self.block_manager, self.scheduler = m.runner, m.block_manager, m.scheduler
+        self.prefill = m.prefill  # scoring and embeddings go into the blocks through it
         self.gguf = m.gguf
         self.eos_ids = tuple(sorted(self.tokenizer.stop_ids))
         # llguidance's view of the vocabulary is built on the first constrained request
@@ -201,26 +202,16 @@ class LLMEngine:
         """Logits float32 [len(token_ids), vocab], logits[i] predicting token i + 1."""
         ids = self._check_prompt(list(token_ids), SamplingParams(max_tokens=None), generates=False)
         seq = Sequence("__score__", ids, SamplingParams(max_tokens=1))
-        bm, chunk = self.block_manager, self.config.max_num_batched_tokens
         out = np.empty((len(ids), self.model_config.vocab_size), np.float32)
-        try:
-            while seq.num_computed_tokens < len(ids):
-                n = min(chunk, len(ids) - seq.num_computed_tokens)
-                if not bm.append_slots(seq, n):
-                    raise OutOfMemoryBudget("the KV pool is full with running requests; score again later")
-                start = seq.num_computed_tokens
-                out[start : start + n] = self.runner.run([ScheduledChunk(seq, ids[start : start + n], list(range(n)))])
-                seq.num_computed_tokens += n
-        finally:
-            bm.free(seq)
+        for step in self.prefill.chunked([seq], self.config.max_num_batched_tokens, _every_row, "score"):
+            out[step.starts[0] : step.starts[0] + len(step.rows)] = step.rows
         return out
 
     # -- embeddings ----------------------------------------------------------------------------
     def embed(self, prompts: list[list[int]]) -> np.ndarray:
         """Unit-norm embeddings float32 [n, d_model] of token-id prompts (engine/embedding.py);
         tokenize text with embed_ids first (any thread)."""
-        return embed_prompts(self.runner, self.block_manager, prompts, self.model_config.pooling,
-                             self.config.max_num_batched_tokens)
+        return embed_prompts(self.prefill, prompts, self.model_config.pooling, self.config.max_num_batched_tokens)
 
     def embed_ids(self, prompt: str | list[int]) -> list[int]:
         """A text (tokenized with the model's special tokens) or token ids, checked for embedding."""
@@ -247,3 +238,8 @@ class LLMEngine:
             **{k: float(v) for k, v in self.stats.items()},
             **(self.spec.metrics() if self.spec is not None else {}),
         }
+
+
+def _every_row(_seq_index: int, start: int, end: int) -> list[int]:
+    """Scoring wants every token's logits."""
+    return list(range(end - start))

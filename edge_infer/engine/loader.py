@@ -13,6 +13,7 @@ from edge_infer.config import EngineConfig, RuntimePlan
 from edge_infer.engine.block_manager import BlockManager
 from edge_infer.engine.device import make_backend
 from edge_infer.engine.model_runner import ModelRunner, kv_block_bytes
+from edge_infer.engine.prefill import Prefill
 from edge_infer.engine.scheduler import ScheduledChunk, Scheduler
 from edge_infer.engine.sequence import Sequence
 from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
@@ -39,6 +40,7 @@ class LoadedModel:
     runner: ModelRunner
     block_manager: BlockManager
     scheduler: Scheduler
+    prefill: Prefill  # sequences outside the scheduler (scoring, embeddings, a draft's shadows)
 
 
 LOAD_OVERHEAD = 256 * 2**20  # compiled kernels, workspace, tokenizer: beyond the file and the pool
@@ -119,21 +121,22 @@ def load_model(config: EngineConfig) -> LoadedModel:
     bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     sched = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
                       config.prefill_chunk_while_decoding)
-    _warm_up(runner, bm)
+    prefill = Prefill(runner, bm)
+    _warm_up(prefill)
     log.info("loaded %s (%s) in %.2fs: %d KV blocks of %d tokens (%.0f MiB %s), %d threads", path.name, cfg.arch,
              time.perf_counter() - t0, num_blocks, config.block_size, plan.kv_cache_bytes / 2**20,
              config.kv_cache_dtype, n_threads)
-    return LoadedModel(f, cfg, tokenizer, plan, runner, bm, sched)
+    return LoadedModel(f, cfg, tokenizer, plan, runner, bm, sched, prefill)
 
 
-def _warm_up(runner: ModelRunner, bm: BlockManager) -> None:
+def _warm_up(prefill: Prefill) -> None:
     """One tiny forward (2 tokens, then 1) so every kernel is compiled or loaded from cache."""
-    seq = Sequence("__warmup__", [0, 0], SamplingParams(max_tokens=1))
+    seq = Sequence("__warmup__", [0, 0, 0], SamplingParams(max_tokens=1))
     try:
-        for toks in ([0, 0], [0]):
-            bm.append_slots(seq, len(toks))
-            runner.run([ScheduledChunk(seq, toks, [len(toks) - 1])])
-            seq.num_computed_tokens += len(toks)
+        for n in (2, 1):
+            prefill.reserve(seq, n)
+            start = seq.num_computed_tokens
+            prefill.forward([ScheduledChunk(seq, seq.tokens_slice(start, start + n), [n - 1])])
     finally:
-        bm.free(seq)
-        bm.reset_prefix_cache()
+        prefill.release(seq)
+        prefill.bm.reset_prefix_cache()
