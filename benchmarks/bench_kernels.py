@@ -42,7 +42,7 @@ from edge_infer.kernels_cpu.matmul_i8 import matmul3_i8_kernel
 from edge_infer.kernels_cpu.matmul_k import matmul3_k_kernel
 from edge_infer.kernels_cpu.membw import sum_kernel
 from edge_infer.kernels_cpu.repack_i8 import repack
-from edge_infer.kernels_cpu.repack_k import repack_k
+from edge_infer.kernels_cpu.repack_k import KWeights, repack_k
 
 TYPES = {
     "Q4_0": dq.Q4_0,
@@ -140,8 +140,8 @@ def prepared_matmul(qtype: int, w: np.ndarray, tokens: int, path: str) -> Callab
         kw = repack_k(w, qtype, rows, k)
         bufs = (np.empty((tokens, k // 4), np.int32), np.empty((tokens, k // 32), np.float32),
                 np.empty((tokens, k // 16), np.int32))
-        none = (np.empty((0, 1, 2304), np.uint8), dq.Q4_K)
-        return lambda x, out, n: matmul3_k_kernel(x, *bufs, kw.wk, kw.qtype, out, *none, no_out, *none, no_out, n)
+        none = KWeights(np.empty((0, 1, 1), np.uint8), dq.Q4_K).args
+        return lambda x, out, n: matmul3_k_kernel(x, *bufs, *kw.args, out, *none, no_out, *none, no_out, n)
     if path == "int8":
         iw = repack(w, qtype, rows, k)
         bufs = (np.empty((tokens, k // 4), np.int32), np.empty((tokens, k // 32), np.float32),

@@ -85,7 +85,8 @@ class SpecConfig:
         if unknown:
             raise InvalidRequest(f"unknown speculative option(s): {', '.join(unknown)} (known: {', '.join(sorted(SPEC_OPTIONS))})")
         k = d.get("k", 4)
-        return cls(d.get("method"), k, d.get("k_max", 8 if k == "auto" else k), d.get("n", 3), d.get("model"))  # type: ignore[arg-type]
+        method: Any = d.get("method")  # None when missing: __post_init__ refuses it, as any bad value
+        return cls(method, k, d.get("k_max", 8 if k == "auto" else k), d.get("n", 3), d.get("model"))
 
     @property
     def start_k(self) -> int:

@@ -1,11 +1,13 @@
 """Byte packing of K-quant super-blocks (256 elements) from their codes and scales: the one place
-the layouts drawn in quants.py are written, shared by the reference quantizers (quantizers.py)
+the layouts drawn in weight_types.py are written, shared by the reference quantizers (quantizers.py)
 and the importance-weighted ones (quantizers_weighted.py).
 
 Shapes: nb super-blocks; L (nb, 256) uint8 codes in element order; dh, mh (nb, 1) float16.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import numpy as np
 
@@ -14,7 +16,7 @@ def _crumbs(L: np.ndarray) -> np.ndarray:
     """(nb, 256) 2-bit codes -> (nb, 64): byte 32h + l holds elements 128h + 32j + l at bits 2j."""
     nb = len(L)
     Lr = L.reshape(nb, 2, 4, 32)  # [h, j, l]
-    return sum(Lr[:, :, j] << (2 * j) for j in range(4)).astype(np.uint8).reshape(nb, 64)
+    return cast(np.ndarray, sum(Lr[:, :, j] << (2 * j) for j in range(4))).astype(np.uint8).reshape(nb, 64)
 
 
 def _low_nibbles(L: np.ndarray) -> np.ndarray:
@@ -65,5 +67,5 @@ def pack_q6_k(sc: np.ndarray, L: np.ndarray, dh: np.ndarray) -> np.ndarray:
     nb = len(L)
     Lr = L.reshape(nb, 2, 4, 32)  # [h, k, l] -> element 128h + 32k + l
     ql = (Lr[:, :, :2] & 0x0F) | ((Lr[:, :, 2:] & 0x0F) << 4)
-    qh = sum((Lr[:, :, k] >> 4) << (2 * k) for k in range(4)).astype(np.uint8)
+    qh = cast(np.ndarray, sum((Lr[:, :, k] >> 4) << (2 * k) for k in range(4))).astype(np.uint8)
     return np.hstack([ql.reshape(nb, 128), qh.reshape(nb, 64), sc.view(np.uint8), dh.view(np.uint8)])

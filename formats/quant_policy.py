@@ -6,8 +6,8 @@ Rules kept from llama.cpp (src/llama-quant.cpp): only 2-D and 3-D tensors whose 
 "weight" are quantized, never norms, the MoE router (`ffn_gate_inp`) or position embeddings;
 the output matrix (and the token embedding when the output is tied to it) gets Q6_K unless the
 target is Q8_0 or float; a mix raises attn_v / ffn_down / attn_output per layer as the preset
-says; a K-quant on a row length that is not a multiple of 256 falls back to Q5_0 (Q2_K, Q3_K,
-Q4_K), Q5_1 (Q5_K) or Q8_0 (Q6_K), and to F16 when even 32 does not divide it.
+says; a K-quant on a row length that is not a multiple of 256 falls back to its record's
+`fallback` in weight_types.py (a 32-element type), and to F16 when even 32 does not divide it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import LlamaFileType as FT
 
 from edge_infer.errors import InvalidRequest
+from edge_infer.formats.weight_types import TYPES, weight_type
 
 # the plain targets: name -> (type, general.file_type as llama.cpp writes it for that target)
 PLAIN: dict[str, tuple[T, FT]] = {
@@ -46,8 +47,8 @@ MIXES: dict[str, tuple[T, FT]] = {
     "q2_k_m": (T.Q2_K, FT.MOSTLY_Q2_K),  # llama.cpp's "Q2_K" file type: a mix, not all Q2_K
 }
 KEEP_TYPES = {n: t for n, (t, _) in PLAIN.items()} | {"f32": T.F32, "bf16": T.BF16}
-FALLBACK = {T.Q2_K: T.Q5_0, T.Q3_K: T.Q5_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
-_BLOCK = {T.F32: 1, T.F16: 1, T.BF16: 1, T.Q8_0: 32, T.Q5_0: 32, T.Q5_1: 32, T.Q4_0: 32, T.Q4_1: 32}
+# a K-quant's type when the row length is not a multiple of 256 (the records' fallback)
+FALLBACK = {T(w.id): T(w.fallback) for w in TYPES if w.fallback is not None}
 _NEVER = ("_norm.weight", "ffn_gate_inp.weight", "position_embd.weight", "token_types.weight")
 
 
@@ -87,7 +88,8 @@ def quantizable(name: str, n_dims: int) -> bool:
 
 
 def block_size(t: T) -> int:
-    return _BLOCK.get(t, 256)
+    """Elements per block of type t."""
+    return weight_type(t).block_size
 
 
 def _use_more_bits(i: int, n: int) -> bool:

@@ -1,6 +1,6 @@
 """Reference block quantizers, float32 blocks (n, block_size) -> bytes (n, type_size), bit-exact
 with ggml's `quantize_row_*_ref` (no importance matrix) and with gguf-py where it has one.
-Layouts are drawn in quants.py. Input must be finite; quants.quantize calls these under
+Layouts are drawn in weight_types.py. Input must be finite; quants.quantize calls these under
 np.errstate(all="ignore"): all-zero blocks divide by zero in lanes whose results are dropped.
 
 K-quants search each sub-block for the best scale (and min) with float sums taken left to right.
@@ -143,7 +143,7 @@ def _pos_max(s: np.ndarray) -> np.ndarray:
     return np.where(s > 0, s, F32(0)).max(axis=1, keepdims=True)
 
 
-def _f16_round(v: np.ndarray) -> np.ndarray:
+def _f16_round(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """f32 -> f16 bits (as stored) and back to f32 (as the C code reads it again)."""
     h = np.asarray(v, F32).astype(np.float16)
     return h, h.astype(F32)
@@ -357,6 +357,7 @@ def _q_q3_k(x: np.ndarray) -> np.ndarray:
     return pack_q3_k(ls, _rows(_requant(xs, L, dl, None, -4, 3, 4), nb), dh)
 
 
+# the types whose weight_types record says `quantizer` (tests/formats/test_weight_types.py checks)
 QUANTIZERS: dict[T, Callable[[np.ndarray], np.ndarray]] = {
     T.F32: _q_f32,
     T.F16: _q_f16,

@@ -12,9 +12,9 @@ least-squares scale (and min) for each one's codes, keeps the best, then alterna
 scale twice more. K-quants fit every 16- or 32-element sub-block, then quantize the sub-block
 scales themselves with the same weighted search (weights: each sub-block's summed weight) and
 round the codes once more against the stored scales. Output bytes have the layouts of
-quants.py; the reference (unweighted) quantizers are in quantizers.py. `fit_symmetric` and
+weight_types.py; the reference (unweighted) quantizers are in quantizers.py. `fit_symmetric` and
 `fit_affine` here are the NumPy twins of the compiled fits the quantizers run
-(kernels_cpu/quant_fit.py).
+(quant_fit.py).
 
 Shapes: x (m, n) float32 rows of sub-blocks or blocks; w the same; codes int32.
 """
@@ -143,8 +143,8 @@ def fit_positive(v: np.ndarray, w: np.ndarray, nmax: int) -> Fit:
 
 
 def _sym(x: np.ndarray, w: np.ndarray, nmax: int) -> Fit:
-    """fit_symmetric, compiled (kernels_cpu/quant_fit.py)."""
-    from edge_infer.kernels_cpu.quant_fit import fit_symmetric_kernel
+    """fit_symmetric, compiled (quant_fit.py)."""
+    from edge_infer.formats.quant_fit import fit_symmetric_kernel
 
     d, L = np.empty(len(x), F32), np.empty(x.shape, np.int32)
     fit_symmetric_kernel(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), nmax, 9, d, L, _threads())
@@ -152,8 +152,8 @@ def _sym(x: np.ndarray, w: np.ndarray, nmax: int) -> Fit:
 
 
 def _aff(x: np.ndarray, w: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """fit_affine, compiled (kernels_cpu/quant_fit.py)."""
-    from edge_infer.kernels_cpu.quant_fit import fit_affine_kernel
+    """fit_affine, compiled (quant_fit.py)."""
+    from edge_infer.formats.quant_fit import fit_affine_kernel
 
     d, m, L = np.empty(len(x), F32), np.empty(len(x), F32), np.empty(x.shape, np.int32)
     fit_affine_kernel(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), nmax, 36, d, m, L, _threads())
@@ -282,6 +282,7 @@ def _q6_k(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 # qtype -> fn(blocks (nb, block_size) f32, weights (nb, block_size) f32) -> (nb, type_size) u8.
 # Q8_0 and the float types have no weighted form: their error is already below what an
 # importance matrix can steer (llama.cpp ignores it for them too).
+# the types whose weight_types record says `weighted` (tests/formats/test_weight_types.py checks)
 WEIGHTED_QUANTIZERS: dict[T, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     T.Q4_0: _q4_0,
     T.Q4_1: _q4_1,

@@ -10,96 +10,28 @@ temporaries stay in cache. The quantizers live in quantizers.py.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edge_infer.errors import EdgeInferError, UnsupportedTensorType
+from edge_infer.errors import EdgeInferError
 from edge_infer.formats.gguf import TensorInfo
 from edge_infer.formats.kscales import k4_scale_min
 from edge_infer.formats.quantizers import QUANTIZERS
 from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS, element_weights
+from edge_infer.formats.weight_types import QK, QK_K, TYPES, WeightType, weight_type
 
 __all__ = [
     "BLOCK_LAYOUTS",
     "QK_K",
     "SUPPORTED_TYPES",
-    "BlockLayout",
     "dequantize",
     "dequantize_blocks",
     "quantize",
 ]
 
-QK = 32  # elements per block of the "legacy" types
-QK_K = 256  # elements per super-block of the K-quants
-
-
-@dataclass(frozen=True, slots=True)
-class BlockLayout:
-    """One type's block: `block_size` elements stored in `type_size` bytes; `dtype` is a
-    NumPy structured dtype of one block (itemsize == type_size) with its fields named."""
-
-    name: str
-    block_size: int
-    type_size: int
-    dtype: np.dtype
-
-
-def _blk(*fields: tuple) -> np.dtype:
-    return np.dtype(list(fields))
-
-
-# Byte layouts, in storage order; f16/f32 little-endian. "lo"/"hi" = low/high nibble.
-BLOCK_LAYOUTS: dict[T, BlockLayout] = {
-    T.F32: BlockLayout("F32", 1, 4, np.dtype("<f4")),
-    T.F16: BlockLayout("F16", 1, 2, np.dtype("<f2")),
-    # the top 16 bits of an f32
-    T.BF16: BlockLayout("BF16", 1, 2, np.dtype("<u2")),
-    # d: f16 | qs: 16 x u8 (lo = element j, hi = element j+16); x = d * (q - 8)
-    T.Q4_0: BlockLayout("Q4_0", QK, 18, _blk(("d", "<f2"), ("qs", "u1", 16))),
-    # d: f16 | m: f16 | qs: 16 x u8 (as Q4_0); x = d*q + m
-    T.Q4_1: BlockLayout("Q4_1", QK, 20, _blk(("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16))),
-    # d: f16 | qh: u32 (bit j = bit 4 of element j) | qs: 16 x u8 (as Q4_0); x = d * (q - 16)
-    T.Q5_0: BlockLayout("Q5_0", QK, 22, _blk(("d", "<f2"), ("qh", "u1", 4), ("qs", "u1", 16))),
-    # d: f16 | m: f16 | qh: u32 | qs: 16 x u8 (as Q5_0); x = d*q + m
-    T.Q5_1: BlockLayout("Q5_1", QK, 24, _blk(("d", "<f2"), ("m", "<f2"), ("qh", "u1", 4), ("qs", "u1", 16))),
-    # d: f16 | qs: 32 x i8; x = q * d
-    T.Q8_0: BlockLayout("Q8_0", QK, 34, _blk(("d", "<f2"), ("qs", "i1", 32))),
-    # scales: 16 x u8 (lo = scale, hi = min of sub-block s, 16 elements each) |
-    # qs: 64 x u8 (element 128h + 32j + l = bits 2j..2j+1 of qs[32h + l]) | d: f16 | dmin: f16
-    # x = (d*sc)*q - dmin*m
-    T.Q2_K: BlockLayout(
-        "Q2_K", QK_K, 84, _blk(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<f2"), ("dmin", "<f2"))
-    ),
-    # hmask: 32 x u8 (element 128h + 32j + l: bit 4h+j of hmask[l]) | qs: 64 x u8 (2 low bits, as Q2_K) |
-    # scales: 12 x u8 (16 6-bit scales: low 4 bits in bytes 0-7 lo then hi, high 2 bits in bytes 8-11) |
-    # d: f16; x = (d * (sc - 32)) * (q - (hmask bit ? 0 : 4))
-    T.Q3_K: BlockLayout(
-        "Q3_K", QK_K, 110, _blk(("hmask", "u1", 32), ("qs", "u1", 64), ("scales", "u1", 12), ("d", "<f2"))
-    ),
-    # d: f16 | dmin: f16 | scales: 12 x u8 (8 6-bit scales + 8 6-bit mins, see k4_scale_min) |
-    # qs: 128 x u8 (element 64p + l = lo of qs[32p + l], 64p + 32 + l = hi); x = (d*sc)*q - dmin*m
-    T.Q4_K: BlockLayout(
-        "Q4_K", QK_K, 144, _blk(("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128))
-    ),
-    # d: f16 | dmin: f16 | scales: 12 x u8 (as Q4_K) | qh: 32 x u8 (element 32s + l: bit s of qh[l]) |
-    # qs: 128 x u8 (4 low bits, as Q4_K); x = (d*sc)*q - dmin*m
-    T.Q5_K: BlockLayout(
-        "Q5_K",
-        QK_K,
-        176,
-        _blk(("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32), ("qs", "u1", 128)),
-    ),
-    # ql: 128 x u8 (element 128h + 32k + l: lo (k<2) or hi (k>=2) of ql[64h + 32(k%2) + l]) |
-    # qh: 64 x u8 (bits 2k..2k+1 of qh[32h + l]) | scales: 16 x i8 (one per 16 elements) | d: f16
-    # x = (d*sc) * (q - 32)
-    T.Q6_K: BlockLayout(
-        "Q6_K", QK_K, 210, _blk(("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2"))
-    ),
-    # d: f32 | qs: 256 x i8 | bsums: 16 x i16 (sum of each 16 quants, for dot products); x = d * q
-    T.Q8_K: BlockLayout("Q8_K", QK_K, 292, _blk(("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16))),
-}
+# Each type's sizes and block dtype (byte layouts drawn in weight_types.py), keyed by gguf's enum.
+BLOCK_LAYOUTS: dict[T, WeightType] = {T(t.id): t for t in TYPES}
 SUPPORTED_TYPES: frozenset[T] = frozenset(BLOCK_LAYOUTS)
 
 # Blocks per chunk: ~64 Ki elements, so a chunk's temporaries fit in L2.
@@ -218,6 +150,7 @@ def _dq_q8_k(b: np.ndarray, out: np.ndarray) -> None:
     np.multiply(b["d"][:, None], b["qs"], out=out)
 
 
+# the quantized types of weight_types.TYPES (tests/formats/test_weight_types.py checks the keys)
 _DEQUANT: dict[T, Callable[[np.ndarray, np.ndarray], None]] = {
     T.Q4_0: _dq_q4_0,
     T.Q4_1: _dq_q4_1,
@@ -233,26 +166,12 @@ _DEQUANT: dict[T, Callable[[np.ndarray, np.ndarray], None]] = {
 }
 
 
-def _type_name(qtype: T | int) -> str:
-    return T(qtype).name if qtype in T._value2member_map_ else f"{qtype} (unknown)"
-
-
-def _layout(qtype: T | int, what: str) -> BlockLayout:
-    lay = BLOCK_LAYOUTS.get(qtype)  # type: ignore[call-overload]
-    if lay is None:
-        supported = ", ".join(lay.name for lay in BLOCK_LAYOUTS.values())
-        raise UnsupportedTensorType(
-            f"{what}: type {_type_name(qtype)} is not supported (supported: {supported})"
-        )
-    return lay
-
-
-def dequantize_blocks(data: np.ndarray, qtype: T, n_elements: int) -> np.ndarray:
+def dequantize_blocks(data: np.ndarray, qtype: T | int, n_elements: int) -> np.ndarray:
     """Raw GGML bytes (uint8, n_elements / block_size * type_size of them) -> float32 (n_elements,).
 
     For F32 the result is a view of `data` (read-only when `data` maps a file); otherwise a new array.
     """
-    lay = _layout(qtype, "dequantize")
+    lay = weight_type(qtype, "dequantize")
     if n_elements < 0 or n_elements % lay.block_size:
         raise EdgeInferError(
             f"dequantize {lay.name}: {n_elements} elements is not a whole number of "
@@ -282,11 +201,11 @@ def dequantize_blocks(data: np.ndarray, qtype: T, n_elements: int) -> np.ndarray
 
 def dequantize(t: TensorInfo) -> np.ndarray:
     """A GGUF tensor -> float32 array of numpy shape reversed(t.shape) (ne[0] is the last axis)."""
-    _layout(t.type, f"tensor {t.name!r}")
+    weight_type(t.type, f"tensor {t.name!r}")
     return dequantize_blocks(t.data, t.type, t.n_elements).reshape(t.numpy_shape)
 
 
-def quantize(x: np.ndarray, qtype: T, importance: np.ndarray | None = None) -> np.ndarray:
+def quantize(x: np.ndarray, qtype: T | int, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 (..., n), n a multiple of the block size -> uint8 (..., n / block_size * type_size).
 
     For finite input, bit-exact with gguf-py where it has a quantizer (F32, F16, BF16, Q4_0,
@@ -297,16 +216,16 @@ def quantize(x: np.ndarray, qtype: T, importance: np.ndarray | None = None) -> n
     then fitted to the importance-weighted error (quantizers_weighted.py) for the types that
     have a weighted form; the others ignore it.
     """
-    if importance is not None and T(qtype) in WEIGHTED_QUANTIZERS:
-        return _quantize_weighted(x, T(qtype), importance)
-    lay = _layout(qtype, "quantize")
+    lay = weight_type(qtype, "quantize")
+    if importance is not None and lay.weighted:
+        return _quantize_weighted(x, lay, importance)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 0 or x.shape[-1] % lay.block_size:
         raise EdgeInferError(
             f"quantize to {lay.name}: row length {x.shape[-1] if x.ndim else 0} "
             f"is not a multiple of the block size {lay.block_size}"
         )
-    fn = QUANTIZERS[T(qtype)]
+    fn = QUANTIZERS[T(lay.id)]
     rows = x.reshape(-1, lay.block_size)
     out = np.empty((len(rows), lay.type_size), np.uint8)
     step = max(1, _CHUNK_ELEMENTS // lay.block_size)
@@ -317,8 +236,7 @@ def quantize(x: np.ndarray, qtype: T, importance: np.ndarray | None = None) -> n
     return out.reshape(*x.shape[:-1], x.shape[-1] // lay.block_size * lay.type_size)
 
 
-def _quantize_weighted(x: np.ndarray, qtype: T, importance: np.ndarray) -> np.ndarray:
-    lay = _layout(qtype, "quantize")
+def _quantize_weighted(x: np.ndarray, lay: WeightType, importance: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = x.shape[-1] if x.ndim else 0
     if x.ndim == 0 or n % lay.block_size:
@@ -329,7 +247,7 @@ def _quantize_weighted(x: np.ndarray, qtype: T, importance: np.ndarray) -> np.nd
                              f"got {imp.shape[0]}")
     imp = imp + np.float32(1e-12) * max(float(imp.max()), 1e-30)  # a never-active channel still counts a little
     rows = x.reshape(-1, n)
-    fn, per_row = WEIGHTED_QUANTIZERS[qtype], n // lay.block_size
+    fn, per_row = WEIGHTED_QUANTIZERS[T(lay.id)], n // lay.block_size
     out = np.empty((len(rows), per_row * lay.type_size), np.uint8)
     step = max(1, _CHUNK_ELEMENTS // n)
     with np.errstate(all="ignore"):

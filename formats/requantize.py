@@ -140,7 +140,10 @@ def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], target:
             w.add_file_type(int(target.file_type))
             w.add_quantization_version(2)
             for key, val in (extra_kv or {}).items():
-                (w.add_string if isinstance(val, str) else w.add_uint32)(key, val)  # type: ignore[operator]
+                if isinstance(val, str):
+                    w.add_string(key, val)
+                else:
+                    w.add_uint32(key, val)
             for p in steps:
                 lay = BLOCK_LAYOUTS[p.new_type]
                 byte_shape = (*reversed(p.shape[1:]), p.shape[0] // lay.block_size * lay.type_size)

@@ -8,7 +8,8 @@ F FFN width, hd head_dim, n_kv KV heads (n_heads a multiple: head h reads kv hea
 h // (n_heads / n_kv)), S sequences.
 
 Weights: uint8 [R, row_bytes], a row's GGUF blocks as in the file; qtype is the GGML type id
-(dequant.KERNEL_TYPES; BLOCK_SHAPE[qtype] = (elements, bytes) per block).
+(formats.weight_types: one record per type, its sizes and the forms below; dequant.KERNEL_TYPES
+the ids, BLOCK_SHAPE[qtype] = (elements, bytes) per block).
 
   matmul_kernel(x f32 [T, K], w, qtype, out f32 [T, R], n_threads)
       out[t, r] = sum_k x[t, k] * W[r, k]; n_threads row ranges (set numba's thread count too).
@@ -17,9 +18,9 @@ Weights: uint8 [R, row_bytes], a row's GGUF blocks as in the file; qtype is the 
       (uint8 [0, 1], out f32 [T, 0]) is skipped; each out equals matmul_kernel's bit for bit.
   embed_rows_kernel(ids i32 [N], w, qtype, out f32 [N, K])      out[i] = decoded row ids[i].
 
-Int8 path (matmul_i8, its vector intrinsics in simd_i8, repack_i8), for Q8_0 / Q4_0 / Q4_1 /
-Q5_0 / Q5_1 weights repacked once at load into a 16-row-interleaved layout (G = ceil(R / 16)
-groups, nb = K / 32 blocks; see matmul_i8):
+Int8 path (matmul_i8, its vector intrinsics in simd_i8, repack_i8), for the types with an int8
+form (the 4-, 5- and 8-bit legacy types) repacked once at load into a 16-row-interleaved layout
+(G = ceil(R / 16) groups, nb = K / 32 blocks; see matmul_i8):
   quantize_rows_q8(x f32 [T, K], xq4 i32 [T, K/4], xd f32 [T, K/32], xsum i32 [T, K/32 | K/16])
       per 32-block: d = max|x| / 127, int8 codes rint(x / d) packed 4 per int32, their sum
       (or the sums of its two halves, for the K-quant kernel).
@@ -35,14 +36,16 @@ groups, nb = K / 32 blocks; see matmul_i8):
   decode_row(qtype, row u8 [row_bytes], out f32 [K])
       bit-exact with formats.quants.dequantize; an unknown qtype raises ValueError.
 
-K-quant path (matmul_k, its vector intrinsics in simd_k and simd_i8, repack_k), for Q4_K / Q5_K
-/ Q6_K weights with 256-wide rows, repacked at the file's size into one record per (16-row
-group, 256-column super-block) (G groups, S = K / 256; see repack_k):
-  matmul_k_kernel(xq4, xd, xs16, wk u8 [G, S, 2304 | 2816 | 3360], qtype, out f32 [T, R], n_threads)
+K-quant path (matmul_k, its vector intrinsics in simd_k and simd_i8, repack_k), for the types
+with a K-quant form (Q4_K, Q5_K, Q6_K) with 256-wide rows, repacked at the file's size into one
+record per (16-row group, 256-column super-block) (G groups, S = K / 256; see repack_k); bits
+and head are the form's code bits and header bytes (KWeights.args gives (wk, qtype, bits, head)):
+  matmul_k_kernel(xq4, xd, xs16, wk u8 [G, S, B = 16 x type_size], qtype, bits, head, out f32 [T, R],
+                  n_threads)
       per 32-column block: exact integer dot products, then float(isum) * ((d * sc) * d_x)
       [- (dmin * m) * (d_x * xsum)] (Q6_K: its two 16-column halves combined with their scales
       in integers first), blocks in order: batch- and thread-invariant as the int8 path.
-  matmul3_k_kernel(x f32 [T, K], xq4, xd, xs16, then (wk, qtype, out) x 3, n_threads)
+  matmul3_k_kernel(x f32 [T, K], xq4, xd, xs16, then (wk, qtype, bits, head, out) x 3, n_threads)
       quantizes x once, then up to three matrices' row groups split over the threads.
 
 Mixture of experts (moe: routing and combination; matmul_experts: the grouped matmuls). A step's
@@ -57,8 +60,8 @@ with a leading expert axis (wk [E, G, S, B]; wi [E, G, nb, bb], wd, wm [E, G, nb
       per token: logits = x . router rows (when given a router), softmax (float64 sum), the k
       largest in descending order (ties: lower id), weights = their probabilities, / their sum
       (clamped at 2^-14) when norm; then the grouping and xg[p] = x[pair_token[p]].
-  expert_matmul2_k_kernel(x f32 [P, K], xq4, xd, xs16, offsets, wka, qa, outa f32 [P, Ra],
-                          wkb, qb, outb, n_threads)
+  expert_matmul2_k_kernel(x f32 [P, K], xq4, xd, xs16, offsets, wka, qa, ba, ha, outa f32 [P, Ra],
+                          wkb, qb, bb, hb, outb, n_threads)
   expert_matmul2_i8_kernel(x, xq4, xd, xsum, offsets, wia, wda, wma, offa, outa, wib, wdb, wmb,
                            offb, outb, n_threads)
   expert_matmul2_kernel(x, offsets, wa u8 [E, R, row_bytes], qa, outa, wb, qb, outb, n_threads)
@@ -110,8 +113,8 @@ Per-row ops, float32, rows independent:
 The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.models.backend
 .Backend); kernels_cuda's backend has the same methods over device arrays:
   prepare_weights(gguf, [(role, QMatrix)]) -> [QMatrix]    role "layer" | "output"; decides the
-      int8 repack (Q4_0..Q8_0 layer matrices, a Q8_0 output; Q4_K/Q5_K/Q6_K with 256-wide rows
-      for the K-quant kernel) and sets QMatrix.packed.
+      int8 repack (the types whose int8 form takes the role: Q4_0..Q8_0 layer matrices, a Q8_0
+      output; the K-quant forms with 256-wide rows for the K-quant kernel) and sets QMatrix.packed.
   make_workspace(capacity, D, Q, KV, F) -> Workspace       every scratch buffer of a forward
       (workspace.py: named fields, shapes in comments); a step of n tokens uses rows [:n].
   kv_block_bytes(...), make_kv_pool(n_layers, num_blocks, block_size, n_kv, hd, kv_dtype),

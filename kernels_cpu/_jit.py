@@ -24,13 +24,13 @@ from numba.extending import intrinsic
 def _configure_codegen() -> None:
     if os.environ.get("EDGE_INFER_NUMBA_DEFAULTS"):  # escape hatch for debugging code generation
         return
-    config.SLP_VECTORIZE = 1
-    if config.CPU_FEATURES is None and (config.CPU_NAME or "").lower() != "generic":
+    config.SLP_VECTORIZE = 1  # type: ignore[attr-defined]
+    if config.CPU_FEATURES is None and (config.CPU_NAME or "").lower() != "generic":  # type: ignore[attr-defined]
         from numba.core.codegen import get_host_cpu_features
 
         feats = get_host_cpu_features()
         if "+avx512f" in feats:
-            config.CPU_FEATURES = feats + ",-prefer-256-bit"
+            config.CPU_FEATURES = feats + ",-prefer-256-bit"  # type: ignore[attr-defined]
 
 
 _configure_codegen()
@@ -39,18 +39,18 @@ _configure_codegen()
 class NoAliasCompiler(CompilerBase):
     """numba's nopython pipeline with every array argument marked `noalias` for LLVM."""
 
-    def define_pipelines(self):  # type: ignore[no-untyped-def]
+    def define_pipelines(self):
         self.state.flags.noalias = True
         return [DefaultPassBuilder.define_nopython_pipeline(self.state)]
 
 
-def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False, inline: bool = False):  # type: ignore[no-untyped-def]
+def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False, inline: bool = False):
     """`@njit(cache=True, nogil=True, error_model="numpy")` with noalias arguments; inputs and
     outputs must not overlap. inline=True inlines the function into its callers at numba's level
     (small helpers called in hot loops; not for fastmath functions: inlined code takes the
     caller's flags)."""
 
-    def wrap(f):  # type: ignore[no-untyped-def]
+    def wrap(f):
         # error_model="numpy": a float division by zero gives inf/nan instead of raising, so
         # loops with divisions have no early-exit branch and can vectorize.
         return numba.njit(cache=True, nogil=True, fastmath=fastmath, parallel=parallel, error_model="numpy",
@@ -60,12 +60,12 @@ def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False, inline: b
 
 
 @intrinsic
-def _hw_f16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
+def _hw_f16_to_f32(typingctx, bits):
     """float32 value of IEEE half bits (a uint16); one vcvtph2ps on F16C/AVX-512 machines."""
     if not isinstance(bits, types.Integer):
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         v = args[0]
         if bits.bitwidth > 16:
             v = builder.trunc(v, ir.IntType(16))
@@ -77,12 +77,12 @@ def _hw_f16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def _hw_f32_to_f16(typingctx, value):  # type: ignore[no-untyped-def]
+def _hw_f32_to_f16(typingctx, value):
     """IEEE half bits (uint16) of a float32, rounded to nearest even (what numpy's astype does)."""
     if not isinstance(value, types.Float):
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         v = args[0]
         if value.bitwidth == 64:
             v = builder.fptrunc(v, ir.FloatType())
@@ -92,12 +92,12 @@ def _hw_f32_to_f16(typingctx, value):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def bf16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
+def bf16_to_f32(typingctx, bits):
     """float32 value of bfloat16 bits (the top half of a float32)."""
     if not isinstance(bits, types.Integer):
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         v = builder.zext(builder.trunc(args[0], ir.IntType(16)) if bits.bitwidth > 16 else args[0], ir.IntType(32))
         return builder.bitcast(builder.shl(v, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
 
@@ -105,12 +105,12 @@ def bf16_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def bits_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
+def bits_to_f32(typingctx, bits):
     """Reinterpret the 32 bits of an integer as a float32 (no conversion)."""
     if not isinstance(bits, types.Integer):
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         v = args[0]
         if bits.bitwidth != 32:
             v = builder.trunc(v, ir.IntType(32)) if bits.bitwidth > 32 else builder.zext(v, ir.IntType(32))
@@ -120,16 +120,16 @@ def bits_to_f32(typingctx, bits):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def bit_at(typingctx, word, k):  # type: ignore[no-untyped-def]
+def bit_at(typingctx, word, k):
     """(word >> k) & 1 as an int32, computed in 32-bit lanes (numba would widen to 64 bits,
     and LLVM then vectorizes per-lane variable shifts at half the width)."""
     if not isinstance(word, types.Integer) or not isinstance(k, types.Integer):
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         i32 = ir.IntType(32)
 
-        def as32(v, t):  # type: ignore[no-untyped-def]
+        def as32(v, t):
             return builder.trunc(v, i32) if t.bitwidth > 32 else (builder.zext(v, i32) if t.bitwidth < 32 else v)
 
         w, s = as32(args[0], word), as32(args[1], k)
@@ -139,26 +139,26 @@ def bit_at(typingctx, word, k):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def f32_to_bits(typingctx, value):  # type: ignore[no-untyped-def]
+def f32_to_bits(typingctx, value):
     """The 32 bits of a float32 as an int32 (no conversion)."""
     if not isinstance(value, types.Float) or value.bitwidth != 32:
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.IntType(32))
 
     return types.int32(value), codegen
 
 
 @intrinsic
-def prefetch(typingctx, arr, index):  # type: ignore[no-untyped-def]
+def prefetch(typingctx, arr, index):
     """Hint the CPU to bring the cache line of arr.flat[index] (a C-contiguous array; index may
     run past the end: a prefetch never faults) into cache for reading. Streaming kernels issue
     it a few KB ahead, where the hardware prefetcher alone leaves them waiting on memory."""
     if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         a = context.make_array(signature.args[0])(context, builder, value=args[0])
         i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
         idx = context.cast(builder, args[1], signature.args[1], types.intp)
@@ -171,7 +171,7 @@ def prefetch(typingctx, arr, index):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _soft_f16_to_f32(h):  # type: ignore[no-untyped-def]
+def _soft_f16_to_f32(h):
     # Integer-only conversion for targets without F16C: there LLVM would call compiler-rt's
     # __extendhfsf2, which numba's JIT cannot resolve.
     h = np.int32(h) & 0xFFFF
@@ -187,7 +187,7 @@ def _soft_f16_to_f32(h):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _soft_f32_to_f16(x):  # type: ignore[no-untyped-def]
+def _soft_f32_to_f16(x):
     # Round to nearest even, with numpy's handling of overflow (inf), NaN and subnormals.
     bits = f32_to_bits(np.float32(x))
     sign = (bits >> 16) & 0x8000
@@ -219,10 +219,10 @@ def _soft_f32_to_f16(x):  # type: ignore[no-untyped-def]
 def target_has(feature: str) -> bool:
     """Whether numba compiles for a CPU with `feature` (e.g. "+f16c"): the configured target
     (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES) if any, else this host."""
-    if (config.CPU_NAME or "").lower() == "generic" and not config.CPU_FEATURES:
+    if (config.CPU_NAME or "").lower() == "generic" and not config.CPU_FEATURES:  # type: ignore[attr-defined]
         return False
-    if config.CPU_FEATURES is not None:
-        return feature in config.CPU_FEATURES.split(",")
+    if config.CPU_FEATURES is not None:  # type: ignore[attr-defined]
+        return feature in config.CPU_FEATURES.split(",")  # type: ignore[attr-defined]
     from numba.core.codegen import get_host_cpu_features
 
     return feature in get_host_cpu_features().split(",")

@@ -25,13 +25,13 @@ from ._jit import f16_to_f32, f32_to_f16, kernel
 from .fastmath import fast_exp
 
 
-def value_at(cache, blk, off, g, d):  # type: ignore[no-untyped-def]
+def value_at(cache, blk, off, g, d):
     """float32 value of cache[blk, off, g, d] before its q8_0 scale (overloaded per dtype)."""
     raise NotImplementedError  # only called from jitted code
 
 
-@overload(value_at, inline="always", jit_options={"cache": True})
-def _ov_value_at(cache, blk, off, g, d):  # type: ignore[no-untyped-def]
+@overload(value_at, inline="always", jit_options={"cache": True})  # type: ignore[typeddict-unknown-key]
+def _ov_value_at(cache, blk, off, g, d):
     dt = cache.dtype
     if isinstance(dt, types.Integer) and dt.bitwidth == 16:
         return lambda cache, blk, off, g, d: f16_to_f32(cache[blk, off, g, d])
@@ -42,22 +42,22 @@ def _ov_value_at(cache, blk, off, g, d):  # type: ignore[no-untyped-def]
     return None
 
 
-def store_row(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+def store_row(src, i, g, cache, scale, blk, off):
     """cache[blk, off, g, :] = src[i, g*hd:(g+1)*hd] in the cache's representation."""
     raise NotImplementedError
 
 
-@overload(store_row, inline="always", jit_options={"cache": True})
-def _ov_store_row(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+@overload(store_row, inline="always", jit_options={"cache": True})  # type: ignore[typeddict-unknown-key]
+def _ov_store_row(src, i, g, cache, scale, blk, off):
     dt = cache.dtype
     if isinstance(dt, types.Integer) and dt.bitwidth == 16:
-        def f16(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+        def f16(src, i, g, cache, scale, blk, off):
             hd = cache.shape[3]
             for d in range(hd):
                 cache[blk, off, g, d] = f32_to_f16(src[i, g * hd + d])
         return f16
     if isinstance(dt, types.Integer) and dt.bitwidth == 8:
-        def q8(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+        def q8(src, i, g, cache, scale, blk, off):
             # q8_0-style: one float32 scale per (token, head), values rounded to int8
             hd = cache.shape[3]
             amax = np.float32(0.0)
@@ -70,7 +70,7 @@ def _ov_store_row(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped
                 cache[blk, off, g, d] = np.int8(np.rint(src[i, g * hd + d] * inv))
         return q8
     if isinstance(dt, types.Float):
-        def f32(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped-def]
+        def f32(src, i, g, cache, scale, blk, off):
             hd = cache.shape[3]
             for d in range(hd):
                 cache[blk, off, g, d] = src[i, g * hd + d]
@@ -79,7 +79,7 @@ def _ov_store_row(src, i, g, cache, scale, blk, off):  # type: ignore[no-untyped
 
 
 @kernel(parallel=True)
-def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):  # type: ignore[no-untyped-def]
+def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):
     """Write this step's keys and values into the pool. k, v: float32 [N, n_kv_heads * head_dim];
     slot_mapping: int64 [N] (block * block_size + offset; negative = skip); k_scale, v_scale:
     float32 [num_blocks, block_size, n_kv_heads] for an int8 (q8_0) pool, unused otherwise."""
@@ -96,7 +96,7 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):  # 
 
 
 @kernel(inline=True)
-def _load_rows(cache, scales, quant, blk, off, m, g, factor, kv, vs):  # type: ignore[no-untyped-def]
+def _load_rows(cache, scales, quant, blk, off, m, g, factor, kv, vs):
     """kv[u] = row off + u of block blk, kv-head g, as float32 (u < m); vs[u] = factor times
     the row's q8_0 scale, or factor for an f16/f32 pool."""
     for u in range(m):
@@ -107,7 +107,7 @@ def _load_rows(cache, scales, quant, blk, off, m, g, factor, kv, vs):  # type: i
 
 @kernel(fastmath=True)
 def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
-                  window, softcap, sc, qh, kv, vs, acc, out):  # type: ignore[no-untyped-def]
+                  window, softcap, sc, qh, kv, vs, acc, out):
     """Heads r0..r1-1 of kv group g for query token i of sequence s (block_tables row).
 
     GQA: the heads of a group share their keys and values, so each key and value row is read
@@ -209,7 +209,7 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
 
 @kernel(parallel=True)
 def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions, scale, window,
-                           softcap, out, n_threads):  # type: ignore[no-untyped-def]
+                           softcap, out, n_threads):
     """Causal attention of every query token against its own sequence's cached keys.
 
     q: float32 [N, n_heads * head_dim] (RoPE applied); token_seq: int32 [N] row of block_tables
@@ -246,7 +246,7 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
 
 
 @kernel(inline=True)
-def _norm_span(x, t, o, n, norm_w, eps):  # type: ignore[no-untyped-def]
+def _norm_span(x, t, o, n, norm_w, eps):
     """RMSNorm of x[t, o:o+n] in place (a sum of squares in float64), times norm_w [n]."""
     s = 0.0
     for d in range(n):
@@ -258,7 +258,7 @@ def _norm_span(x, t, o, n, norm_w, eps):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps):  # type: ignore[no-untyped-def]
+def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps):
     o = h * hd
     if has_norm:
         _norm_span(x, t, o, hd, norm_w, eps)
@@ -276,7 +276,7 @@ def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps): 
 
 @kernel(inline=True)
 def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, mscale, neox, eps,
-                      slot_mapping, k_cache, k_scale, v_cache, v_scale, t):  # type: ignore[no-untyped-def]
+                      slot_mapping, k_cache, k_scale, v_cache, v_scale, t):
     hd = k_cache.shape[3]
     n_heads, n_kv = q.shape[1] // hd, k.shape[1] // hd
     # a norm as wide as the whole row (olmo2) is applied before the heads are rotated
@@ -312,7 +312,7 @@ def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv
 
 @kernel(parallel=True)
 def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, mscale, neox, eps,
-                      slot_mapping, k_cache, k_scale, v_cache, v_scale):  # type: ignore[no-untyped-def]
+                      slot_mapping, k_cache, k_scale, v_cache, v_scale):
     """Everything between the Q/K/V projections and attention, per token: biases (when bq has
     elements), RMSNorm of Q and K (when q_norm has elements: per head for a head_dim-long q_norm,
     gemma's and qwen3's QK-norm; over the whole row for a row-long one, olmo2's), RoPE of Q and K

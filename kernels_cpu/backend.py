@@ -12,30 +12,32 @@ import numpy as np
 
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.formats.qmatrix import QMatrix
+from edge_infer.formats.weight_types import TYPES
 
 from . import attention, matmul, matmul_experts, matmul_i8, matmul_k, moe, ops
-from .dequant import F32, KERNEL_TYPES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from .dequant import F32, KERNEL_TYPES, Q4_K
 from .repack_i8 import I8Weights, repack
 from .repack_k import KWeights, repack_k
 from .simd_i8 import GROUP
 from .workspace import Workspace, i8_activation_buffers, i8_views, k_views, make_workspace
 
 # int8 kernel (activations quantized per 32-block, integer dot products) for the types whose
-# codes it takes as they are: 4-, 5- and 8-bit layer matrices, a Q8_0 output matrix (Q8_0 layers
-# on it moved qwen2.5-0.5b's mean KL from llama.cpp 0.0051 -> 0.0029: llama.cpp quantizes there
-# too). Other types keep the float path (decoded blocks, float32 products).
-I8_TYPES = {"layer": (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), "output": (Q8_0,)}
+# codes it takes as they are, in the roles their int8 form names (formats.weight_types): 4-, 5-
+# and 8-bit layer matrices, a Q8_0 output matrix. Other types keep the float path (decoded
+# blocks, float32 products).
+I8_TYPES = {role: tuple(t.id for t in TYPES if t.i8 is not None and role in t.i8.roles)
+            for role in ("layer", "output")}
 # the K-quant int8 kernel (activations per 256 values, llama.cpp's Q8_K), any role; 256-wide rows
-K_TYPES = (Q4_K, Q5_K, Q6_K)
+K_TYPES = tuple(t.id for t in TYPES if t.k is not None)
 # f16 is stored as IEEE half bits; q8_0 as int8 with a float32 scale per (token, head)
 KV_DTYPES = {"f16": np.uint16, "f32": np.float32, "q8_0": np.int8}
 KVLayer = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # k_cache, k_scale, v_cache, v_scale
 
 _NO_ROWS = np.empty((0, 1), np.uint8)  # an unused matrix slot of a three-matmul launch
 _NO_I8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0)
-_NO_K = (np.empty((0, 1, 2304), np.uint8), Q4_K)
+_NO_K = KWeights(np.empty((0, 1, 1), np.uint8), Q4_K).args  # zero groups: nothing is read
 # an unused second matrix of an expert launch (zero groups or rows per expert)
-_NO_EXPERT_K = (np.empty((1, 0, 1, 2304), np.uint8), Q4_K)
+_NO_EXPERT_K = KWeights(np.empty((1, 0, 1, 1), np.uint8), Q4_K).args
 _NO_EXPERT_I8 = (np.empty((1, 0, 1, 256), np.uint8), np.empty((1, 0, 1, 16), np.uint16),
                  np.empty((1, 0, 0, 0), np.uint16), 0)
 _NO_EXPERT_ROWS = (np.empty((1, 0, 1), np.uint8), 0)
@@ -66,7 +68,7 @@ class CpuBackend:
     matrix_types = KERNEL_TYPES  # GGML types the matmuls compute with
 
     def __init__(self, n_threads: int) -> None:
-        numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
         self.n_threads = numba.get_num_threads()
 
     # -- memory ------------------------------------------------------------------------------
@@ -157,7 +159,7 @@ class CpuBackend:
         if kq:
             args_k: list[object] = [x, *k_views(work, n, x.shape[1])]
             for kw, o in kq:
-                args_k += [kw.wk, kw.qtype, o]
+                args_k += [*kw.args, o]
             for _ in range(3 - len(kq)):
                 args_k += [*_NO_K, work.no_out[:n]]
             matmul_k.matmul3_k_kernel(*args_k, self.n_threads)
@@ -184,6 +186,7 @@ class CpuBackend:
         router inside the routing kernel, others by a matmul first), the pairs grouped by expert
         and x [N, D] gathered into work.moe.xg [N * k, D]."""
         m = work.moe
+        assert m is not None  # allocated for a model with experts
         n, k = x.shape[0], m.sel.shape[1]
         logits = m.logits[:n]
         if router.qtype == F32 and router.packed is None:
@@ -198,12 +201,13 @@ class CpuBackend:
         """outs[m][p] = x[p] @ ws[m][e].T for each pair p of expert e (route_experts' grouping),
         for one or two expert stacks; each form in one launch that reads only the chosen experts."""
         m = work.moe
+        assert m is not None  # allocated for a model with experts
         n, width = x.shape
         kq = [(w.packed, o) for w, o in zip(ws, outs) if isinstance(w.packed, KWeights)]
         if kq:
             args_k: list[object] = [x, *k_views(m, n, width), m.offsets]
             for kw, o in kq:
-                args_k += [kw.wk, kw.qtype, o]
+                args_k += [*kw.args, o]
             if len(kq) == 1:
                 args_k += [*_NO_EXPERT_K, m.y[:n, :0]]
             matmul_experts.expert_matmul2_k_kernel(*args_k, self.n_threads)
@@ -227,6 +231,7 @@ class CpuBackend:
     def combine_experts(self, y: np.ndarray, out: np.ndarray, work: Workspace) -> None:
         """out[t] = sum over the token's choices j of weight_j * y[its pair j]."""
         m = work.moe
+        assert m is not None  # allocated for a model with experts
         n = out.shape[0]
         moe.combine_kernel(y, m.pair_of[:n], m.wts[:n], out)
 

@@ -2,7 +2,7 @@
 
 Every decoder computes exactly the float32 operations of the reference dequantizer
 (`edge_infer.formats.quants`, itself bit-exact with gguf-py), so a decoded row is bit-identical
-to `dequantize()` of the same bytes. Block layouts are drawn in formats/quants.py.
+to `dequantize()` of the same bytes. Block layouts are drawn in formats/weight_types.py.
 
 Signature of each: `decode_<type>(w: uint8[R, row_bytes], r, out: float32[M, n], i)` decodes
 row r of w into row i of out. (Indexing the 2-D arrays directly, instead of passing row views,
@@ -15,41 +15,52 @@ from __future__ import annotations
 
 import numpy as np
 
+from edge_infer.formats.weight_types import (
+    BF16,
+    F16,
+    F32,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    Q8_K,
+    TYPES,
+)
+
 from ._jit import bf16_to_f32, bit_at, f16_to_f32, kernel
 
-# GGML type ids (gguf.GGMLQuantizationType values) the kernels handle.
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, BF16 = 10, 11, 12, 13, 14, 15, 30
-KERNEL_TYPES = (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K)
-
-# (elements per block, bytes per block)
-BLOCK_SHAPE = {
-    F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22),
-    Q5_1: (32, 24), Q8_0: (32, 34), Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144),
-    Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292),
-}
+# The GGML type ids above (formats.weight_types' records, re-exported here for the kernels and
+# their callers): decode_rows takes every one of them.
+KERNEL_TYPES = tuple(t.id for t in TYPES)
+BLOCK_SHAPE = {t.id: (t.block_size, t.type_size) for t in TYPES}  # (elements per block, bytes per block)
 
 
 @kernel(inline=True)
-def u16_at(w, r, o):  # type: ignore[no-untyped-def]
+def u16_at(w, r, o):
     """The little-endian uint16 at bytes o, o + 1 of row r (an f16 scale's bits, as stored)."""
     return np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8))
 
 
 @kernel(inline=True)
-def _half(w, r, o):  # type: ignore[no-untyped-def]
+def _half(w, r, o):
     return f16_to_f32(u16_at(w, r, o))
 
 
 @kernel
-def decode_f32(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_f32(w, r, out, i):
     v = w[r].view(np.float32)
     for k in range(out.shape[1]):
         out[i, k] = v[k]
 
 
 @kernel
-def decode_f16(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_f16(w, r, out, i):
     # the two bytes combined by hand: a per-row `w[r].view(np.uint16)` cost more than the
     # conversion itself (LLVM folds this back into one 16-bit load per element)
     for k in range(out.shape[1]):
@@ -57,14 +68,14 @@ def decode_f16(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_bf16(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_bf16(w, r, out, i):
     v = w[r].view(np.uint16)
     for k in range(out.shape[1]):
         out[i, k] = bf16_to_f32(v[k])
 
 
 @kernel
-def decode_q4_0(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q4_0(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 18
         d = _half(w, r, o)
@@ -75,7 +86,7 @@ def decode_q4_0(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_q4_1(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q4_1(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 20
         d = _half(w, r, o)
@@ -87,13 +98,13 @@ def decode_q4_1(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _qh32(w, r, o):  # type: ignore[no-untyped-def]
+def _qh32(w, r, o):
     return (np.uint32(w[r, o]) | (np.uint32(w[r, o + 1]) << np.uint32(8))
             | (np.uint32(w[r, o + 2]) << np.uint32(16)) | (np.uint32(w[r, o + 3]) << np.uint32(24)))
 
 
 @kernel
-def decode_q5_0(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q5_0(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 22
         d = _half(w, r, o)
@@ -107,7 +118,7 @@ def decode_q5_0(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_q5_1(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q5_1(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 24
         d = _half(w, r, o)
@@ -122,7 +133,7 @@ def decode_q5_1(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_q8_0(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q8_0(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 34
         d = _half(w, r, o)
@@ -131,7 +142,7 @@ def decode_q8_0(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_q2_k(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q2_k(w, r, out, i):
     # scales[16] | qs[64] | d | dmin
     for b in range(out.shape[1] // 256):
         o = b * 84
@@ -149,7 +160,7 @@ def decode_q2_k(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _k_scales(w, r, s, c):  # type: ignore[no-untyped-def]
+def _k_scales(w, r, s, c):
     """6-bit (scale, min) of sub-blocks 2c and 2c + 1 from the 12 packed bytes at w[r, s:s+12]:
     sub-blocks j < 4 take the low 6 bits of bytes j (scale) and j + 4 (min); j >= 4 combine a
     nibble of byte j + 4 with the top 2 bits of bytes j - 4 (scale) and j (min)."""
@@ -168,7 +179,7 @@ def _k_scales(w, r, s, c):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_q3_k(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q3_k(w, r, out, i):
     # hmask[32] | qs[64] | scales[12] | d
     for b in range(out.shape[1] // 256):
         o = b * 110
@@ -190,7 +201,7 @@ def decode_q3_k(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_q4_k(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q4_k(w, r, out, i):
     # d | dmin | scales[12] | qs[128]
     for b in range(out.shape[1] // 256):
         o = b * 144
@@ -207,7 +218,7 @@ def decode_q4_k(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_q5_k(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q5_k(w, r, out, i):
     # d | dmin | scales[12] | qh[32] | qs[128]
     for b in range(out.shape[1] // 256):
         o = b * 176
@@ -227,7 +238,7 @@ def decode_q5_k(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_q6_k(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q6_k(w, r, out, i):
     # ql[128] | qh[64] | scales[16] (int8) | d
     for b in range(out.shape[1] // 256):
         o = b * 210
@@ -245,7 +256,7 @@ def decode_q6_k(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_q8_k(w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_q8_k(w, r, out, i):
     # d (f32) | qs[256] (int8) | bsums[16] (int16)
     for b in range(out.shape[1] // 256):
         o = b * 292
@@ -255,7 +266,7 @@ def decode_q8_k(w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_rows(qtype, w, r, out, i):  # type: ignore[no-untyped-def]
+def decode_rows(qtype, w, r, out, i):
     """Decode row r of w (any kernel type) into row i of out."""
     if qtype == Q4_1:
         decode_q4_1(w, r, out, i)
@@ -290,6 +301,6 @@ def decode_rows(qtype, w, r, out, i):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def decode_row(qtype, row, out):  # type: ignore[no-untyped-def]
+def decode_row(qtype, row, out):
     """Decode one 1-D row of any kernel type into `out` (the row's element count)."""
     decode_rows(qtype, row.reshape(1, row.shape[0]), 0, out.reshape(1, out.shape[0]), 0)

@@ -18,7 +18,7 @@ C2, C3, C4, C5, C6, C7 = (np.float32(1.0 / f) for f in (2, 6, 24, 120, 720, 5040
 
 
 @kernel(inline=True)
-def fast_exp(x):  # type: ignore[no-untyped-def]
+def fast_exp(x):
     """exp(x) for float32 x, x clamped to [-87.3, 88.3] (no branches: loops using it vectorize)."""
     x = max(min(x, np.float32(88.3)), np.float32(-87.3))
     n = np.floor(x * _LOG2E + np.float32(0.5))
@@ -35,14 +35,14 @@ def fast_exp(x):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def fast_tanh(x):  # type: ignore[no-untyped-def]
+def fast_tanh(x):
     """tanh(x) = 1 - 2 / (exp(2x) + 1); |x| is clamped to 9 (tanh(9) rounds to 1 in float32)."""
     x = max(min(x, np.float32(9.0)), np.float32(-9.0))
     return np.float32(1.0) - np.float32(2.0) / (fast_exp(np.float32(2.0) * x) + np.float32(1.0))
 
 
 @kernel(inline=True)
-def silu(x):  # type: ignore[no-untyped-def]
+def silu(x):
     return x / (np.float32(1.0) + fast_exp(-x))
 
 
@@ -51,5 +51,5 @@ _GELU_A = np.float32(0.044715)
 
 
 @kernel(inline=True)
-def gelu_tanh(x):  # type: ignore[no-untyped-def]
+def gelu_tanh(x):
     return np.float32(0.5) * x * (np.float32(1.0) + fast_tanh(_GELU_C * (x + _GELU_A * x * x * x)))

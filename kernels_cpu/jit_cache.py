@@ -10,19 +10,64 @@ that ever fails, the status says "unknown" rather than guessing.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from numba.core import event
+from numba.core import config, event
+from numba.core.caching import UserProvidedCacheLocator
 
 # The modules with kernels (and the non-inlined helpers they call) of this package.
 KERNEL_MODULES = ("attention", "dequant", "matmul", "matmul_i8", "matmul_k", "matmul_experts", "membw", "moe",
                   "ops", "repack_i8", "repack_k", "simd_i8", "simd_k")
 _PACKAGE = __name__.rsplit(".", 1)[0]
+# The folders whose kernels SourceTreeCacheLocator keys by one digest of all their sources.
+_KERNEL_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "formats")
+# What NUMBA_CACHE_LOCATOR_CLASSES names to use it (numba's own locators after it, for every
+# other cached function).
+CACHE_LOCATORS = ",".join([f"{__name__}.SourceTreeCacheLocator"] + [
+    f"numba.core.caching.{c}" for c in ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")])
+
+
+@functools.lru_cache(maxsize=1)
+def _sources_digest() -> str:
+    """sha256 of every .py file of the kernel folders, in name order. Kernels inline helpers
+    from other modules and freeze module constants (type ids) into their code, so a change in
+    any of these files must miss the cache for all of them: numba's own stamp covers only the
+    kernel's file."""
+    h = hashlib.sha256()
+    for d in _KERNEL_DIRS:
+        for p in sorted(d.glob("*.py")):
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+class SourceTreeCacheLocator(UserProvidedCacheLocator):
+    """numba's cache of this package's kernels under NUMBA_CACHE_DIR/edge_infer/<folder>, valid
+    while the kernel and format sources are byte-identical, wherever the checkout lies and
+    whatever its files' times (numba's own locator keys the folder by the source's absolute
+    path, so a fresh clone elsewhere never hits). Enabled by NUMBA_CACHE_LOCATOR_CLASSES =
+    CACHE_LOCATORS with NUMBA_CACHE_DIR set (.ci/run does; tests/kernels_cpu/test_portable.py
+    for its targets); files outside the kernel folders fall through to numba's locators."""
+
+    def __init__(self, py_func: Any, py_file: str) -> None:
+        super().__init__(py_func, py_file)
+        self._cache_path = os.path.join(config.CACHE_DIR, "edge_infer", Path(py_file).resolve().parent.name)  # type: ignore[attr-defined]
+
+    def get_source_stamp(self) -> str:
+        return _sources_digest()
+
+    @classmethod
+    def from_function(cls, py_func: Any, py_file: str) -> SourceTreeCacheLocator | None:
+        if Path(py_file).resolve().parent not in _KERNEL_DIRS:
+            return None
+        return super().from_function(py_func, py_file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +106,7 @@ def _dispatchers(module: Any) -> list[Any]:
     for obj in vars(module).values():
         if not isinstance(obj, CPUDispatcher) or obj.py_func.__module__ != module.__name__:
             continue
-        if obj.targetoptions.get("inline") == "always" or not hasattr(obj._cache, "_cache_file"):
+        if obj.targetoptions.get("inline") == "always" or not hasattr(obj._cache, "_cache_file"):  # type: ignore[attr-defined]
             continue  # inlined, or not cached (numba's NullCache)
         out.append(obj)
     return out
@@ -106,7 +151,7 @@ class _FirstCompile(event.Listener):
             return
         d = (ev.data or {}).get("dispatcher")
         module = getattr(getattr(d, "py_func", None), "__module__", "") or ""
-        if not module.startswith(_PACKAGE + "."):
+        if d is None or not module.startswith(_PACKAGE + "."):
             return
         with self.lock:
             if self.fired:

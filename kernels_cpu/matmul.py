@@ -22,7 +22,7 @@ ROW_GROUP = 4
 
 
 @kernel(inline=True)
-def _dot_group(wg, x, out, t0, t1, r0, nvalid):  # type: ignore[no-untyped-def]
+def _dot_group(wg, x, out, t0, t1, r0, nvalid):
     """Rows r0.. (decoded in wg) times tokens t0 and t1: eight independent accumulations, each
     row load shared by two tokens and each token load by four rows (enough to keep both FMA
     units busy). Inlined into _row_groups, whose fastmath flags let LLVM vectorize the
@@ -63,7 +63,7 @@ def _dot_group(wg, x, out, t0, t1, r0, nvalid):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _dot_rows8(wg, x, out, t, r0, nv0, r1, nv1):  # type: ignore[no-untyped-def]
+def _dot_rows8(wg, x, out, t, r0, nv0, r1, nv1):
     """GEMV form of _dot_group: eight rows (two decoded row groups, at r0 and r1) times one
     token. Each accumulator sees the very same sequence of products as in _dot_group (and the
     loop has the same shape: eight accumulations, two-operand products), so LLVM vectorizes
@@ -106,7 +106,7 @@ def _dot_rows8(wg, x, out, t, r0, nv0, r1, nv1):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _decode_group(qtype, w, r0, nvalid, wg, at):  # type: ignore[no-untyped-def]
+def _decode_group(qtype, w, r0, nvalid, wg, at):
     """Rows r0..r0+ROW_GROUP-1 of w into wg[at:at+ROW_GROUP]; a short last group (nvalid rows)
     decodes its last row again, and only valid rows are ever written out."""
     for i in range(ROW_GROUP):
@@ -121,13 +121,13 @@ TILE_BYTES = 512 * 1024  # activations of one token tile stay in L2 while a row 
 
 
 @kernel(inline=True)
-def _prefetch_span(w, lo, hi):  # type: ignore[no-untyped-def]
+def _prefetch_span(w, lo, hi):
     for at in range(lo, hi, 64):
         prefetch(w, at)
 
 
 @kernel(fastmath=True)
-def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
+def _row_groups(x, w, qtype, out, g0, g1, wg):
     """Row groups g0..g1-1 of one matrix for every token of x. Tokens go in tiles whose
     activations fit in L2: each row group is decoded once per tile (a large batch would
     otherwise stream all of x from memory for every row group). Row groups go in pairs, so a
@@ -160,12 +160,12 @@ def _row_groups(x, w, qtype, out, g0, g1, wg):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _groups(w):  # type: ignore[no-untyped-def]
+def _groups(w):
     return (w.shape[0] + ROW_GROUP - 1) // ROW_GROUP
 
 
 @kernel(parallel=True)
-def matmul3_kernel(x, wa, qa, oa, wb, qb, ob, wc, qc, oc, n_threads):  # type: ignore[no-untyped-def]
+def matmul3_kernel(x, wa, qa, oa, wb, qb, ob, wc, qc, oc, n_threads):
     """Up to three matmuls of the same input in one parallel launch (Q, K and V; gate and up):
     out_m[t, r] = sum_k x[t, k] * W_m[r, k]. A matrix with zero rows is skipped. The row groups
     of all three are split evenly over n_threads; each output is computed exactly as by
@@ -186,7 +186,7 @@ def matmul3_kernel(x, wa, qa, oa, wb, qb, ob, wc, qc, oc, n_threads):  # type: i
 
 
 @kernel(parallel=True)
-def matmul_kernel(x, w, qtype, out, n_threads):  # type: ignore[no-untyped-def]
+def matmul_kernel(x, w, qtype, out, n_threads):
     """x: float32 [T, K]; w: uint8 [R, row_bytes] in GGML type `qtype`; out: float32 [T, R];
     n_threads: the work is split into this many row ranges (numba's thread count)."""
     n_groups = _groups(w)
@@ -197,7 +197,7 @@ def matmul_kernel(x, w, qtype, out, n_threads):  # type: ignore[no-untyped-def]
 
 
 @kernel(parallel=True)
-def embed_rows_kernel(ids, w, qtype, out):  # type: ignore[no-untyped-def]
+def embed_rows_kernel(ids, w, qtype, out):
     """out[i] = decoded row ids[i] of w (token embedding lookup); ids: int32 [N]."""
     for i in numba.prange(ids.shape[0]):
         decode_rows(qtype, w, ids[i], out, i)

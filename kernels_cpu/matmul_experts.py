@@ -29,7 +29,7 @@ ITEM_OVERHEAD = 4  # a row group's weight read, in pairs' worth of compute
 
 
 @kernel(inline=True)
-def _total_cost(offsets, n_items):  # type: ignore[no-untyped-def]
+def _total_cost(offsets, n_items):
     total = 0
     for e in range(offsets.shape[0] - 1):
         cnt = offsets[e + 1] - offsets[e]
@@ -39,12 +39,12 @@ def _total_cost(offsets, n_items):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _ceil_div(a, b):  # type: ignore[no-untyped-def]
+def _ceil_div(a, b):
     return -(-a // b)
 
 
 @kernel(inline=True)
-def _thread_plan(offsets, n_items, n_threads, tid, plan):  # type: ignore[no-untyped-def]
+def _thread_plan(offsets, n_items, n_threads, tid, plan):
     """Thread tid's share of the work: rows (e, j0, j1) of plan int64 [E, 3], expert e's items
     j0..j1-1, those whose cost start c_e + j * unit lies in the thread's equal slice of the total
     cost; returns how many rows."""
@@ -66,10 +66,12 @@ def _thread_plan(offsets, n_items, n_threads, tid, plan):  # type: ignore[no-unt
 
 
 @kernel(parallel=True)
-def expert_matmul2_k_kernel(x, xq4, xd, xs16, offsets, wka, qa, outa, wkb, qb, outb, n_threads):  # type: ignore[no-untyped-def]
+def expert_matmul2_k_kernel(x, xq4, xd, xs16, offsets, wka, qa, ba, ha, outa, wkb, qb, bb, hb, outb,
+                            n_threads):
     """K-quant experts: x f32 [P, K] quantized into xq4/xd/xs16 (quantize_rows_q8, sums per
     16), then outa[p] = x[p] @ A[e].T and outb[p] = x[p] @ B[e].T for each pair p of expert e;
-    wka, wkb uint8 [E, G, S, B] (wkb with zero groups: one matrix only)."""
+    wka, wkb uint8 [E, G, S, B] (wkb with zero groups: one matrix only), each with its type,
+    code bits and header bytes as matmul_k_kernel takes them."""
     quantize_rows_q8(x, xq4, xd, xs16)
     ga, gb = wka.shape[1], wkb.shape[1]
     for tid in numba.prange(n_threads):
@@ -78,14 +80,15 @@ def expert_matmul2_k_kernel(x, xq4, xd, xs16, offsets, wka, qa, outa, wkb, qb, o
             e, j0, j1 = plan[i, 0], plan[i, 1], plan[i, 2]
             o0, o1 = offsets[e], offsets[e + 1]
             if j0 < min(j1, ga):
-                _k_range(xq4[o0:o1], xd[o0:o1], xs16[o0:o1], wka[e], qa, outa[o0:o1], j0, min(j1, ga))
+                _k_range(xq4[o0:o1], xd[o0:o1], xs16[o0:o1], wka[e], qa, ba, ha, outa[o0:o1], j0, min(j1, ga))
             if j1 > ga:
-                _k_range(xq4[o0:o1], xd[o0:o1], xs16[o0:o1], wkb[e], qb, outb[o0:o1], max(j0, ga) - ga, j1 - ga)
+                _k_range(xq4[o0:o1], xd[o0:o1], xs16[o0:o1], wkb[e], qb, bb, hb, outb[o0:o1],
+                         max(j0, ga) - ga, j1 - ga)
 
 
 @kernel(parallel=True)
 def expert_matmul2_i8_kernel(x, xq4, xd, xsum, offsets, wia, wda, wma, offa, outa, wib, wdb, wmb, offb, outb,
-                             n_threads):  # type: ignore[no-untyped-def]
+                             n_threads):
     """4/5/8-bit experts: as expert_matmul2_k_kernel with matmul_i8's layout per expert (wi
     uint8 [E, G, nb, bb], wd uint16 [E, G, nb, 16], wm uint16 [E, G, nb, 16] or [E, 0, 0, 0],
     off the u8 code of zero) and its activations (sums per 32)."""
@@ -107,7 +110,7 @@ def expert_matmul2_i8_kernel(x, xq4, xd, xsum, offsets, wia, wda, wma, offa, out
 
 
 @kernel(parallel=True)
-def expert_matmul2_kernel(x, offsets, wa, qa, outa, wb, qb, outb, n_threads):  # type: ignore[no-untyped-def]
+def expert_matmul2_kernel(x, offsets, wa, qa, outa, wb, qb, outb, n_threads):
     """Experts of any other type, on matmul's float path: wa, wb uint8 [E, R, row_bytes] GGUF
     blocks of GGML type qa, qb (wb with zero rows: one matrix only); x f32 [P, K]."""
     ga = (wa.shape[1] + ROW_GROUP - 1) // ROW_GROUP

@@ -37,13 +37,13 @@ CHUNK_BYTES = 256 * 1024
 
 
 @kernel(inline=True)
-def token_chunk(k):  # type: ignore[no-untyped-def]
+def token_chunk(k):
     """Tokens per chunk for K-wide int8 activations: a multiple of TOKEN_TILE, at least one tile."""
     return max(TOKEN_TILE, CHUNK_BYTES // k // TOKEN_TILE * TOKEN_TILE)
 
 
 @kernel(inline=True)
-def _quantize_row(x, t, xq, xd, xsum):  # type: ignore[no-untyped-def]
+def _quantize_row(x, t, xq, xd, xsum):
     per = x.shape[1] // xsum.shape[1]  # values per sum: 32 (the int8 kernel) or 16 (the K-quant one)
     for b in range(x.shape[1] // 32):
         amax = np.float32(0.0)
@@ -66,7 +66,7 @@ SERIAL_QUANTIZE_VALUES = 4096  # below this many activations a parallel launch c
 
 
 @kernel(parallel=True)
-def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
+def quantize_rows_q8(x, xq4, xd, xsum):
     """Per token and 32-block: d = max|x| / 127, q = rint(x / d) (int8, packed 4 per int32 in
     xq4 [T, K/4]), xd [T, K/32] = d, xsum [T, K/32] = sum of q (int32), or xsum [T, K/16]:
     the sums per 16 (the K-quant kernel's; codes and scales the same bits). (Rounding d to float16
@@ -83,7 +83,7 @@ def quantize_rows_q8(x, xq4, xd, xsum):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):  # type: ignore[no-untyped-def]
+def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):
     """Row groups g0..g1-1 of one matrix for every token (see matmul_i8_kernel); iacc: int32
     [TOKEN_TILE * GROUP], facc: float32 [TOKEN_TILE, GROUP] scratch of the calling thread."""
     T, R = out.shape
@@ -139,7 +139,7 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):  #
 
 
 @kernel(parallel=True)
-def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):  # type: ignore[no-untyped-def]
+def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):
     """out[t, r] for r < out.shape[1]: xq4/xd/xsum from quantize_rows_q8; wi: uint8 [G, nb,
     512 | 256 | 320] (8-, 4- or 5-bit format); wd: uint16 [G, nb, 16] block scales (f16 bits);
     wm: uint16 [G, nb, 16] block mins, or empty [0, 0, 0]; w_offset: int, the u8 value of a zero
@@ -156,7 +156,7 @@ def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):  # ty
 
 @kernel(parallel=True)
 def matmul3_i8_kernel(x, xq4, xd, xsum, wia, wda, wma, offa, outa, wib, wdb, wmb, offb, outb,
-                      wic, wdc, wmc, offc, outc, n_threads):  # type: ignore[no-untyped-def]
+                      wic, wdc, wmc, offc, outc, n_threads):
     """Up to three int8 matmuls of the same float input x [T, K] in one launch (Q, K and V; gate
     and up; or one matrix): x is quantized into xq4/xd/xsum (as by quantize_rows_q8), then the
     row groups of all the matrices are split evenly over n_threads, each computed exactly as by

@@ -23,25 +23,25 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from edge_infer.formats.weight_types import Q6_K
+
 from ._jit import kernel
-from .dequant import Q6_K
 from .matmul_i8 import TOKEN_TILE, quantize_rows_q8, token_chunk
 from .simd_i8 import GROUP, block_scales, dot_tile, dot_tile4, scale_accumulate, scale_min_accumulate
 from .simd_k import imadd, imul_set, scale_rows, unpack_scales_q4k, widen_scales_q6k
 
 
 @kernel
-def _k_groups(xq4, xd, xs16, wk, qtype, out, g0, g1, iacc, isc, imn, ai, facc, dtmp, mtmp, ds, ms):  # type: ignore[no-untyped-def]
+def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn, ai, facc, dtmp, mtmp, ds,
+              ms):
     """Row groups g0..g1-1 of one K-quant matrix for every token (see matmul_k_kernel). Scratch
     of the calling thread: iacc int32 [2 * TOKEN_TILE * GROUP]; isc, imn int32 [16 * GROUP];
     ai int32 and facc float32 [TOKEN_TILE * GROUP]; dtmp, mtmp float32 [GROUP]; ds, ms float32
     [8 * GROUP]."""
     T, R = out.shape
     S, B = wk.shape[1], wk.shape[2]
-    q6 = qtype == Q6_K
-    bits = 6 if q6 else (4 if B == 2304 else 5)
-    head = 288 if q6 else 256
-    blk = 384 if q6 else (256 if bits == 4 else 320)
+    q6 = qtype == Q6_K  # int8 scales per 16 columns, no mins (else Q4_K / Q5_K packed scales and mins)
+    blk = 64 * bits  # one 32-column block of 16 rows in the bits-bit format
     k4 = xq4.shape[1]
     wflat = wk.reshape(-1)
     w16 = wflat.view(np.uint16)
@@ -91,7 +91,7 @@ def _k_groups(xq4, xd, xs16, wk, qtype, out, g0, g1, iacc, isc, imn, ai, facc, d
 
 
 @kernel(inline=True)
-def _k_range(xq4, xd, xs16, wk, qtype, out, g0, g1):  # type: ignore[no-untyped-def]
+def _k_range(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1):
     if g1 <= g0:
         return
     iacc = np.empty(2 * TOKEN_TILE * GROUP, np.int32)
@@ -103,21 +103,23 @@ def _k_range(xq4, xd, xs16, wk, qtype, out, g0, g1):  # type: ignore[no-untyped-
     mtmp = np.empty(GROUP, np.float32)
     ds = np.empty(8 * GROUP, np.float32)
     ms = np.empty(8 * GROUP, np.float32)
-    _k_groups(xq4, xd, xs16, wk, qtype, out, g0, g1, iacc, isc, imn, ai, facc, dtmp, mtmp, ds, ms)
+    _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn, ai, facc, dtmp, mtmp, ds, ms)
 
 
 @kernel(parallel=True)
-def matmul_k_kernel(xq4, xd, xs16, wk, qtype, out, n_threads):  # type: ignore[no-untyped-def]
+def matmul_k_kernel(xq4, xd, xs16, wk, qtype, bits, head, out, n_threads):
     """out[t, r] for r < out.shape[1]: xq4/xd/xs16 from quantize_rows_q8 (sums per 16); wk: uint8 [G, S, B]
-    (kernels_cpu.repack_k) of GGML type qtype. Row groups split evenly over n_threads."""
+    (kernels_cpu.repack_k) of GGML type qtype, whose K form has bits-bit codes after head bytes of
+    scales (KWeights.args). Row groups split evenly over n_threads."""
     G = wk.shape[0]
     per = (G + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
-        _k_range(xq4, xd, xs16, wk, qtype, out, tid * per, min(G, (tid + 1) * per))
+        _k_range(xq4, xd, xs16, wk, qtype, bits, head, out, tid * per, min(G, (tid + 1) * per))
 
 
 @kernel(parallel=True)
-def matmul3_k_kernel(x, xq4, xd, xs16, wka, qa, outa, wkb, qb, outb, wkc, qc, outc, n_threads):  # type: ignore[no-untyped-def]
+def matmul3_k_kernel(x, xq4, xd, xs16, wka, qa, ba, ha, outa, wkb, qb, bb, hb, outb, wkc, qc, bc, hc, outc,
+                     n_threads):
     """Up to three K-quant matmuls of the same float input x [T, K] in one launch (Q, K and V;
     gate and up; or one matrix): x quantized once (quantize_rows_q8 (sums per 16)), then the row groups of
     all the matrices split evenly over n_threads, each computed as by matmul_k_kernel. A matrix
@@ -128,6 +130,6 @@ def matmul3_k_kernel(x, xq4, xd, xs16, wka, qa, outa, wkb, qb, outb, wkc, qc, ou
     per = (total + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
         lo, hi = tid * per, min(total, (tid + 1) * per)
-        _k_range(xq4, xd, xs16, wka, qa, outa, lo, min(hi, na))
-        _k_range(xq4, xd, xs16, wkb, qb, outb, max(lo, na) - na, min(hi, na + nb) - na)
-        _k_range(xq4, xd, xs16, wkc, qc, outc, max(lo, na + nb) - na - nb, hi - na - nb)
+        _k_range(xq4, xd, xs16, wka, qa, ba, ha, outa, lo, min(hi, na))
+        _k_range(xq4, xd, xs16, wkb, qb, bb, hb, outb, max(lo, na) - na, min(hi, na + nb) - na)
+        _k_range(xq4, xd, xs16, wkc, qc, bc, hc, outc, max(lo, na + nb) - na - nb, hi - na - nb)

@@ -12,7 +12,7 @@ from ._jit import kernel
 
 
 @kernel(fastmath=True)
-def _chunk_sum(a):  # type: ignore[no-untyped-def]
+def _chunk_sum(a):
     s = np.float32(0.0)
     for i in range(a.shape[0]):  # from 0: numba's negative-index wrap-around folds away
         s += a[i]
@@ -20,7 +20,7 @@ def _chunk_sum(a):  # type: ignore[no-untyped-def]
 
 
 @kernel(parallel=True)
-def sum_kernel(a, n_threads):  # type: ignore[no-untyped-def]
+def sum_kernel(a, n_threads):
     """Sum of float32 a, each of n_threads summing one contiguous slice (a streamed read).
     The loop is a function of its own over a slice: `for i in range(lo, hi)` in the prange body
     compiles to gathers (numba wraps possibly negative indices) at a third of the speed."""
@@ -35,7 +35,7 @@ def read_bandwidth_gbps(n_threads: int, nbytes: int = 512 * 2**20, repeats: int 
     """Best of `repeats` streamed reads of an nbytes float32 array (larger than the last-level
     cache), with n_threads threads, in GB/s (1e9 bytes). The best, not the median: the machine's
     other load only ever lowers it."""
-    numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
     a = np.ones(nbytes // 4, np.float32)
     sum_kernel(a, n_threads)  # compile or load, and fault the pages in
     best = float("inf")

@@ -22,7 +22,7 @@ SERIAL_PAIRS = 64  # below this many pairs the gather runs on the calling thread
 
 
 @kernel(inline=True)
-def _route_token(logits, t, k, norm, sel, wts, probs, taken):  # type: ignore[no-untyped-def]
+def _route_token(logits, t, k, norm, sel, wts, probs, taken):
     """Softmax over the token's E router logits (float64 sum in index order), the k largest
     probabilities in descending order (ties: the lower expert id), their weights, divided by
     their sum when norm."""
@@ -56,7 +56,7 @@ def _route_token(logits, t, k, norm, sel, wts, probs, taken):  # type: ignore[no
 
 
 @kernel(fastmath=True)
-def _router_logits(x, router, logits, t):  # type: ignore[no-untyped-def]
+def _router_logits(x, router, logits, t):
     """logits[t, e] = x[t] . router[e] (float32; fastmath lets LLVM vectorize each reduction,
     one fixed order for every token)."""
     for e in range(router.shape[0]):
@@ -70,7 +70,7 @@ SERIAL_TOKENS = 8  # below this many tokens routing runs on the calling thread
 
 
 @kernel(parallel=True)
-def route_kernel(logits, router, norm, x, sel, wts, offsets, pair_token, pair_of, xg):  # type: ignore[no-untyped-def]
+def route_kernel(logits, router, norm, x, sel, wts, offsets, pair_token, pair_of, xg):
     """logits f32 [N, E] router logits, computed here from router f32 [E, D] (an F32 router
     matrix) or given (router [0, D]: another type, multiplied by the caller); norm: divide the
     chosen weights by their sum; x f32 [N, D] the FFN input. Writes sel i32 [N, k] the chosen
@@ -118,7 +118,7 @@ def route_kernel(logits, router, norm, x, sel, wts, offsets, pair_token, pair_of
 
 
 @kernel(inline=True)
-def _combine_row(y, pair_of, wts, out, t):  # type: ignore[no-untyped-def]
+def _combine_row(y, pair_of, wts, out, t):
     # choice order, as llama.cpp adds the weighted experts; one row at a time (contiguous)
     w, r = wts[t, 0], pair_of[t, 0]
     for d in range(out.shape[1]):
@@ -130,7 +130,7 @@ def _combine_row(y, pair_of, wts, out, t):  # type: ignore[no-untyped-def]
 
 
 @kernel(parallel=True)
-def combine_kernel(y, pair_of, wts, out):  # type: ignore[no-untyped-def]
+def combine_kernel(y, pair_of, wts, out):
     """out[t] = sum over j of wts[t, j] * y[pair_of[t, j]]: y f32 [P, D] the experts' outputs,
     out f32 [N, D]."""
     N = out.shape[0]
@@ -143,7 +143,7 @@ def combine_kernel(y, pair_of, wts, out):  # type: ignore[no-untyped-def]
 
 
 @kernel(parallel=True)
-def gated_add_kernel(x, g, y, out):  # type: ignore[no-untyped-def]
+def gated_add_kernel(x, g, y, out):
     """out[t] += sigmoid(x[t] . g) * y[t] (qwen2moe's gated shared expert): x, y, out f32
     [N, D], g f32 [D]; the dot product in float64, index order."""
     for t in numba.prange(out.shape[0]):

@@ -17,7 +17,7 @@ from .fastmath import gelu_tanh, silu
 
 
 @kernel(inline=True)
-def _rms_scale(x, t, eps):  # type: ignore[no-untyped-def]
+def _rms_scale(x, t, eps):
     # float64 sum in index order, as llama.cpp's ggml_compute_forward_rms_norm does
     s = 0.0
     for k in range(x.shape[1]):
@@ -30,14 +30,14 @@ SERIAL_VALUES = 8192  # below this many elements a row loop runs on the calling 
 
 
 @kernel(inline=True)
-def _rmsnorm_row(x, w, eps, out, t):  # type: ignore[no-untyped-def]
+def _rmsnorm_row(x, w, eps, out, t):
     sc = _rms_scale(x, t, eps)
     for k in range(x.shape[1]):
         out[t, k] = np.float32(x[t, k] * sc) * w[k]
 
 
 @kernel(parallel=True)
-def rmsnorm_kernel(x, w, eps, out):  # type: ignore[no-untyped-def]
+def rmsnorm_kernel(x, w, eps, out):
     """out[t] = x[t] / rms(x[t]) * w; x, out: [T, D]; w: [D]."""
     if x.size < SERIAL_VALUES:
         for t in range(x.shape[0]):
@@ -48,14 +48,14 @@ def rmsnorm_kernel(x, w, eps, out):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _add_rmsnorm_row(h, delta, w, eps, out, t):  # type: ignore[no-untyped-def]
+def _add_rmsnorm_row(h, delta, w, eps, out, t):
     for k in range(h.shape[1]):
         h[t, k] = h[t, k] + delta[t, k]
     _rmsnorm_row(h, w, eps, out, t)
 
 
 @kernel(parallel=True)
-def add_rmsnorm_kernel(h, delta, w, eps, out):  # type: ignore[no-untyped-def]
+def add_rmsnorm_kernel(h, delta, w, eps, out):
     """h += delta (the residual stream, in place), then out = rmsnorm(h) * w; all [T, D]."""
     if h.size < SERIAL_VALUES:
         for t in range(h.shape[0]):
@@ -66,7 +66,7 @@ def add_rmsnorm_kernel(h, delta, w, eps, out):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _gated_row(gate, up, out, t, gelu):  # type: ignore[no-untyped-def]
+def _gated_row(gate, up, out, t, gelu):
     if gelu:
         for k in range(gate.shape[1]):
             out[t, k] = gelu_tanh(gate[t, k]) * up[t, k]
@@ -76,7 +76,7 @@ def _gated_row(gate, up, out, t, gelu):  # type: ignore[no-untyped-def]
 
 
 @kernel(parallel=True)
-def silu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
+def silu_mul_kernel(gate, up, out):
     """out = silu(gate) * up (SwiGLU); all [T, F]."""
     if gate.size < SERIAL_VALUES:
         for t in range(gate.shape[0]):
@@ -87,7 +87,7 @@ def silu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
 
 
 @kernel(parallel=True)
-def gelu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
+def gelu_mul_kernel(gate, up, out):
     """out = gelu_tanh(gate) * up (GeGLU, the tanh approximation); all [T, F]."""
     if gate.size < SERIAL_VALUES:
         for t in range(gate.shape[0]):
@@ -98,7 +98,7 @@ def gelu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def scale_kernel(x, factor):  # type: ignore[no-untyped-def]
+def scale_kernel(x, factor):
     """x *= factor (in place); x: [T, D]."""
     for t in range(x.shape[0]):
         for k in range(x.shape[1]):

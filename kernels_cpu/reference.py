@@ -4,20 +4,16 @@ return their result instead of writing into a preallocated output."""
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from edge_infer.formats.quants import dequantize_blocks
-
-from .dequant import Q4_1, Q5_0, Q5_1, Q8_0
+from edge_infer.formats.weight_types import weight_type
 
 
 def decode_rows(w: np.ndarray, qtype: int) -> np.ndarray:
     """uint8 [R, row_bytes] -> float32 [R, K] with the reference dequantizer."""
-    from edge_infer.kernels_cpu.dequant import BLOCK_SHAPE
-
-    bs, tb = BLOCK_SHAPE[qtype]
-    k = w.shape[1] // tb * bs
-    flat = dequantize_blocks(np.ascontiguousarray(w).reshape(-1), GGMLQuantizationType(qtype), w.shape[0] * k)
+    t = weight_type(qtype)
+    k = w.shape[1] // t.type_size * t.block_size
+    flat = dequantize_blocks(np.ascontiguousarray(w).reshape(-1), qtype, w.shape[0] * k)
     return flat.reshape(w.shape[0], k)
 
 
@@ -98,28 +94,29 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_c
 
 
 def i8_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """The integer view of a Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 matrix the int8 kernel computes
-    with: u8 codes int64 [R, nb, 32] in column order, scales d float32 [R, nb], mins m float32
-    [R, nb] (Q4_1, Q5_1) or None, and the code of zero (weight = d * (code - offset) [+ m])."""
+    """The integer view of a matrix of a type with an int8 form (formats.weight_types) the
+    int8 kernel computes with: u8 codes int64 [R, nb, 32] in column order, scales d float32
+    [R, nb], mins m float32 [R, nb] (forms with a min) or None, and the code of zero (weight =
+    d * (code - offset) [+ m]; signed codes count from 128)."""
+    t = weight_type(qtype)
+    form = t.i8
+    assert form is not None, f"{t.name} has no int8 form"
     rows = w.shape[0]
+    blk = w.reshape(rows, -1, t.type_size)
 
-    def half(blk: np.ndarray, at: int) -> np.ndarray:
+    def half(field: str) -> np.ndarray:
+        at = t.offset(field)
         return blk[:, :, at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
-    if qtype == Q8_0:
-        blk = w.reshape(rows, -1, 34)
-        return blk[:, :, 2:].view(np.int8).astype(np.int64) + 128, half(blk, 0), None, 128
-    with_min = qtype in (Q4_1, Q5_1)
-    head = 4 if with_min else 2
-    fifth = qtype in (Q5_0, Q5_1)
-    blk = w.reshape(rows, -1, head + 16 + (4 if fifth else 0))
-    qs = blk[:, :, head + (4 if fifth else 0) :].astype(np.int64)
+    if form.zero is None:  # signed 8-bit codes
+        return blk[:, :, t.offset("qs") :].view(np.int8).astype(np.int64) + 128, half("d"), None, 128
+    qs = blk[:, :, t.offset("qs") :].astype(np.int64)
     codes = np.concatenate([qs & 15, qs >> 4], axis=-1)
-    if fifth:
-        qh = blk[:, :, head : head + 4].copy().view(np.uint32)[..., 0].astype(np.int64)
+    if form.fifth_bit:
+        at = t.offset("qh")
+        qh = blk[:, :, at : at + 4].copy().view(np.uint32)[..., 0].astype(np.int64)
         codes = codes | (((qh[..., None] >> np.arange(32)) & 1) << 4)
-    offset = 0 if with_min else (16 if fifth else 8)
-    return codes, half(blk, 0), half(blk, 2) if with_min else None, offset
+    return codes, half("d"), half("m") if form.has_min else None, form.zero
 
 
 def matmul_i8(xq: np.ndarray, xd: np.ndarray, xsum: np.ndarray, w: np.ndarray, qtype: int) -> np.ndarray:
@@ -139,38 +136,40 @@ def matmul_i8(xq: np.ndarray, xd: np.ndarray, xsum: np.ndarray, w: np.ndarray, q
 
 
 def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
-    """The integer view of a Q4_K / Q5_K / Q6_K matrix (from its GGUF bytes) the K-quant kernel
-    computes with: unsigned codes int64 [R, K] in column order, sub-block scales int64 [R, S, 8]
-    (Q6_K: [R, S, 16], signed), mins int64 [R, S, 8] or None, d and dmin float32 [R, S] (dmin
-    None for Q6_K). Weight = d * sc * code - dmin * m (Q4_K, Q5_K), d * sc * (code - 32) (Q6_K)."""
-    from .dequant import Q4_K, Q5_K
-
+    """The integer view of a matrix of a type with a K-quant form (Q4_K, Q5_K, Q6_K; from its
+    GGUF bytes) the K-quant kernel computes with: unsigned codes int64 [R, K] in column order,
+    sub-block scales int64 [R, S, 8] (Q6_K: [R, S, 16], signed), mins int64 [R, S, 8] or None, d
+    and dmin float32 [R, S] (dmin None for Q6_K). Weight = d * sc * code - dmin * m (Q4_K, Q5_K),
+    d * sc * (code - 32) (Q6_K)."""
+    t = weight_type(qtype)
+    assert t.k is not None, f"{t.name} has no K-quant form"
     rows = w.shape[0]
-    size = {Q4_K: 144, Q5_K: 176}.get(qtype, 210)
-    blk = w.reshape(rows, -1, size)
+    blk = w.reshape(rows, -1, t.type_size)
 
-    def f16(at: int) -> np.ndarray:
-        return blk[:, :, at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+    def field(name: str, size: int) -> np.ndarray:
+        return blk[:, :, t.offset(name) : t.offset(name) + size]
 
-    if qtype in (Q4_K, Q5_K):
-        q = blk[:, :, 4:16].astype(np.int64)
+    def f16(name: str) -> np.ndarray:
+        return field(name, 2).copy().view(np.float16)[..., 0].astype(np.float32)
+
+    if t.k.has_min:
+        q = field("scales", 12).astype(np.int64)
         sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], -1)
         mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], -1)
-        qs = blk[:, :, 48:] if qtype == Q5_K else blk[:, :, 16:]
-        qs = qs.astype(np.int64).reshape(rows, -1, 4, 32)
+        qs = field("qs", 128).astype(np.int64).reshape(rows, -1, 4, 32)
         codes = np.stack([qs & 15, qs >> 4], axis=3)  # [R, S, 4 chunks, 2 halves, 32]
-        if qtype == Q5_K:
-            qh = blk[:, :, 16:48].astype(np.int64)[:, :, None, None, :]
+        if t.k.bits == 5:
+            qh = field("qh", 32).astype(np.int64)[:, :, None, None, :]
             shift = (2 * np.arange(4)[:, None] + np.arange(2)[None, :])[None, None, :, :, None]
             codes = codes | (((qh >> shift) & 1) << 4)
-        return codes.reshape(rows, -1), sc, mn, f16(0), f16(2)
-    ql = blk[:, :, :128].astype(np.int64).reshape(rows, -1, 2, 2, 32)  # [R, S, n, lo/lo2, 32]
-    qh = blk[:, :, 128:192].astype(np.int64).reshape(rows, -1, 2, 1, 32)
+        return codes.reshape(rows, -1), sc, mn, f16("d"), f16("dmin")
+    ql = field("ql", 128).astype(np.int64).reshape(rows, -1, 2, 2, 32)  # [R, S, n, lo/lo2, 32]
+    qh = field("qh", 64).astype(np.int64).reshape(rows, -1, 2, 1, 32)
     low = (ql & 15) | (((qh >> (2 * np.arange(2)[:, None])) & 3) << 4)  # columns 128n + 32i + j, i = 0, 1
     high = (ql >> 4) | (((qh >> (4 + 2 * np.arange(2)[:, None])) & 3) << 4)  # i = 2, 3
     codes = np.concatenate([low, high], axis=3).reshape(rows, -1)
-    sc = blk[:, :, 192:208].copy().view(np.int8).astype(np.int64)
-    return codes, sc, None, f16(208), None
+    sc = field("scales", 16).copy().view(np.int8).astype(np.int64)
+    return codes, sc, None, f16("d"), None
 
 
 def quantize_q8_16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -205,6 +204,7 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
             isum = isum + (x64[:, c2] @ codes[:, c2].T - 32 * hi) * sc[None, :, s, 2 * j + 1]
             acc = acc + isum.astype(np.float32) * (d[None, :, s] * dx)
         else:
+            assert dmin is not None  # Q4_K/Q5_K: k_codes gives dmin with the mins
             c = slice(blk * 32, blk * 32 + 32)
             isum = x64[:, c] @ codes[:, c].T
             ds = sc[:, s, j].astype(np.float32) * d[:, s]

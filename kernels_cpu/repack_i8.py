@@ -1,5 +1,6 @@
 """One-time repacking of GGUF weight rows into the int8 kernel's row-interleaved layout (drawn
-in kernels_cpu.matmul_i8): Q8_0 -> 8-bit format, Q4_0 / Q4_1 -> 4-bit, Q5_0 / Q5_1 -> 5-bit.
+in kernels_cpu.matmul_i8), for the types with an int8 form in formats.weight_types: Q8_0 ->
+8-bit format, Q4_0 / Q4_1 -> 4-bit, Q5_0 / Q5_1 -> 5-bit.
 
 The repacked copy replaces the mmap'd pages of the tensor (the caller drops them), so memory
 stays at the file size: bytes per weight 1.0625 for Q8_0, 0.5625 / 0.625 for Q4_0 / Q4_1,
@@ -15,14 +16,26 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from edge_infer.formats.weight_types import TYPES, I8Form, weight_type
+
 from ._jit import kernel
-from .dequant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, u16_at
+from .dequant import u16_at
 from .simd_i8 import GROUP, HAS_SDOT
 
-# qtype -> (bytes per 32-block in the repacked layout, u8 value of a zero weight offset)
-# (on sdot, the dot products read Q8_0's q + 128 as q: its sums need no offset correction)
-I8_FORMATS = {Q8_0: (512, 0 if HAS_SDOT else 128), Q4_0: (256, 8), Q4_1: (256, 0), Q5_0: (320, 16), Q5_1: (320, 0)}
-WITH_MIN = (Q4_1, Q5_1)
+
+def zero_code(form: I8Form) -> int:
+    """The u8 code of a zero weight the dot products see: the form's, or for signed codes
+    (stored as q + 128) 128, except on sdot, whose dot products read q + 128 as the signed q
+    (its sums need no offset correction)."""
+    if form.zero is None:
+        return 0 if HAS_SDOT else 128
+    return form.zero
+
+
+# qtype -> (bytes per 32-block in the repacked layout, u8 value of a zero weight offset), from
+# formats.weight_types' int8 forms
+I8_FORMATS = {t.id: (t.i8.block_bytes, zero_code(t.i8)) for t in TYPES if t.i8 is not None}
+WITH_MIN = tuple(t.id for t in TYPES if t.i8 is not None and t.i8.has_min)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +56,7 @@ class I8Weights:
 
 
 @kernel(parallel=True)
-def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
+def repack_q8_0(w, wi, wd):
     """Q8_0 rows (uint8 [R, nb * 34]) -> interleaved u8 = q + 128 (wi [G, nb, 512]) and the
     scales' f16 bits (wd [G, nb, 16]); rows past R stay zero."""
     R = w.shape[0]
@@ -60,7 +73,7 @@ def repack_q8_0(w, wi, wd):  # type: ignore[no-untyped-def]
 
 
 @kernel(parallel=True)
-def repack_nibbles(w, has_min, fifth, wi, wd, wm):  # type: ignore[no-untyped-def]
+def repack_nibbles(w, has_min, fifth, wi, wd, wm):
     """Q4_0 / Q4_1 (fifth False) or Q5_0 / Q5_1 (fifth True) rows -> 4- or 5-bit format.
     Blocks: d, [m if has_min], [qh: 32 fifth bits if fifth], 16 code bytes. Code byte j holds
     column j in its low and j + 16 in its high nibble, which is what the layout wants of quad
@@ -91,14 +104,16 @@ def repack_nibbles(w, has_min, fifth, wi, wd, wm):  # type: ignore[no-untyped-de
 
 
 def repack(data: np.ndarray, qtype: int, rows: int, cols: int) -> I8Weights:
-    """data: uint8 [rows, row_bytes] of a Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 matrix, cols % 32 == 0."""
-    block_bytes, offset = I8_FORMATS[qtype]
+    """data: uint8 [rows, row_bytes] of a matrix of a type with an int8 form, cols % 32 == 0."""
+    form = weight_type(qtype).i8
+    if form is None:
+        raise ValueError(f"repack: {weight_type(qtype).name} has no int8 form")
     groups, nb = -(-rows // GROUP), cols // 32
-    wi = np.zeros((groups, nb, block_bytes), np.uint8)
+    wi = np.zeros((groups, nb, form.block_bytes), np.uint8)
     wd = np.zeros((groups, nb, GROUP), np.uint16)
-    wm = np.zeros((groups, nb, GROUP) if qtype in WITH_MIN else (0, 0, 0), np.uint16)
-    if qtype == Q8_0:
+    wm = np.zeros((groups, nb, GROUP) if form.has_min else (0, 0, 0), np.uint16)
+    if form.zero is None:  # signed 8-bit codes
         repack_q8_0(data, wi, wd)
     else:
-        repack_nibbles(data, qtype in WITH_MIN, qtype in (Q5_0, Q5_1), wi, wd, wm)
-    return I8Weights(wi, wd, wm, offset)
+        repack_nibbles(data, form.has_min, form.fifth_bit, wi, wd, wm)
+    return I8Weights(wi, wd, wm, zero_code(form))

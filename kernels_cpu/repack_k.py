@@ -19,13 +19,23 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from edge_infer.formats.weight_types import Q4_K, Q5_K, Q6_K, TYPES, KForm, weight_type
+
 from ._jit import kernel
-from .dequant import Q4_K, Q5_K, Q6_K
 from .simd_i8 import GROUP
 
-# qtype -> (record bytes per group and super-block, code bits, header bytes)
-K_FORMATS = {Q4_K: (2304, 4, 256), Q5_K: (2816, 5, 256), Q6_K: (3360, 6, 288)}
-FILE_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}  # per row and super-block, in the GGUF file
+# qtype -> (record bytes per group and super-block, code bits, header bytes), from
+# formats.weight_types' K-quant forms
+K_FORMATS = {t.id: (t.k.record_bytes, t.k.bits, t.k.header_bytes) for t in TYPES if t.k is not None}
+FILE_BYTES = {t.id: t.type_size for t in TYPES if t.k is not None}  # per row and super-block, in the file
+
+
+def k_form(qtype: int) -> KForm:
+    """The K-quant form of GGML type qtype (ValueError for a type without one)."""
+    form = weight_type(qtype).k
+    if form is None:
+        raise ValueError(f"{weight_type(qtype).name} has no K-quant form")
+    return form
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +51,15 @@ class KWeights:
         """Bytes a product with this matrix reads (the file's bytes, rounded up to 16 rows)."""
         return self.wk.nbytes
 
+    @property
+    def args(self) -> tuple[np.ndarray, int, int, int]:
+        """The matrix's arguments to matmul_k's kernels: (wk, qtype, code bits, header bytes)."""
+        form = k_form(self.qtype)
+        return self.wk, self.qtype, form.bits, form.header_bytes
+
 
 @kernel(inline=True)
-def _row_codes(w, r, o, qtype, codes):  # type: ignore[no-untyped-def]
+def _row_codes(w, r, o, qtype, codes):
     """The 256 unsigned codes of row r's super-block at byte o, in column order."""
     if qtype == Q4_K:
         for c in range(4):
@@ -69,7 +85,7 @@ def _row_codes(w, r, o, qtype, codes):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _pack_block(codes, c0, ln, bits, dst, at):  # type: ignore[no-untyped-def]
+def _pack_block(codes, c0, ln, bits, dst, at):
     """Row lane ln's 32 codes codes[c0:c0 + 32] into the block at dst[at:] (4/5/6-bit format):
     quad byte (q, ln, k) = code 4q + k | code 16 + 4q + k << 4; the fifth (sixth) bits of quad
     q's 4 codes are bits 4 ln .. 4 ln + 3 of its 64-bit mask at 256 (320) + 8q."""
@@ -86,14 +102,12 @@ def _pack_block(codes, c0, ln, bits, dst, at):  # type: ignore[no-untyped-def]
 
 
 @kernel(parallel=True)
-def repack_k_kernel(w, qtype, wk):  # type: ignore[no-untyped-def]
-    """w uint8 [R, S * file bytes] -> wk uint8 [G, S, B] (module docstring); rows past R stay zero."""
+def repack_k_kernel(w, qtype, fb, bits, head, wk):
+    """w uint8 [R, S * fb] (fb: the file's bytes per super-block) -> wk uint8 [G, S, B] (module
+    docstring; bits and head as the type's K form); rows past R stay zero."""
     R = w.shape[0]
     S = wk.shape[1]
-    fb = 144 if qtype == Q4_K else (176 if qtype == Q5_K else 210)
-    bits = 4 if qtype == Q4_K else (5 if qtype == Q5_K else 6)
-    head = 288 if qtype == Q6_K else 256
-    blk = 256 if bits == 4 else (320 if bits == 5 else 384)
+    blk = 64 * bits  # 16 rows x 32 columns of bits-bit codes
     for g in numba.prange(wk.shape[0]):
         codes = np.zeros(256, np.uint8)
         for ln in range(min(GROUP, R - g * GROUP)):
@@ -116,8 +130,9 @@ def repack_k_kernel(w, qtype, wk):  # type: ignore[no-untyped-def]
 
 
 def repack_k(data: np.ndarray, qtype: int, rows: int, cols: int) -> KWeights:
-    """data: uint8 [rows, row_bytes] of a Q4_K / Q5_K / Q6_K matrix, cols % 256 == 0."""
-    rec = K_FORMATS[qtype][0]
-    wk = np.zeros((-(-rows // GROUP), cols // 256, rec), np.uint8)
-    repack_k_kernel(np.ascontiguousarray(data), qtype, wk)
+    """data: uint8 [rows, row_bytes] of a matrix of a type with a K-quant form, cols % 256 == 0."""
+    form = k_form(qtype)
+    wk = np.zeros((-(-rows // GROUP), cols // 256, form.record_bytes), np.uint8)
+    file_bytes = weight_type(qtype).type_size
+    repack_k_kernel(np.ascontiguousarray(data), qtype, file_bytes, form.bits, form.header_bytes, wk)
     return KWeights(wk, qtype)

@@ -40,8 +40,8 @@ def _has_sdot() -> bool:
         return False
     if target_has("+dotprod"):
         return True
-    if config.CPU_NAME:
-        return str(config.CPU_NAME).lower() in DOTPROD_CPUS
+    if config.CPU_NAME:  # type: ignore[attr-defined]
+        return str(config.CPU_NAME).lower() in DOTPROD_CPUS  # type: ignore[attr-defined]
     import llvmlite.binding as llvm
 
     return str(llvm.get_host_cpu_name()).lower() in DOTPROD_CPUS
@@ -51,7 +51,7 @@ HAS_SDOT = _has_sdot()
 BLOCK_BYTES = {8: 512, 4: 256, 5: 320, 6: 384}  # bytes of one 16-row x 32-column block, per format
 
 
-def _sdot16(builder, fn, a, wb, xv):  # type: ignore[no-untyped-def]
+def _sdot16(builder, fn, a, wb, xv):
     """vpdpbusd's lanes with aarch64 sdot (signed bytes): a <16 x i32> += for each lane l the
     dot product of bytes 4l..4l+3 of wb <64 x i8> with the 4 bytes of x (xv: one i32 quad
     splatted). Four sdot of 16 bytes each; lane 4k + j of the result is lane j of the k-th."""
@@ -68,7 +68,7 @@ def _sdot16(builder, fn, a, wb, xv):  # type: ignore[no-untyped-def]
     return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
 
 
-def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=False):  # type: ignore[no-untyped-def]
+def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=False):
     """int32 <16 x i32> sums of one block for each x offset in xoffs: every weight quad is
     loaded once and meets each token's broadcast quad. Integer sums are exact, so how the
     products are split into chains changes no result: one token uses two chains (even and odd
@@ -142,8 +142,8 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=Fa
     return out
 
 
-def _dot_codegen(n_tokens, bits, split=False):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+def _dot_codegen(n_tokens, bits, split=False):
+    def codegen(context, builder, signature, args):
         acc_a = context.make_array(signature.args[0])(context, builder, value=args[0])
         w_a = context.make_array(signature.args[1])(context, builder, value=args[1])
         x_a = context.make_array(signature.args[3])(context, builder, value=args[3])
@@ -159,12 +159,12 @@ def _dot_codegen(n_tokens, bits, split=False):  # type: ignore[no-untyped-def]
     return codegen
 
 
-def _arrays(*ts) -> bool:  # type: ignore[no-untyped-def]
+def _arrays(*ts) -> bool:
     return all(isinstance(t, types.Array) for t in ts)
 
 
-def _dot1(bits, doc, split=False):  # type: ignore[no-untyped-def]
-    def dot(typingctx, iacc, w, w_off, x4, x_off):  # type: ignore[no-untyped-def]
+def _dot1(bits, doc, split=False):
+    def dot(typingctx, iacc, w, w_off, x4, x_off):
         if not _arrays(iacc, w, x4):
             return None
         return types.void(iacc, w, w_off, x4, x_off), _dot_codegen(1, bits, split)
@@ -173,8 +173,8 @@ def _dot1(bits, doc, split=False):  # type: ignore[no-untyped-def]
     return intrinsic(dot)
 
 
-def _dot4(bits, doc, split=False):  # type: ignore[no-untyped-def]
-    def dot(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):  # type: ignore[no-untyped-def]
+def _dot4(bits, doc, split=False):
+    def dot(typingctx, iacc, w, w_off, x4, xo0, xo1, xo2, xo3):
         if not _arrays(iacc, w, x4):
             return None
         return types.void(iacc, w, w_off, x4, xo0, xo1, xo2, xo3), _dot_codegen(4, bits, split)
@@ -200,7 +200,7 @@ dot_block4_q6 = _dot4(6, "6-bit format, four tokens, two half-block sums each", 
 
 
 @kernel(inline=True)
-def dot_tile4(bits, iacc, w, wo, x4, xa, xb, xc, xd):  # type: ignore[no-untyped-def]
+def dot_tile4(bits, iacc, w, wo, x4, xa, xb, xc, xd):
     """The block's dot products for the four tokens at x4 offsets xa..xd (one weight load each;
     an offset may repeat, padding a short tile: each token's integers are its own either way)."""
     if bits == 8:
@@ -214,7 +214,7 @@ def dot_tile4(bits, iacc, w, wo, x4, xa, xb, xc, xd):  # type: ignore[no-untyped
 
 
 @kernel(inline=True)
-def dot_tile(n, bits, iacc, w, wo, x4, x0, k4):  # type: ignore[no-untyped-def]
+def dot_tile(n, bits, iacc, w, wo, x4, x0, k4):
     """The block's dot products for n tokens (n = 4: the tokens at x0, x0 + k4, ..., one weight
     load each; otherwise the one at x0), in the format of `bits` (8, 4, 5, or 6 split)."""
     if n == 4:
@@ -229,17 +229,17 @@ def dot_tile(n, bits, iacc, w, wo, x4, x0, k4):  # type: ignore[no-untyped-def]
         dot_block_q6(iacc, w, wo, x4, x0)
 
 
-def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+def _accumulate_codegen(with_min):
+    def codegen(context, builder, signature, args):
         i32, f32 = ir.IntType(32), ir.FloatType()
         vi, vf = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
 
-        def ptr(k, off_arg, vt):  # type: ignore[no-untyped-def]
+        def ptr(k, off_arg, vt):
             a = context.make_array(signature.args[k])(context, builder, value=args[k])
             off = context.cast(builder, args[off_arg], signature.args[off_arg], types.int64)
             return builder.bitcast(builder.gep(a.data, [off]), vt.as_pointer())
 
-        def splat(k, vt, ty):  # type: ignore[no-untyped-def]
+        def splat(k, vt, ty):
             v = context.cast(builder, args[k], signature.args[k], ty)
             one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(i32, 0))
             return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(vi, [0] * 16))
@@ -257,7 +257,7 @@ def _accumulate_codegen(with_min):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: ignore[no-untyped-def]
+def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):
     """facc[fo + l] += float32(iacc[io + l] - corr) * (wd[wo + l] * dx) for the 16 lanes l, as
     one vector sequence (fmul, fmul, fadd: never fused). facc, wd: float32 [...]; iacc: int32
     [...]; corr: int32; dx: float32. LLVM left the same lines of numba code scalar."""
@@ -267,7 +267,7 @@ def scale_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx):  # type: 
 
 
 @intrinsic
-def scale_min_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx, wm, mx):  # type: ignore[no-untyped-def]
+def scale_min_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx, wm, mx):
     """scale_accumulate plus a per-row min term: facc[fo + l] += (float32(iacc[io + l] - corr)
     * (wd[wo + l] * dx) + wm[wo + l] * mx); mx = dx * float32(sum of the token's block)."""
     if not _arrays(facc, iacc, wd, wm):
@@ -276,13 +276,13 @@ def scale_min_accumulate(typingctx, facc, fo, iacc, io, corr, wd, wo, dx, wm, mx
 
 
 @intrinsic
-def _f16x16_to_f32(typingctx, dst, src, off):  # type: ignore[no-untyped-def]
+def _f16x16_to_f32(typingctx, dst, src, off):
     """dst[0:16] = the f16 values whose bits are src.flat[off:off + 16] (one vcvtph2ps); dst:
     float32, src: uint16."""
     if not _arrays(dst, src) or dst.dtype != types.float32 or src.dtype != types.uint16:
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         d = context.make_array(signature.args[0])(context, builder, value=args[0])
         s = context.make_array(signature.args[1])(context, builder, value=args[1])
         o = context.cast(builder, args[2], signature.args[2], types.int64)
@@ -295,12 +295,12 @@ def _f16x16_to_f32(typingctx, dst, src, off):  # type: ignore[no-untyped-def]
 
 
 @kernel(inline=True)
-def _scales_vector(flat, so, tmp):  # type: ignore[no-untyped-def]
+def _scales_vector(flat, so, tmp):
     _f16x16_to_f32(tmp, flat, so)
 
 
 @kernel(inline=True)
-def _scales_scalar(flat, so, tmp):  # type: ignore[no-untyped-def]
+def _scales_scalar(flat, so, tmp):
     for ln in range(GROUP):
         tmp[ln] = f16_to_f32(flat[so + ln])
 

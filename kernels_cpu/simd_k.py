@@ -16,17 +16,17 @@ _I8, _I32 = ir.IntType(8), ir.IntType(32)
 _V16I8, _V16I32, _V16F = ir.VectorType(_I8, 16), ir.VectorType(_I32, 16), ir.VectorType(ir.FloatType(), 16)
 
 
-def _arrays(*ts) -> bool:  # type: ignore[no-untyped-def]
+def _arrays(*ts) -> bool:
     return all(isinstance(t, types.Array) for t in ts)
 
 
-def _ptr(context, builder, signature, args, k, off_arg, vt):  # type: ignore[no-untyped-def]
+def _ptr(context, builder, signature, args, k, off_arg, vt):
     a = context.make_array(signature.args[k])(context, builder, value=args[k])
     off = context.cast(builder, args[off_arg], signature.args[off_arg], types.int64)
     return builder.bitcast(builder.gep(a.data, [off]), vt.as_pointer())
 
 
-def _splat(context, builder, signature, args, k, vt, ty):  # type: ignore[no-untyped-def]
+def _splat(context, builder, signature, args, k, vt, ty):
     v = context.cast(builder, args[k], signature.args[k], ty)
     one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(_I32, 0))
     return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(_V16I32, [0] * 16))
@@ -37,7 +37,7 @@ def _const(v: int) -> ir.Constant:
 
 
 @intrinsic
-def unpack_scales_q4k(typingctx, sc, mn, src, off):  # type: ignore[no-untyped-def]
+def unpack_scales_q4k(typingctx, sc, mn, src, off):
     """Q4_K / Q5_K: the 12 packed scale bytes of 16 rows, stored byte-major (byte i of row lane
     l at src[off + 16 i + l], uint8) -> sc[16 j + l], mn[16 j + l] (int32) for sub-blocks j =
     0..7, as ggml's get_scale_min_k4: j < 4: sc = b[j] & 63, m = b[j + 4] & 63; j >= 4:
@@ -45,7 +45,7 @@ def unpack_scales_q4k(typingctx, sc, mn, src, off):  # type: ignore[no-untyped-d
     if not _arrays(sc, mn, src):
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         base = _ptr(context, builder, signature, args, 2, 3, ir.IntType(8))
         b = [builder.zext(builder.load(builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 16 * i)]),
                                                        _V16I8.as_pointer()), align=1), _V16I32) for i in range(12)]
@@ -67,13 +67,13 @@ def unpack_scales_q4k(typingctx, sc, mn, src, off):  # type: ignore[no-untyped-d
 
 
 @intrinsic
-def widen_scales_q6k(typingctx, sc, src, off):  # type: ignore[no-untyped-def]
+def widen_scales_q6k(typingctx, sc, src, off):
     """Q6_K: the 16 int8 sub-block scales of 16 rows, byte-major (scale j of lane l at src[off +
     16 j + l], uint8 holding the int8 bits) -> sc[16 j + l] int32, sign-extended."""
     if not _arrays(sc, src):
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         base = _ptr(context, builder, signature, args, 1, 2, ir.IntType(8))
         sa = context.make_array(signature.args[0])(context, builder, value=args[0])
         for j in range(16):
@@ -86,8 +86,8 @@ def widen_scales_q6k(typingctx, sc, src, off):  # type: ignore[no-untyped-def]
     return types.void(sc, src, off), codegen
 
 
-def _imul_codegen(accumulate):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+def _imul_codegen(accumulate):
+    def codegen(context, builder, signature, args):
         pa = _ptr(context, builder, signature, args, 0, 1, _V16I32)
         x = builder.load(_ptr(context, builder, signature, args, 2, 3, _V16I32), align=4)
         y = builder.load(_ptr(context, builder, signature, args, 4, 5, _V16I32), align=4)
@@ -100,7 +100,7 @@ def _imul_codegen(accumulate):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def imadd(typingctx, acc, ao, a, aoff, b, bo, corr):  # type: ignore[no-untyped-def]
+def imadd(typingctx, acc, ao, a, aoff, b, bo, corr):
     """acc[ao + l] += (a[aoff + l] - corr) * b[bo + l] for the 16 lanes (int32 arrays, int corr)."""
     if not _arrays(acc, a, b):
         return None
@@ -108,7 +108,7 @@ def imadd(typingctx, acc, ao, a, aoff, b, bo, corr):  # type: ignore[no-untyped-
 
 
 @intrinsic
-def imul_set(typingctx, acc, ao, a, aoff, b, bo, corr):  # type: ignore[no-untyped-def]
+def imul_set(typingctx, acc, ao, a, aoff, b, bo, corr):
     """acc[ao + l] = (a[aoff + l] - corr) * b[bo + l] for the 16 lanes (int32 arrays, int corr)."""
     if not _arrays(acc, a, b):
         return None
@@ -116,7 +116,7 @@ def imul_set(typingctx, acc, ao, a, aoff, b, bo, corr):  # type: ignore[no-untyp
 
 
 @intrinsic
-def scale_rows(typingctx, dst, src, n, d, negate):  # type: ignore[no-untyped-def]
+def scale_rows(typingctx, dst, src, n, d, negate):
     """dst[16 j + l] = float32(src[16 j + l]) * d[l] (negated when negate) for j < n (a
     literal int), the 16 lanes l: a super-block's sub-block scales as float. dst, d float32;
     src int32. With d an f16 value and src below 2^11 the product is exact."""
@@ -124,7 +124,7 @@ def scale_rows(typingctx, dst, src, n, d, negate):  # type: ignore[no-untyped-de
         return None
     count, neg = n.literal_value, negate.literal_value
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         da = context.make_array(signature.args[0])(context, builder, value=args[0])
         sa = context.make_array(signature.args[1])(context, builder, value=args[1])
         dv = builder.load(builder.bitcast(context.make_array(signature.args[3])(context, builder, value=args[3]).data,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import platform
 
-from gguf import GGMLQuantizationType
 from numba.core import config
+
+from edge_infer.formats.weight_types import TYPES
 
 from ._jit import target_has
 from .backend import I8_TYPES, K_TYPES
-from .dequant import KERNEL_TYPES
 from .simd_i8 import HAS_SDOT, HAS_VNNI
 
 # The LLVM features the kernels' code depends on: the int8 dot products (VNNI, else plain vector
@@ -27,8 +27,8 @@ def is_x86() -> bool:
 
 def cpu_name() -> str:
     """The CPU LLVM compiles for: NUMBA_CPU_NAME when set, else the host's (e.g. "znver4")."""
-    if config.CPU_NAME:
-        return str(config.CPU_NAME)
+    if config.CPU_NAME:  # type: ignore[attr-defined]
+        return str(config.CPU_NAME)  # type: ignore[attr-defined]
     import llvmlite.binding as llvm
 
     return str(llvm.get_host_cpu_name())
@@ -60,9 +60,10 @@ FLOAT_PATH = "float (blocks decoded to float32)"
 
 def matrix_path(qtype: int, cols: int, role: str = "layer") -> str:
     """The matmul path of one matrix (GGML type id, row length, role "layer" | "output"), as
-    CpuBackend.prepare_weights decides it: the int8 kernel for 4-, 5- and 8-bit layer matrices
-    and a Q8_0 output with rows of whole 32-blocks, the K-quant int8 kernel for Q4_K / Q5_K /
-    Q6_K with rows of whole 256-blocks, else the float path."""
+    CpuBackend.prepare_weights decides it: the int8 kernel for a type whose int8 form takes the
+    role (4-, 5- and 8-bit layer matrices, a Q8_0 output) with rows of whole 32-blocks, the
+    K-quant int8 kernel for a type with a K-quant form with rows of whole 256-blocks, else the
+    float path (formats.weight_types holds each type's forms)."""
     isa = int8_isa()
     if qtype in I8_TYPES[role] and cols % 32 == 0:
         return f"int8 {isa}"
@@ -74,4 +75,4 @@ def matrix_path(qtype: int, cols: int, role: str = "layer") -> str:
 def matmul_paths() -> dict[str, str]:
     """GGUF weight type name -> the path a layer matrix of it takes here (rows a multiple of
     256 wide), e.g. {"Q4_K": "int8 AVX-512 VNNI (K-quant kernel)", "F16": "float (...)"}."""
-    return {GGMLQuantizationType(t).name: matrix_path(t, 256) for t in KERNEL_TYPES}
+    return {t.name: matrix_path(t.id, 256) for t in TYPES}

@@ -1,12 +1,20 @@
 """The scratch memory of one forward pass, preallocated (llama2.c's RunState): every buffer a
 named field, so a decode step allocates no per-layer arrays. Buffers hold `capacity` tokens;
-a step of n tokens uses their first n rows (views)."""
+a step of n tokens uses their first n rows (views).
+
+Both backends build it the same way: a table of each field's (shape, dtype) by name
+(workspace_shapes, expert_shapes), handed with the backend's allocator to `allocate`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
+
+Shape = tuple[tuple[int, ...], type]  # (shape, numpy dtype) of one buffer
+Empty = Callable[[tuple[int, ...], type], Any]  # an allocator like np.empty(shape, dtype): no zeroing
 
 
 @dataclass(slots=True)
@@ -38,6 +46,12 @@ class Workspace:
     no_out: np.ndarray  # f32 [T, 0] the output of an unused matrix slot in a fused launch
     moe: ExpertWorkspace | None = None  # mixture-of-experts layers' buffers
 
+    @classmethod
+    def allocate(cls, empty: Empty, capacity: int, shapes: dict[str, Shape],
+                 moe: ExpertWorkspace | None = None) -> Workspace:
+        """Every buffer field by name from `shapes` (workspace_shapes), each made by `empty`."""
+        return cls(capacity=capacity, moe=moe, **_buffers(cls, empty, shapes, {"capacity", "moe"}))
+
 
 @dataclass(slots=True)
 class ExpertWorkspace:
@@ -61,45 +75,79 @@ class ExpertWorkspace:
     xsum: np.ndarray  # i32 [P * K_max / 32]
     xs16: np.ndarray  # i32 [P * K_max / 16]
 
+    @classmethod
+    def allocate(cls, empty: Empty, shapes: dict[str, Shape]) -> ExpertWorkspace:
+        """Every field by name from `shapes` (expert_shapes), each made by `empty`."""
+        return cls(**_buffers(cls, empty, shapes, set()))
+
+
+def _buffers(cls: type, empty: Empty, shapes: dict[str, Shape], other: set[str]) -> dict[str, Any]:
+    # The table must name exactly the buffer fields, so a field added to the class without a
+    # shape (or a stale name in a backend's table) fails here, by name, not as a missing argument.
+    names = [f.name for f in fields(cls) if f.name not in other]
+    if set(shapes) != set(names):
+        missing, extra = sorted(set(names) - set(shapes)), sorted(set(shapes) - set(names))
+        raise ValueError(f"{cls.__name__} shapes: missing {missing}, unknown {extra}")
+    return {name: empty(*shapes[name]) for name in names}
+
+
+def workspace_shapes(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
+                     per_row: bool = False) -> dict[str, Shape]:
+    """Each Workspace buffer's (shape, dtype) for steps of up to `capacity` tokens. The
+    activation-code buffers (xq4, xd, xsum, xs16) are flat [T * K_max / g], viewed as a
+    contiguous [n, K/g] per matmul (i8_views, k_views), or with per_row [T, K_max / g], sliced
+    [:n, :K/g] per launch (the CUDA kernels index rows and columns)."""
+    t, f32, i32 = capacity, np.float32, np.int32
+    k_max = max(d_model, q_dim, ffn_dim)
+
+    def codes(group: int) -> tuple[int, ...]:
+        return (t, k_max // group) if per_row else (t * k_max // group,)
+
+    return {
+        "h": ((t, d_model), f32), "xn": ((t, d_model), f32), "q": ((t, q_dim), f32),
+        "k": ((t, kv_dim), f32), "v": ((t, kv_dim), f32), "attn": ((t, q_dim), f32),
+        "o": ((t, d_model), f32), "o2": ((t, d_model), f32), "gate": ((t, ffn_dim), f32),
+        "up": ((t, ffn_dim), f32), "act": ((t, ffn_dim), f32), "q_rows": ((t, q_dim), f32),
+        "h_rows": ((t, d_model), f32), "xn_rows": ((t, d_model), f32), "seq_rows": ((t,), i32),
+        "pos_rows": ((t,), i32), "xq4": (codes(4), i32), "xd": (codes(32), f32),
+        "xsum": (codes(32), i32), "xs16": (codes(16), i32), "no_out": ((t, 0), f32),
+    }
+
+
+def expert_shapes(capacity: int, d_model: int, n_experts: int, n_used: int, expert_ffn: int) -> dict[str, Shape]:
+    """Each ExpertWorkspace buffer's (shape, dtype) for steps of up to `capacity` tokens, each
+    choosing `n_used` of `n_experts` experts of FFN width `expert_ffn`."""
+    t, p, f32, i32 = capacity, capacity * n_used, np.float32, np.int32
+    k_max = max(d_model, expert_ffn)
+    return {
+        "logits": ((t, n_experts), f32), "sel": ((t, n_used), i32), "wts": ((t, n_used), f32),
+        "pair_of": ((t, n_used), i32), "offsets": ((n_experts + 1,), i32), "pair_token": ((p,), i32),
+        "xg": ((p, d_model), f32), "gate": ((p, expert_ffn), f32), "up": ((p, expert_ffn), f32),
+        "act": ((p, expert_ffn), f32), "y": ((p, d_model), f32), "xq4": ((p * k_max // 4,), i32),
+        "xd": ((p * k_max // 32,), f32), "xsum": ((p * k_max // 32,), i32), "xs16": ((p * k_max // 16,), i32),
+    }
+
 
 def make_workspace(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
                    experts: tuple[int, int, int] | None = None) -> Workspace:
-    """Buffers for steps of up to `capacity` tokens; experts: (E, k, Fe) of a mixture-of-experts
-    model."""
-    t = capacity
-    f32 = np.float32
-    k_max = max(d_model, q_dim, ffn_dim)
-    moe = make_expert_workspace(capacity, d_model, *experts) if experts else None
-    return Workspace(
-        t, np.empty((t, d_model), f32), np.empty((t, d_model), f32), np.empty((t, q_dim), f32),
-        np.empty((t, kv_dim), f32), np.empty((t, kv_dim), f32), np.empty((t, q_dim), f32),
-        np.empty((t, d_model), f32), np.empty((t, d_model), f32), np.empty((t, ffn_dim), f32),
-        np.empty((t, ffn_dim), f32), np.empty((t, ffn_dim), f32), np.empty((t, q_dim), f32),
-        np.empty((t, d_model), f32), np.empty((t, d_model), f32), np.empty(t, np.int32), np.empty(t, np.int32),
-        np.empty(t * k_max // 4, np.int32), np.empty(t * k_max // 32, f32), np.empty(t * k_max // 32, np.int32),
-        np.empty(t * k_max // 16, np.int32), np.empty((t, 0), f32), moe,
-    )
+    """Host buffers for steps of up to `capacity` tokens; experts: (E, k, Fe) of a
+    mixture-of-experts model."""
+    moe = ExpertWorkspace.allocate(np.empty, expert_shapes(capacity, d_model, *experts)) if experts else None
+    return Workspace.allocate(np.empty, capacity, workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim), moe)
 
 
 def make_expert_workspace(capacity: int, d_model: int, n_experts: int, n_used: int, expert_ffn: int) -> ExpertWorkspace:
-    t, p, f32, i32 = capacity, capacity * n_used, np.float32, np.int32
-    k_max = max(d_model, expert_ffn)
-    return ExpertWorkspace(
-        np.empty((t, n_experts), f32), np.empty((t, n_used), i32), np.empty((t, n_used), f32),
-        np.empty((t, n_used), i32), np.empty(n_experts + 1, i32), np.empty(p, i32), np.empty((p, d_model), f32),
-        np.empty((p, expert_ffn), f32), np.empty((p, expert_ffn), f32), np.empty((p, expert_ffn), f32),
-        np.empty((p, d_model), f32), np.empty(p * k_max // 4, i32), np.empty(p * k_max // 32, f32),
-        np.empty(p * k_max // 32, i32), np.empty(p * k_max // 16, i32),
-    )
+    """Host buffers of a mixture-of-experts FFN (expert_shapes)."""
+    return ExpertWorkspace.allocate(np.empty, expert_shapes(capacity, d_model, n_experts, n_used, expert_ffn))
 
 
-def i8_views(ws: Workspace, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def i8_views(ws: Workspace | ExpertWorkspace, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Room for n x k activations in the int8 kernel's form (see i8_activation_buffers), as
     contiguous views of the workspace."""
     return ws.xq4[: n * k // 4].reshape(n, k // 4), ws.xd[: n * k // 32].reshape(n, k // 32), ws.xsum[: n * k // 32].reshape(n, k // 32)
 
 
-def k_views(ws: Workspace, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def k_views(ws: Workspace | ExpertWorkspace, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Room for n x k activations in the K-quant kernel's form (xq4 [n, K/4], xd [n, K/32],
     xs16 [n, K/16]; kernels_cpu.matmul_k), as contiguous views of the workspace."""
     return (ws.xq4[: n * k // 4].reshape(n, k // 4), ws.xd[: n * k // 32].reshape(n, k // 32),

@@ -35,7 +35,7 @@ ACC = MAX_HD // KEYS
 
 
 @cuda.jit(device=True)
-def _norm_span(x, t, o, n, w, eps, sh):  # type: ignore[no-untyped-def]
+def _norm_span(x, t, o, n, w, eps, sh):
     tid = cuda.threadIdx.x
     ss = float32(0.0)
     for d in range(tid, n, ROW):
@@ -48,7 +48,7 @@ def _norm_span(x, t, o, n, w, eps, sh):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit(device=True)
-def _rotate(x, t, heads, hd, n_rot, neox, cosv, sinv):  # type: ignore[no-untyped-def]
+def _rotate(x, t, heads, hd, n_rot, neox, cosv, sinv):
     half = n_rot // 2
     for p in range(cuda.threadIdx.x, heads * half, ROW):
         o, i = (p // half) * hd, p % half
@@ -60,7 +60,7 @@ def _rotate(x, t, heads, hd, n_rot, neox, cosv, sinv):  # type: ignore[no-untype
 
 @cuda.jit
 def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, mscale, neox, eps,
-                      slot_mapping, k_cache, v_cache):  # type: ignore[no-untyped-def]
+                      slot_mapping, k_cache, v_cache):
     t, tid = cuda.blockIdx.x, cuda.threadIdx.x
     sh = cuda.shared.array(ROW, np.float32)
     cosv = cuda.shared.array(HALF_HD, np.float32)
@@ -102,7 +102,7 @@ def qkv_finish_kernel(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv
 
 @cuda.jit
 def attention_part_kernel(q, k_cache, v_cache, block_tables, token_seq, positions, scale, window, softcap,
-                          part_m, part_l, part_acc):  # type: ignore[no-untyped-def]
+                          part_m, part_l, part_acc):
     t, h, part = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
     tid = cuda.threadIdx.x
     sh = cuda.shared.array(KEYS, np.float32)
@@ -160,7 +160,7 @@ def attention_part_kernel(q, k_cache, v_cache, block_tables, token_seq, position
 
 
 @cuda.jit
-def attention_combine_kernel(part_m, part_l, part_acc, out):  # type: ignore[no-untyped-def]
+def attention_combine_kernel(part_m, part_l, part_acc, out):
     t, h = cuda.blockIdx.x, cuda.blockIdx.y
     hd = part_acc.shape[3]
     big = NEG_INF
@@ -180,7 +180,7 @@ def attention_combine_kernel(part_m, part_l, part_acc, out):  # type: ignore[no-
 
 
 @cuda.jit
-def copy_blocks_kernel(k_cache, v_cache, pairs):  # type: ignore[no-untyped-def]
+def copy_blocks_kernel(k_cache, v_cache, pairs):
     c = cuda.blockIdx.x
     src, dst = pairs[c, 0], pairs[c, 1]
     n = k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3]

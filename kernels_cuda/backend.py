@@ -18,7 +18,7 @@ from edge_infer.errors import InvalidRequest, UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.kernels_cpu.dequant import KERNEL_TYPES
-from edge_infer.kernels_cpu.workspace import Workspace
+from edge_infer.kernels_cpu.workspace import Workspace, workspace_shapes
 
 from . import attention, matmul, ops
 from .graphs import PackedInputs, StepGraph, StepGraphs
@@ -131,18 +131,10 @@ class CudaBackend:
         if experts is not None:
             raise UnsupportedModelError("device='cuda' has no mixture-of-experts kernels; use device='cpu'")
         self._steps.invalidate()  # recorded forwards hold the old workspace's addresses
-        t, k_max = capacity, max(d_model, q_dim, ffn_dim)
-
-        def f32(*shape: int) -> Any:
-            return cuda.device_array(shape, np.float32)
-
-        return Workspace(
-            t, f32(t, d_model), f32(t, d_model), f32(t, q_dim), f32(t, kv_dim), f32(t, kv_dim), f32(t, q_dim),
-            f32(t, d_model), f32(t, d_model), f32(t, ffn_dim), f32(t, ffn_dim), f32(t, ffn_dim), f32(t, q_dim),
-            f32(t, d_model), f32(t, d_model), cuda.device_array(t, np.int32), cuda.device_array(t, np.int32),
-            cuda.device_array((t, k_max // 4), np.int32), f32(t, k_max // 32), cuda.device_array((0, 0), np.int32),
-            cuda.device_array((t, k_max // 16), np.int32), f32(t, 0),
-        )
+        # The kernels slice the activation codes [:n, :K/g] (per_row) and keep no block sums.
+        shapes = workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim, per_row=True)
+        shapes["xsum"] = ((0, 0), np.int32)
+        return Workspace.allocate(cuda.device_array, capacity, shapes)
 
     @staticmethod
     def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -176,7 +168,8 @@ class CudaBackend:
         max_pos = int(inp.positions.max()) if n else 0
         key = self._steps.key(n, max_pos, replayable)
         if key is None:
-            packed = PackedInputs(n, inp.logits_rows.shape[0], *inp.block_tables.shape, pinned=False)
+            seqs, width = inp.block_tables.shape  # [S, max_blocks]
+            packed = PackedInputs(n, inp.logits_rows.shape[0], seqs, width, pinned=False)
             packed.fill(inp)
             packed.upload(self._stream)
             self._max_pos = max_pos

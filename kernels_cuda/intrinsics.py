@@ -11,13 +11,13 @@ from llvmlite import ir
 from numba import cuda
 from numba.core import config, types
 
-SIMULATOR = bool(config.ENABLE_CUDASIM)
+SIMULATOR = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
 # Threads of the reducing kernels' blocks: a warp on a device; 4 in the simulator, which runs a
 # Python thread per CUDA thread (the code is the same, with 4 partial sums instead of 32).
 LANES = 4 if SIMULATOR else 32
 
 
-def _dp4a_python(a, b, c):  # type: ignore[no-untyped-def]
+def _dp4a_python(a, b, c):
     """c + sum of the four signed-byte products of a and b (int32 words), as dp4a.s32.s32."""
     s = int(c)
     for i in range(4):
@@ -33,13 +33,13 @@ else:
     from numba.cuda.extending import intrinsic
 
     @intrinsic
-    def dp4a(typingctx, a, b, c):  # type: ignore[no-untyped-def]
+    def dp4a(typingctx, a, b, c):
         """dp4a.s32.s32: c + dot(bytes(a), bytes(b)), all signed."""
         if not all(isinstance(t, types.Integer) for t in (a, b, c)):
             return None
         sig = types.int32(types.int32, types.int32, types.int32)
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):
             i32 = ir.IntType(32)
             vals = [context.cast(builder, v, t, types.int32) for v, t in zip(args, signature.args)]
             asm = ir.InlineAsm(ir.FunctionType(i32, [i32, i32, i32]), "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r")
@@ -49,7 +49,7 @@ else:
 
 
 @cuda.jit(device=True)
-def block_sum(sh, tid, value):  # type: ignore[no-untyped-def]
+def block_sum(sh, tid, value):
     """The sum of `value` over the block's sh.shape[0] threads, added in thread order by every
     thread (one barrier to publish, one before sh is reused: the simulator pays per barrier,
     and a fixed order makes the result the same on every thread and every run)."""
@@ -63,7 +63,7 @@ def block_sum(sh, tid, value):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit(device=True)
-def block_max(sh, tid, value):  # type: ignore[no-untyped-def]
+def block_max(sh, tid, value):
     """The maximum of `value` over the block's threads, as block_sum."""
     sh[tid] = value
     cuda.syncthreads()

@@ -1,13 +1,15 @@
 """Host-side repacking of GGUF matrices into the CUDA kernels' form, done once at load.
 
+Each type's form is its record's `cuda` in formats.weight_types.
 "codes" form, for every type whose weights are integer codes times a scale plus an offset per
-16 or 32 columns (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): signed codes int8 [R, K]
-(rows contiguous, so a warp's int32 loads coalesce), and per 16 columns a scale and an offset
-float32 [R, K/16]: weight = s * code + o, exactly as kernels_cpu.reference decodes them.
-"nibbles" form for the 4-bit types (Q4_0, Q4_1, Q4_K): the same codes plus `off` (8 for Q4_0,
-else 0), 0..15, two per byte, uint8 [R, K/2]: byte j of int32 word i holds column 8i + j in its
-low nibble and 8i + 4 + j in its high one (so a word's masked low and high halves are two dp4a
-words of four consecutive columns); s and o as the codes form: weight = s * (u - off) + o.
+16 or 32 columns (the legacy types, Q4_K, Q5_K, Q6_K): signed codes int8 [R, K] (rows
+contiguous, so a warp's int32 loads coalesce), and per 16 columns a scale and an offset float32
+[R, K/16]: weight = s * code + o, exactly as kernels_cpu.reference decodes them.
+"nibbles" form for the 4-bit types (Q4_0, Q4_1, Q4_K): the same codes plus `off` (the record's
+nibble_offset: 8 for Q4_0, else 0), 0..15, two per byte, uint8 [R, K/2]: byte j of int32 word i
+holds column 8i + j in its low nibble and 8i + 4 + j in its high one (so a word's masked low and
+high halves are two dp4a words of four consecutive columns); s and o as the codes form: weight
+= s * (u - off) + o.
 "float" form for the rest: F16 rows as float16, everything else decoded to float32.
 """
 
@@ -18,11 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_infer.formats.quants import dequantize_blocks
-from edge_infer.kernels_cpu.dequant import F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from edge_infer.formats.weight_types import F16, TYPES, weight_type
 from edge_infer.kernels_cpu.reference import i8_codes, k_codes
 
-CODE_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
-NIBBLE_OFFSET = {Q4_0: 8, Q4_1: 0, Q4_K: 0}  # u = code + off is 0..15
+# the types of the codes form, and the nibble offset of those packed as nibbles (u = code + off is 0..15)
+CODE_TYPES = tuple(t.id for t in TYPES if t.cuda.kind in ("codes", "nibbles"))
+NIBBLE_OFFSET = {t.id: t.cuda.nibble_offset for t in TYPES if t.cuda.kind == "nibbles"}
 _ROWS_PER_CHUNK = 256  # rows decoded at a time (the integer views are int64: keep them small)
 
 
@@ -45,7 +48,7 @@ class HostMatrix:
 def pack_nibbles(codes: np.ndarray, off: int) -> np.ndarray:
     """Signed codes int8 [R, K] (K % 8 == 0, codes + off in 0..15) -> uint8 [R, K/2] nibbles."""
     r, k = codes.shape
-    u = codes.astype(np.int16) + off
+    u: np.ndarray = codes.astype(np.int16) + off
     if u.size and (u.min() < 0 or u.max() > 15):
         raise ValueError(f"codes + {off} leave 0..15: not a 4-bit matrix")
     u = u.astype(np.uint8).reshape(r, k // 8, 2, 4)  # [row, word, low/high half, byte]
@@ -63,12 +66,12 @@ def unpack_nibbles(q: np.ndarray, off: int) -> np.ndarray:
 def _codes_chunk(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GGUF rows uint8 [r, row_bytes] -> (codes int8 [r, K], s, o float32 [r, K/16])."""
     r = w.shape[0]
-    if qtype in (Q4_K, Q5_K, Q6_K):
+    if weight_type(qtype).k is not None:
         codes, sc, mn, d, dmin = k_codes(w, qtype)
-        if qtype == Q6_K:  # weight = d * sc * (code - 32), a scale per 16
+        if mn is None:  # Q6_K: weight = d * sc * (code - 32), a scale per 16
             s = (sc.astype(np.float32) * d[:, :, None]).reshape(r, -1)
             return (codes - 32).astype(np.int8), s, np.zeros_like(s)
-        assert mn is not None and dmin is not None
+        assert dmin is not None
         s32 = (sc.astype(np.float32) * d[:, :, None]).reshape(r, -1)  # (d * sc), as the CPU kernel
         o32 = (mn.astype(np.float32) * -dmin[:, :, None]).reshape(r, -1)
         return codes.astype(np.int8), np.repeat(s32, 2, axis=1), np.repeat(o32, 2, axis=1)
@@ -83,7 +86,7 @@ def to_host_matrix(data: np.ndarray, qtype: int, rows: int, cols: int, nibbles: 
     for the codes form, % 256 for the K-quants; other shapes take the float form); the 4-bit
     types are packed as nibbles unless `nibbles` is False."""
     data = data.reshape(rows, -1)
-    if qtype in CODE_TYPES and cols % (256 if qtype in (Q4_K, Q5_K, Q6_K) else 32) == 0:
+    if qtype in CODE_TYPES and cols % weight_type(qtype).block_size == 0:
         q = np.empty((rows, cols), np.int8)
         s = np.empty((rows, cols // 16), np.float32)
         o = np.empty((rows, cols // 16), np.float32)

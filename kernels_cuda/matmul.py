@@ -32,7 +32,7 @@ TOKENS = LANES  # tokens whose partial sums are reduced together (one per thread
 
 
 @cuda.jit
-def quantize_q8_kernel(x, xq4, xd, xs16):  # type: ignore[no-untyped-def]
+def quantize_q8_kernel(x, xq4, xd, xs16):
     t = cuda.blockIdx.x
     for b in range(cuda.threadIdx.x, x.shape[1] // 32, cuda.blockDim.x):
         amax = float32(0.0)
@@ -58,7 +58,7 @@ def quantize_q8_kernel(x, xq4, xd, xs16):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit
-def matmul_codes_kernel(xq4, xd, xs16, q4, nibbles, off, s, o, out):  # type: ignore[no-untyped-def]
+def matmul_codes_kernel(xq4, xd, xs16, q4, nibbles, off, s, o, out):
     r = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     sh = cuda.shared.array((TOKENS, THREADS), np.float32)
@@ -85,7 +85,7 @@ def matmul_codes_kernel(xq4, xd, xs16, q4, nibbles, off, s, o, out):  # type: ig
 
 
 @cuda.jit
-def matmul_float_kernel(x, f, out):  # type: ignore[no-untyped-def]
+def matmul_float_kernel(x, f, out):
     r = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     sh = cuda.shared.array((TOKENS, THREADS), np.float32)
@@ -100,7 +100,7 @@ def matmul_float_kernel(x, f, out):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit(device=True)
-def _finish_rows(sh, nt, t0, r, out):  # type: ignore[no-untyped-def]
+def _finish_rows(sh, nt, t0, r, out):
     """Thread u adds token t0 + u's THREADS partial sums in thread order into out[t0 + u, r]."""
     cuda.syncthreads()
     u = cuda.threadIdx.x
@@ -113,7 +113,7 @@ def _finish_rows(sh, nt, t0, r, out):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit
-def embed_codes_kernel(ids, q, s, o, scale, out):  # type: ignore[no-untyped-def]
+def embed_codes_kernel(ids, q, s, o, scale, out):
     i = cuda.blockIdx.x
     row = ids[i]
     for k in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
@@ -122,7 +122,7 @@ def embed_codes_kernel(ids, q, s, o, scale, out):  # type: ignore[no-untyped-def
 
 
 @cuda.jit
-def embed_nibbles_kernel(ids, qn, off, s, o, scale, out):  # type: ignore[no-untyped-def]
+def embed_nibbles_kernel(ids, qn, off, s, o, scale, out):
     i = cuda.blockIdx.x
     row = ids[i]
     for k in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
@@ -132,7 +132,7 @@ def embed_nibbles_kernel(ids, qn, off, s, o, scale, out):  # type: ignore[no-unt
 
 
 @cuda.jit
-def embed_float_kernel(ids, f, scale, out):  # type: ignore[no-untyped-def]
+def embed_float_kernel(ids, f, scale, out):
     i = cuda.blockIdx.x
     row = ids[i]
     for k in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):

@@ -26,7 +26,7 @@ GELU_A = float32(0.044715)
 
 
 @cuda.jit(device=True)
-def _norm_row(x, w, eps, out, t, sh):  # type: ignore[no-untyped-def]
+def _norm_row(x, w, eps, out, t, sh):
     tid = cuda.threadIdx.x
     ss = float32(0.0)
     for k in range(tid, x.shape[1], ROW_THREADS):
@@ -38,13 +38,13 @@ def _norm_row(x, w, eps, out, t, sh):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit
-def rmsnorm_kernel(x, w, eps, out):  # type: ignore[no-untyped-def]
+def rmsnorm_kernel(x, w, eps, out):
     sh = cuda.shared.array(ROW_THREADS, np.float32)
     _norm_row(x, w, eps, out, cuda.blockIdx.x, sh)
 
 
 @cuda.jit
-def add_rmsnorm_kernel(h, delta, w, eps, out):  # type: ignore[no-untyped-def]
+def add_rmsnorm_kernel(h, delta, w, eps, out):
     t = cuda.blockIdx.x
     for k in range(cuda.threadIdx.x, h.shape[1], ROW_THREADS):
         h[t, k] = h[t, k] + delta[t, k]  # each thread normalizes the columns it added
@@ -53,7 +53,7 @@ def add_rmsnorm_kernel(h, delta, w, eps, out):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit
-def silu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
+def silu_mul_kernel(gate, up, out):
     t, k = cuda.blockIdx.x, cuda.blockIdx.y * ELEM_THREADS + cuda.threadIdx.x
     if k < gate.shape[1]:
         g = gate[t, k]
@@ -61,7 +61,7 @@ def silu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit
-def gelu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
+def gelu_mul_kernel(gate, up, out):
     t, k = cuda.blockIdx.x, cuda.blockIdx.y * ELEM_THREADS + cuda.threadIdx.x
     if k < gate.shape[1]:
         g = gate[t, k]
@@ -70,42 +70,42 @@ def gelu_mul_kernel(gate, up, out):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit
-def scale_kernel(x, factor):  # type: ignore[no-untyped-def]
+def scale_kernel(x, factor):
     t, k = cuda.blockIdx.x, cuda.blockIdx.y * ELEM_THREADS + cuda.threadIdx.x
     if k < x.shape[1]:
         x[t, k] = x[t, k] * factor
 
 
 @cuda.jit
-def add_kernel(h, delta):  # type: ignore[no-untyped-def]
+def add_kernel(h, delta):
     t, k = cuda.blockIdx.x, cuda.blockIdx.y * ELEM_THREADS + cuda.threadIdx.x
     if k < h.shape[1]:
         h[t, k] = h[t, k] + delta[t, k]
 
 
 @cuda.jit
-def softcap_kernel(x, cap):  # type: ignore[no-untyped-def]
+def softcap_kernel(x, cap):
     t, k = cuda.blockIdx.x, cuda.blockIdx.y * ELEM_THREADS + cuda.threadIdx.x
     if k < x.shape[1]:
         x[t, k] = math.tanh(x[t, k] / cap) * cap
 
 
 @cuda.jit
-def take_rows_kernel(x, rows, out):  # type: ignore[no-untyped-def]
+def take_rows_kernel(x, rows, out):
     i = cuda.blockIdx.x
     for k in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
         out[i, k] = x[rows[i], k]
 
 
 @cuda.jit
-def take_ids_kernel(x, rows, out):  # type: ignore[no-untyped-def]
+def take_ids_kernel(x, rows, out):
     i = cuda.grid(1)
     if i < out.shape[0]:
         out[i] = x[rows[i]]
 
 
 @cuda.jit
-def argmax_kernel(x, out):  # type: ignore[no-untyped-def]
+def argmax_kernel(x, out):
     t, tid = cuda.blockIdx.x, cuda.threadIdx.x
     best = cuda.shared.array(ROW_THREADS, np.float32)
     where = cuda.shared.array(ROW_THREADS, np.int32)

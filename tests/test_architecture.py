@@ -1,6 +1,7 @@
 """The package's architecture, checked from the source: the import graph of edge_infer/,
-formats/, kernels_cpu/ and kernels_cuda/ has no cycles and only imports down the layers,
-edge_infer/ holds few modules directly, and no source file is long.
+formats/, kernels_cpu/ and kernels_cuda/ has no cycles and only imports down the layers (RANKS,
+the table ARCHITECTURE.md shows), edge_infer/ holds few modules directly, and no source file is
+long.
 
 Every import statement counts wherever it stands (module level, inside functions, under
 TYPE_CHECKING, relative), since each is a dependency all the same. An import maps to the most
@@ -12,6 +13,7 @@ edge_infer.hub, `from edge_infer import LLM` one on the package root.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,17 +31,20 @@ SOURCES = {
 ROOT = "edge_infer"
 
 # A module may import its own rank or lower. A name stands for the module and everything
-# under it. _version (the version string, no imports) sits with errors at the bottom.
+# under it. _version (the version string, no imports) sits with errors at the bottom; the file
+# format below the CPU backend, the CUDA backend (which reuses the CPU one's host code) above it.
 RANKS = {
-    "edge_infer._version": 0, "edge_infer.errors": 0, "edge_infer.formats": 0,
-    "edge_infer.kernels_cpu": 0, "edge_infer.kernels_cuda": 0,
-    "edge_infer.config": 1, "edge_infer.sampling_params": 1, "edge_infer.outputs": 1,
-    "edge_infer.tokenizer": 1, "edge_infer.chat": 1, "edge_infer.hub": 1,
-    "edge_infer.models": 2,
-    "edge_infer.engine": 3,
-    "edge_infer.llm": 4,
-    "edge_infer.server": 5, "edge_infer.cluster": 5, "edge_infer.bench": 5, "edge_infer.quantize": 5,
-    "edge_infer.cli": 6,
+    "edge_infer._version": 0, "edge_infer.errors": 0,
+    "edge_infer.formats": 1,
+    "edge_infer.kernels_cpu": 2,
+    "edge_infer.kernels_cuda": 3,
+    "edge_infer.config": 4, "edge_infer.sampling_params": 4, "edge_infer.outputs": 4,
+    "edge_infer.tokenizer": 4, "edge_infer.chat": 4, "edge_infer.hub": 4,
+    "edge_infer.models": 5,
+    "edge_infer.engine": 6,
+    "edge_infer.llm": 7,
+    "edge_infer.server": 8, "edge_infer.cluster": 8, "edge_infer.bench": 8, "edge_infer.quantize": 8,
+    "edge_infer.cli": 9,
 }
 # The package root is the public face: it re-exports these, and nothing imports it.
 ROOT_MAY_IMPORT = {"edge_infer._version", "edge_infer.errors", "edge_infer.sampling_params", "edge_infer.llm"}
@@ -205,6 +210,27 @@ def test_imports_go_down_the_layers() -> None:
             if a is not None and b is not None and b > a:
                 bad.append(f"{e}: rank {a} imports rank {b}")
     _fail_if(bad, "imports against the layer table")
+
+
+def documented_ranks(text: str) -> dict[str, int]:
+    """ARCHITECTURE.md's layer table as RANKS: each row's rank and its modules (`config`,
+    `formats/`: edge_infer.config, edge_infer.formats)."""
+    table = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    ranks = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for name in re.findall(r"`([\w/]+)`", cells[1]):
+                ranks[f"{ROOT}.{name.rstrip('/')}"] = int(cells[0])
+    return ranks
+
+
+def test_architecture_md_shows_the_rank_table() -> None:
+    documented = documented_ranks((REPO / "ARCHITECTURE.md").read_text(encoding="utf-8"))
+    if documented != RANKS:
+        diff = sorted(f"{m}: ARCHITECTURE.md {documented.get(m)}, RANKS {RANKS.get(m)}"
+                      for m in set(documented) | set(RANKS) if documented.get(m) != RANKS.get(m))
+        _fail_if(diff, "ARCHITECTURE.md's layer table differs from RANKS")
 
 
 def test_few_modules_directly_in_edge_infer() -> None:

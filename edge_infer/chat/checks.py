@@ -71,7 +71,7 @@ def size(x: Any) -> int:
         return hit[1]
     total = 8
     if isinstance(x, Namespace):  # mutable: measured afresh each time, never remembered
-        for v in x._Namespace__attrs.values():  # type: ignore[attr-defined]
+        for v in x._Namespace__attrs.values():
             total += 8 + size(v)
         return total
     if isinstance(x, Mapping):

@@ -181,7 +181,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
-        return _Bounds().visit(super()._parse(source, name, filename))  # type: ignore[no-any-return]
+        return _Bounds().visit(super()._parse(source, name, filename))
 
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         if getattr(obj, "__self__", None) is self:  # a hook of _Bounds (kwargs: Jinja's _loop_vars)

@@ -94,14 +94,14 @@ class Text(str):
     def __len__(self) -> int:
         return len(self._text)
 
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Any:
         return self._owner.mark(self._text[plain(key)])
 
     def __iter__(self) -> Any:
         mark = self._owner.mark
         return (mark(c) for c in self._text)
 
-    def __contains__(self, sub: object) -> bool:  # type: ignore[override]
+    def __contains__(self, sub: object) -> bool:
         return plain(sub) in self._text
 
     def __eq__(self, other: object) -> bool:

@@ -57,9 +57,9 @@ def _threading(n_threads: int) -> dict[str, Any]:
 
     from edge_infer.kernels_cpu import membw
 
-    membw.sum_kernel(np.ones(4096, np.float32), min(n_threads, numba.config.NUMBA_NUM_THREADS))
-    return {"layer": numba.threading_layer(), "configured": numba.config.THREADING_LAYER,
-            "numba_threads": numba.config.NUMBA_NUM_THREADS}
+    membw.sum_kernel(np.ones(4096, np.float32), min(n_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    return {"layer": numba.threading_layer(), "configured": numba.config.THREADING_LAYER,  # type: ignore[attr-defined]
+            "numba_threads": numba.config.NUMBA_NUM_THREADS}  # type: ignore[attr-defined]
 
 
 def model_report(model: str) -> dict[str, Any]:

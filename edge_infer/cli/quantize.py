@@ -25,8 +25,9 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Writes OUT from IN with every weight dequantized and quantized again (a tensor "
         "already of its new type is copied as it is), the metadata and tokenizer carried over. The "
         "output matrix gets Q6_K as llama.cpp gives it; a K-quant on rows that are not a multiple of "
-        "256 falls back to Q5_0/Q5_1/Q8_0. With --calibrate or --imatrix the block scales minimise "
-        "the error weighted by each input channel's mean squared activation (llama.cpp's imatrix).",
+        "256 falls back to a 32-element type, as in llama.cpp. With --calibrate or --imatrix the block "
+        "scales minimise the error weighted by each input channel's mean squared activation (llama.cpp's "
+        "imatrix).",
     )
     p.add_argument("input", metavar="IN", help="the source model: a .gguf path or a known model name")
     p.add_argument("output", metavar="OUT", help="the .gguf file to write")
@@ -88,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if threads is not None:
         import numba
 
-        if not 1 <= threads <= numba.config.NUMBA_NUM_THREADS:
-            raise InvalidRequest(f"--threads must be 1..{numba.config.NUMBA_NUM_THREADS}, got {threads}")
+        if not 1 <= threads <= numba.config.NUMBA_NUM_THREADS:  # type: ignore[attr-defined]
+            raise InvalidRequest(f"--threads must be 1..{numba.config.NUMBA_NUM_THREADS}, got {threads}")  # type: ignore[attr-defined]
         numba.set_num_threads(threads)
     model = hub.resolve_model(args.input)
     check_output(model, out, args.force)  # a known name resolved to the output's path

@@ -86,19 +86,21 @@ def build_app(settings: ServerSettings, scale: ScaleOptions) -> Any:
         "name": ENGINE, "logging_config": quiet, "ray_actor_options": {"num_cpus": scale.threads},
         "max_ongoing_requests": per_replica, "health_check_period_s": 2.0, "health_check_timeout_s": 30.0,
         "graceful_shutdown_timeout_s": settings.shutdown_timeout,
-        "request_router_config": RequestRouterConfig(request_router_class=ROUTER),
+        "request_router_config": RequestRouterConfig(request_router_class=ROUTER),  # type: ignore[arg-type]
     }
     if scale.autoscaling:
+        assert scale.min_replicas is not None and scale.max_replicas is not None  # __post_init__
         opts["autoscaling_config"] = AutoscalingConfig(
             min_replicas=scale.min_replicas, max_replicas=scale.max_replicas, initial_replicas=scale.replicas,
             target_ongoing_requests=scale.target_ongoing, upscale_delay_s=scale.upscale_delay_s,
             downscale_delay_s=scale.downscale_delay_s)
     else:
         opts["num_replicas"] = scale.replicas
-    engine = serve.deployment(EngineReplica, **opts).bind(config, settings.max_queue)
+    engine = serve.deployment(**opts)(EngineReplica).bind(config, settings.max_queue)
     most = scale.max_replicas or scale.replicas
-    ingress = serve.deployment(serve.ingress()(_Ingress), name="ingress", ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=per_replica * most, logging_config=quiet)
+    deploy_ingress = serve.deployment(name="ingress", ray_actor_options={"num_cpus": 0},
+                                      max_ongoing_requests=per_replica * most, logging_config=quiet)
+    ingress = deploy_ingress(serve.ingress()(_Ingress))
     return ingress.bind(engine, settings, settings.max_queue + config.max_num_seqs * (most - 1))
 
 
@@ -164,7 +166,7 @@ def start(settings: ServerSettings, scale: ScaleOptions, host: str, port: int) -
     serve.run(build_app(settings, scale), name=APP_NAME, route_prefix="/", blocking=False)
 
 
-def _node_address(host: str) -> dict[str, str]:
+def _node_address(host: str) -> dict[str, Any]:
     """ray.init's node address for a --host that is one of this machine's network addresses (Ray
     advertises it and binds its agents' HTTP to it); loopback comes from ray_env, a wildcard or a
     name from Ray's own choice."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from types import SimpleNamespace
-from typing import Any
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge_infer.cluster.delta import OutputDelta, apply
 from edge_infer.cluster.request import EngineRequest
@@ -21,9 +21,14 @@ from edge_infer.sampling_params import SamplingParams
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError, from_engine_error
 
+if TYPE_CHECKING:
+    from edge_infer.engine.engine import LLMEngine
+    from edge_infer.engine.worker_protocol import OnOutput, Worker
+
 log = logging.getLogger("edge_infer.cluster")
 CALL_TIMEOUT_S = 120.0  # for calls to one replica (metrics, embeddings, start-up info)
 REPLICA_FAILED = "a model replica failed while serving this request; retry (the server log has the details)"
+T = TypeVar("T")
 
 
 def _replica_error(e: BaseException, what: str) -> BaseException:
@@ -41,23 +46,36 @@ def _replica_error(e: BaseException, what: str) -> BaseException:
     return APIError(503, REPLICA_FAILED, code="replica_failed", headers={"Retry-After": "1"})
 
 
+async def _call_replica(handle: Any, fn: Callable[[LLMEngine], T]) -> T:
+    """fn(engine) on one engine replica (the router's choice), within CALL_TIMEOUT_S."""
+    try:
+        return await asyncio.wait_for(handle.call.remote(fn), CALL_TIMEOUT_S)
+    except Exception as e:
+        raise _replica_error(e, "a call to an engine replica") from None
+
+
 class RemoteWorker:
-    """EngineWorker's interface (submit, abort, shutdown) over the engine deployment's handle.
-    submit() is called on a helper thread; the streams run on the event loop."""
+    """A `Worker` (engine/worker_protocol.py) over the engine deployment's handle: submit() and
+    call() are called on helper threads; the streams run on the event loop, which delivers the
+    outputs. Its engine is on a replica, so `engine` is None."""
+
+    engine: LLMEngine | None = None
 
     def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.handle, self.loop = handle, loop
-        self.tasks: dict[str, asyncio.Future[None]] = {}
+        self.tasks: dict[str, Future[None]] = {}
 
-    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-               on_output: Callable[[Any], None]) -> None:
+    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str, *,
+               on_output: OnOutput) -> None:
         if not isinstance(prompt, list):
             raise EdgeInferError("the cluster ingress sends token ids (a text prompt reached the worker)")
         request = EngineRequest(prompt, params, request_id)
         fut = asyncio.run_coroutine_threadsafe(self._pump(request, on_output), self.loop)
-        self.tasks[request_id] = fut  # type: ignore[assignment]
+        self.tasks[request_id] = fut
+        # dropped when it ends (at once if it already has: the loop may finish it before this line)
+        fut.add_done_callback(lambda _: self.tasks.pop(request_id, None))
 
-    async def _pump(self, request: EngineRequest, on_output: Callable[[Any], None]) -> None:
+    async def _pump(self, request: EngineRequest, on_output: OnOutput) -> None:
         gen = self.handle.options(stream=True).generate.remote(request)
         last: RequestOutput | None = None
         try:
@@ -69,13 +87,22 @@ class RemoteWorker:
             raise
         except Exception as e:
             on_output(_replica_error(e, f"request {request.request_id}"))
-        finally:
-            self.tasks.pop(request.request_id, None)
 
     def abort(self, request_id: str) -> None:
         fut = self.tasks.get(request_id)
         if fut is not None:
             self.loop.call_soon_threadsafe(fut.cancel)
+
+    def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """fn(engine) on one replica. It blocks until the replica answers, so never on the event
+        loop's thread (ClusterEngine.call awaits the same call there)."""
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:  # no loop running on this thread
+            on_loop = False
+        if on_loop:
+            raise EdgeInferError("RemoteWorker.call would block the event loop it needs; await ClusterEngine.call")
+        return asyncio.run_coroutine_threadsafe(_call_replica(self.handle, fn), self.loop).result()
 
     def shutdown(self) -> None:
         for fut in list(self.tasks.values()):
@@ -103,27 +130,26 @@ class ClusterEngine(AsyncEngine):
             raise
         await super().load()
 
-    def _load(self) -> RemoteWorker | None:  # type: ignore[override]
+    def _load(self) -> Worker | None:
+        """Tokenizer and chat template from the GGUF's metadata (no weights), a RemoteWorker, and
+        the context length the replica reported."""
         from edge_infer import hub
         from edge_infer.formats.gguf import GGUFFile
         from edge_infer.tokenizer import Tokenizer
 
         assert self._loop is not None
         f = GGUFFile(hub.resolve_model(self.config.model))
-        self._setup_chat(SimpleNamespace(gguf=f))  # type: ignore[arg-type]
+        self._setup_chat(f)
         tokenizer = Tokenizer.from_gguf(f)
         if self.state != "loading":
             return None
         worker = RemoteWorker(self.handle, self._loop)
-        self.worker, self.tokenizer = worker, tokenizer  # type: ignore[assignment]
+        self.worker, self.tokenizer = worker, tokenizer
         self.max_model_len = int(self.replica_info["max_model_len"])
         return worker
 
-    async def call(self, fn: Callable[[Any], Any]) -> Any:
-        """fn(engine) on one engine replica (the router's choice)."""
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """fn(engine) on one engine replica (the router's choice), awaited on the event loop."""
         if self.worker is None:
             raise APIError(503, "the engine is not running", code="shutting_down")
-        try:
-            return await asyncio.wait_for(self.handle.call.remote(fn), CALL_TIMEOUT_S)
-        except Exception as e:
-            raise _replica_error(e, "a call to an engine replica") from None
+        return await _call_replica(self.handle, fn)

@@ -52,7 +52,7 @@ def apply(prev: RequestOutput, d: OutputDelta) -> RequestOutput:
     for s in d.samples:
         p = old.get(s.index)
         text, ids = (p.text, p.token_ids) if p is not None else ("", [])
-        lps = (p.logprobs or []) + s.logprobs if s.logprobs is not None else (p.logprobs if p is not None else None)
+        lps = ((p.logprobs or []) if p is not None else []) + s.logprobs if s.logprobs is not None else (p.logprobs if p is not None else None)
         outs.append(CompletionOutput(s.index, text + s.text, ids + s.token_ids, s.finish_reason, lps, s.stop_reason,
                                      s.cumulative_logprob, s.error))
     return RequestOutput(prev.request_id, prev.prompt, prev.prompt_token_ids, outs, d.finished,

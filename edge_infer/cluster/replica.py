@@ -85,6 +85,6 @@ class EngineReplica:
             raise RuntimeError(f"engine {self.engine.state}: {self.engine.error or ''}")
 
     def __del__(self) -> None:
-        worker = getattr(getattr(self, "engine", None), "worker", None)
-        if worker is not None:
-            worker.shutdown()
+        engine: AsyncEngine | None = getattr(self, "engine", None)  # absent if the constructor failed first
+        if engine is not None and engine.worker is not None:
+            engine.worker.shutdown()

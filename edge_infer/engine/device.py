@@ -23,7 +23,7 @@ def cuda_missing() -> str | None:
     from numba import cuda
     from numba.core import config
 
-    if config.ENABLE_CUDASIM:
+    if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]  # numba sets its config names through globals()
         return None
     try:
         if not cuda.is_available():

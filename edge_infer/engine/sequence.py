@@ -11,10 +11,14 @@ import enum
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edge_infer.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from edge_infer.tokenizer.detok import IncrementalDetokenizer
 
 # processor(prompt ids, output ids, logits float32 [V]) changes the logits in place (sampler.py)
 LogitsProcessor = Callable[[list[int], list[int], np.ndarray], None]
@@ -67,7 +71,7 @@ class Sequence:
     logits_processors: list[LogitsProcessor] = field(default_factory=list)  # built once per request
     # output text state (owned by the engine's detokenizer)
     text: str = ""
-    detok: object | None = None
+    detok: IncrementalDetokenizer | None = None
 
     @property
     def num_tokens(self) -> int:

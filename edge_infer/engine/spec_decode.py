@@ -83,7 +83,8 @@ def verify(rng: np.random.Generator | None, logits: Seq[Any], proposals: list[in
     for j, x in enumerate(proposals):
         best, p = target(logits[j], out)
         if p is None:  # greedy: accept while the target would have produced the same token
-            out.append(int(best))  # type: ignore[arg-type]
+            assert best is not None
+            out.append(int(best))
             if best != x:
                 return VerifyResult(out, j)
             continue
@@ -103,7 +104,8 @@ def verify(rng: np.random.Generator | None, logits: Seq[Any], proposals: list[in
         return VerifyResult(out, j)
     best, p = target(logits[len(proposals)], out)
     if p is None:
-        out.append(int(best))  # type: ignore[arg-type]
+        assert best is not None
+        out.append(int(best))
     else:
         assert rng is not None
         out.append(draw(p, rng))

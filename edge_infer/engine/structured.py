@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,10 +23,13 @@ from edge_infer.sampling_params import StructuredOutputsParams
 from edge_infer.tokenizer import Tokenizer
 from edge_infer.tokenizer.vocab import Attr
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # the options' TypedDict, in llguidance's stub only
+
 LogitsProcessor = Callable[[list[int], list[int], np.ndarray], None]
 LEXER_FUEL = 200_000  # llguidance's initial_lexer_fuel (its default: 1,000,000; ~50k a millisecond)
 # JSON as models write it ({"a": 1, "b": 2}), no free whitespace: a model cannot pad forever
-_JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+_JSON_STYLE: JsonCompileOptions = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 
 
 class _GgufTokens:
@@ -119,6 +122,7 @@ def grammar_text(so: StructuredOutputsParams) -> str:
             schema = {"type": "object"} if so.json_object else so.json
             if isinstance(schema, str):
                 schema = json.loads(schema)
+            assert schema is not None  # json_object, or json given
             return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_STYLE))
         if so.regex is not None:
             return str(llguidance.LLMatcher.grammar_from_regex(so.regex))

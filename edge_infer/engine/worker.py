@@ -1,5 +1,7 @@
 """EngineWorker: the one thread that runs an LLMEngine. Callers on any thread submit requests
 and read their outputs from a per-request queue; requests submitted together are batched.
+What callers ask reaches the thread as a command (AddRequest, Abort, Call, Stop: frozen
+dataclasses, matched between steps). The fronts see it as a `Worker` (worker_protocol.py).
 
 numba's parallel kernels must never run from two threads at once: every engine call happens
 on this thread, and the engine threads of several live LLMs in one process take turns through
@@ -15,10 +17,14 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from edge_infer.config import EngineConfig
 from edge_infer.engine.engine import LLMEngine
+from edge_infer.engine.sequence import LogitsProcessor
 from edge_infer.errors import EdgeInferError
 from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
@@ -26,6 +32,7 @@ from edge_infer.sampling_params import SamplingParams
 log = logging.getLogger("edge_infer.engine")
 _ids = itertools.count()
 KERNEL_LOCK = threading.Lock()  # one engine at a time runs kernels, whatever numba's threading layer
+T = TypeVar("T")
 
 
 class RequestHandle:
@@ -61,9 +68,46 @@ class RequestHandle:
         return item
 
 
+# -- the engine thread's commands (the caller builds them; the engine thread matches on them) ----
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """Queue a request already tokenized, validated and compiled on the caller's thread."""
+
+    handle: RequestHandle
+    text: str | None  # the prompt as text, None for token ids
+    ids: list[int]
+    params: SamplingParams
+    priority: int
+    constraints: list[LogitsProcessor] | None  # structured output: one processor per sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Run fn(engine) between steps; its result or exception goes to `result`."""
+
+    fn: Callable[[LLMEngine], Any]
+    result: Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Fail what is in flight and end the thread."""
+
+
+Command = AddRequest | Abort | Call | Stop
+
+
 class EngineWorker:
+    """The engine thread: a `Worker` (engine/worker_protocol.py) in this process. The engine it
+    built is `engine` (None once shut down)."""
+
     def __init__(self, config: EngineConfig, on_step: Callable[[LLMEngine], None] | None = None) -> None:
-        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._commands: queue.Queue[Command] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -87,25 +131,22 @@ class EngineWorker:
         constraints = engine.compile_constraints(params)
         rid = request_id or f"req-{next(_ids)}"
         handle = RequestHandle(rid, on_output)
-        self._commands.put(("add", (handle, text, ids, params, priority, constraints)))
+        self._commands.put(AddRequest(handle, text, ids, params, priority, constraints))
         return handle
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        """Abort before the next step: its handle gets an error naming it; unknown ids do nothing."""
+        self._commands.put(Abort(request_id))
 
-    def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+    def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run fn(engine) on the engine thread between steps and return its result."""
         self._live()
-        done = threading.Event()
-        box: list[Any] = []
-        self._commands.put(("call", (fn, done, box)))
-        while not done.wait(0.5):
+        result: Future[T] = Future()
+        self._commands.put(Call(fn, result))
+        while not wait_futures([result], timeout=0.5).done:
             if not self._thread.is_alive():  # stopped meanwhile: no one is left to answer
                 raise EdgeInferError("the engine was shut down")
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+        return result.result()
 
     def _live(self) -> LLMEngine:
         if self.engine is None or not self._thread.is_alive():
@@ -116,12 +157,11 @@ class EngineWorker:
         """Stop the engine thread (in-flight requests fail) and drop the engine: its weights,
         KV pool and workspace are freed with it. Idempotent."""
         if self._thread.is_alive():
-            self._commands.put(("stop", None))
+            self._commands.put(Stop())
             self._thread.join(timeout=30)
         if self.engine is not None:
             self.engine = None
             return_freed_memory()
-
 
     # -- engine thread -------------------------------------------------------------------------
     def _run(self, config: EngineConfig) -> None:
@@ -141,7 +181,7 @@ class EngineWorker:
             except queue.Empty:
                 cmd = None
             while cmd is not None:
-                if cmd[0] == "stop":
+                if isinstance(cmd, Stop):
                     self._fail_all(EdgeInferError("the engine was shut down"))
                     return
                 with KERNEL_LOCK:
@@ -173,28 +213,28 @@ class EngineWorker:
             if self._on_step is not None:
                 self._on_step(engine)
 
-    def _handle(self, engine: LLMEngine, cmd: tuple[str, Any]) -> None:
-        kind, arg = cmd
-        if kind == "add":
-            handle, text, ids, params, priority, constraints = arg
-            try:
-                engine.add_request(handle.request_id, None, params, prompt_token_ids=ids, prompt_text=text,
-                                   priority=priority, constraints=constraints)
-                self._handles[handle.request_id] = handle
-            except Exception as e:  # e.g. a duplicate request id: the caller learns from its handle
-                handle.put(e)
-        elif kind == "abort":
-            if engine.abort(arg):
-                h = self._handles.pop(arg, None)
-                if h is not None:
-                    h.put(EdgeInferError(f"request {arg} was aborted"))
-        elif kind == "call":
-            fn, done, box = arg
-            try:
-                box.append((True, fn(engine)))
-            except BaseException as e:
-                box.append((False, e))
-            done.set()
+    def _handle(self, engine: LLMEngine, cmd: AddRequest | Abort | Call) -> None:
+        match cmd:
+            case AddRequest():
+                rid = cmd.handle.request_id
+                try:
+                    engine.add_request(rid, None, cmd.params, prompt_token_ids=cmd.ids, prompt_text=cmd.text,
+                                       priority=cmd.priority, constraints=cmd.constraints)
+                    self._handles[rid] = cmd.handle
+                except Exception as e:  # e.g. a duplicate request id: the caller learns from its handle
+                    cmd.handle.put(e)
+            case Abort(request_id=rid):
+                if engine.abort(rid):
+                    h = self._handles.pop(rid, None)
+                    if h is not None:
+                        h.put(EdgeInferError(f"request {rid} was aborted"))
+            case Call(fn=fn, result=result):
+                try:
+                    value = fn(engine)
+                except BaseException as e:  # the caller's to handle, raised on its thread
+                    result.set_exception(e)
+                else:
+                    result.set_result(value)
 
     def _fail_all(self, err: BaseException) -> None:
         for h in self._handles.values():

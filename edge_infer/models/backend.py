@@ -18,7 +18,16 @@ Array = Any  # a backend's array type (numpy on the CPU)
 
 class Backend(Protocol):
     name: str
-    matrix_types: tuple[int, ...]  # GGML types its matmuls compute with
+
+    @property
+    def matrix_types(self) -> tuple[int, ...]:
+        """GGML types its matmuls compute with (read only: a backend's class constant)."""
+        ...
+
+    @property
+    def n_threads(self) -> int:
+        """The threads its kernels run with."""
+        ...
 
     def prepare_weights(self, f: GGUFFile, matrices: Sequence[tuple[str, QMatrix]]) -> list[QMatrix]:
         """Each (role "layer" | "output", matrix) in the backend's form (repacked, uploaded)."""

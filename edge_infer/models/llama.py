@@ -8,6 +8,8 @@ width, the chosen experts' weights normalised to sum to 1."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models.config import MetadataReader, ModelConfig
 
@@ -22,7 +24,7 @@ def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: object) -> Mode
     head_dim = md.get("attention.key_length", d_model // n_heads)
     n_layers = md.get("block_count")
     window = md.get("attention.sliding_window", 0) if arch == ARCH else 0
-    fields: dict[str, object] = dict(
+    fields: dict[str, Any] = dict(
         arch=arch,
         n_layers=n_layers,
         d_model=d_model,
@@ -48,4 +50,4 @@ def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: object) -> Mode
     if arch == ARCH and md.get("expert_count", 0) > 0:
         fields.update(md.experts(norm=True), expert_ffn_dim=md.get("feed_forward_length"))
     fields.update(overrides)
-    return ModelConfig(**fields)  # type: ignore[arg-type]
+    return ModelConfig(**fields)

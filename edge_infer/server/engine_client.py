@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,8 @@ from edge_infer.server.tools import MARKERS, detect_format
 if TYPE_CHECKING:
     from edge_infer.chat import ChatTemplate
     from edge_infer.engine.engine import LLMEngine
-    from edge_infer.engine.worker import EngineWorker
+    from edge_infer.engine.worker_protocol import Worker
+    from edge_infer.formats.gguf import GGUFFile
     from edge_infer.tokenizer import Tokenizer
 
 log = logging.getLogger("edge_infer.server")
@@ -99,7 +101,8 @@ class Stream:
 
 
 class AsyncEngine:
-    """One EngineWorker behind an asyncio front: loading, admission, submit, abort, drain."""
+    """One Worker (the engine thread here; ClusterEngine's remote one) behind an asyncio front:
+    loading, admission, submit, abort, drain."""
 
     def __init__(
         self, config: EngineConfig, *, max_queue: int = 256, chat_fallback: str | None = None
@@ -109,7 +112,7 @@ class AsyncEngine:
         self.chat_fallback = chat_fallback
         self.state = "loading"  # -> "ready" | "failed"; -> "draining" on shutdown
         self.error: str | None = None
-        self.worker: EngineWorker | None = None
+        self.worker: Worker | None = None
         self.tokenizer: Tokenizer | None = None
         self.max_model_len = 0
         self.chat_template: ChatTemplate | None = None
@@ -146,14 +149,15 @@ class AsyncEngine:
         self.load_seconds = time.perf_counter() - t0
         self.state = "ready"
 
-    def _load(self) -> EngineWorker | None:
+    def _load(self) -> Worker | None:
+        """Start the worker; then tokenizer, chat template and context length (None: shut down meanwhile)."""
         from edge_infer.engine.worker import EngineWorker
 
         worker = EngineWorker(self.config)
         engine = worker.engine
         assert engine is not None
         try:
-            self._setup_chat(engine)
+            self._setup_chat(engine.gguf)
         except BaseException:
             worker.shutdown()
             raise
@@ -163,11 +167,13 @@ class AsyncEngine:
         self.worker, self.tokenizer, self.max_model_len = worker, engine.tokenizer, engine.plan.max_model_len
         return worker
 
-    def _setup_chat(self, engine: LLMEngine) -> None:
+    def _setup_chat(self, source: GGUFFile | str | os.PathLike[str]) -> None:
+        """The chat template (and its stop strings) from the model's GGUF metadata: an opened
+        file or its path; without one, the reason /v1/chat/completions gives instead."""
         from edge_infer.chat import BUILTIN_STOPS, ChatTemplate
 
         try:
-            t = ChatTemplate.from_gguf(engine.gguf, fallback=self.chat_fallback)
+            t = ChatTemplate.from_gguf(source, fallback=self.chat_fallback)
         except ChatTemplateError:
             self.chat_error = (
                 "this model has no chat template (tokenizer.chat_template), so /v1/chat/completions is "

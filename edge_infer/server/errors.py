@@ -68,7 +68,7 @@ def from_engine_error(e: EdgeInferError, known_fields: set[str] | None = None) -
     msg = " ".join(str(e).split()) or type(e).__name__
     if isinstance(e, OutOfMemoryBudget) or "exceeds the maximum context length" in msg:
         m = _CONTEXT.search(msg)
-        param = "max_tokens" if m and int(m.group(1)) < int(m.group(2)) else "prompt"
+        param: str | None = "max_tokens" if m and int(m.group(1)) < int(m.group(2)) else "prompt"
         return APIError(400, msg, param=param, code="context_length_exceeded")
     if isinstance(e, (InvalidRequest, ChatTemplateError, TokenizerError)):
         param = None

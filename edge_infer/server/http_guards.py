@@ -1,5 +1,5 @@
-"""Checks on a request before its route parses it: the Host header, the content type of a JSON
-body, and the body's size as it arrives.
+"""Checks on a request before its route parses it: the Host header, the API key, the content
+type of a JSON body, and the body's size as it arrives.
 
 A web page cannot make a browser send a cross-origin `application/json` POST without a CORS
 preflight (which the server refuses unless --cors-origin allows the page), so the JSON routes
@@ -11,6 +11,7 @@ refused (413) as soon as it passes the limit: a Content-Length over it before an
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 from typing import Any
 
@@ -108,11 +109,24 @@ class HostCheck:
         if value is not None and host_allowed(value, self.allowed):
             await self.app(scope, receive, send)
             return
-        what = "no Host header" if not raw else "more than one Host header" if len(raw) > 1 else f"Host {value[:100]!r}"
+        what = "no Host header" if not raw else "more than one Host header" if len(raw) > 1 else f"Host {(value or '')[:100]!r}"
         msg = f"{what}: this server answers only to the host names of --allowed-hosts"
         response = JSONResponse(error_body(400, msg, code="invalid_host"), status_code=400,
                                 headers={"Connection": "close"})
         await response(scope, receive, send)
+
+
+def authorize(request: Request, api_keys: tuple[str, ...]) -> None:
+    """401 unless `Authorization: Bearer KEY` names one of `api_keys` (no keys: anyone may call)."""
+    if not api_keys:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    # compare_digest: the time a comparison takes does not say how much of a key matched
+    ok = scheme.lower() == "bearer" and any(hmac.compare_digest(key.strip().encode(), k.encode()) for k in api_keys)
+    if not ok:
+        what = "invalid API key" if header else "missing API key (send Authorization: Bearer KEY)"
+        raise APIError(401, what, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
 def require_json(request: Request) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class ServerMetrics:
     def render(self, engine: dict[str, float] | None, *, ready: bool, in_flight: int) -> str:
         lines: list[str] = []
 
-        def series(name: str, kind: str, help: str, samples: list[tuple[str, float]]) -> None:
+        def series(name: str, kind: str, help: str, samples: Sequence[tuple[str, float]]) -> None:
             lines.extend([f"# HELP {PREFIX}{name} {help}", f"# TYPE {PREFIX}{name} {kind}"])
             lines.extend(f"{PREFIX}{name}{labels} {_num(v)}" for labels, v in samples)
 

@@ -11,7 +11,7 @@ OPEN, CLOSE = "<think>", "</think>"
 
 def thinks(template: str | None) -> bool:
     """Whether a chat template teaches `<think>` reasoning."""
-    return bool(template) and OPEN in template and CLOSE in template  # type: ignore[operator]
+    return template is not None and OPEN in template and CLOSE in template
 
 
 def split_reasoning(text: str, opened: bool) -> tuple[str | None, str]:

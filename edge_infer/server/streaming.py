@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.responses import Response
+from starlette.types import Receive
 
 from edge_infer.errors import EdgeInferError
+from edge_infer.server.context import server_context
 from edge_infer.server.errors import APIError, from_engine_error
 
 log = logging.getLogger("edge_infer.server")
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 T = TypeVar("T")
 
@@ -68,19 +69,18 @@ def error_for(e: BaseException, draining: bool) -> APIError:
     return APIError(500, f"internal error: {type(e).__name__} (the server log has the details)", code="internal_error")
 
 
-WRITE_TIMEOUT_S = [60.0]  # a client that reads nothing for this long is dropped (set by create_app)
-
-
-async def _send(send: Send, message: dict[str, Any]) -> None:
+async def _send(send: Send, body: bytes, more: bool, timeout: float) -> None:
+    """Send one part of the body; ClientGone when the client has not taken it in `timeout` seconds."""
     try:
-        await asyncio.wait_for(send(message), WRITE_TIMEOUT_S[0])
+        await asyncio.wait_for(send({"type": "http.response.body", "body": body, "more_body": more}), timeout)
     except asyncio.TimeoutError:
         raise ClientGone() from None
 
 
 class SSEResponse(Response):
     """A response streaming `chunks` (dicts) as server-sent events. A client that stops reading
-    for WRITE_TIMEOUT_S is treated as gone: its requests are aborted and their KV freed."""
+    for the serving app's write timeout (its ServerContext's, found through the ASGI scope) is
+    treated as gone: its requests are aborted and their KV freed."""
 
     def __init__(self, chunks: AsyncIterator[dict[str, Any]], is_draining: Callable[[], bool]) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
@@ -90,8 +90,9 @@ class SSEResponse(Response):
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:  # type: ignore[override]
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                    (b"x-accel-buffering", b"no")]
+        timeout = server_context(scope["app"]).write_timeout
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        producer = asyncio.ensure_future(self._produce(send))
+        producer = asyncio.ensure_future(self._produce(send, timeout))
         watcher = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await asyncio.wait({producer, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -104,12 +105,12 @@ class SSEResponse(Response):
             if not producer.done():
                 producer.cancel()
 
-    async def _produce(self, send: Send) -> None:
+    async def _produce(self, send: Send, timeout: float) -> None:
         try:
             try:
                 try:
                     async for chunk in self.chunks:
-                        await _send(send, {"type": "http.response.body", "body": _event(chunk), "more_body": True})
+                        await _send(send, _event(chunk), True, timeout)
                 finally:
                     await self.chunks.aclose()  # type: ignore[attr-defined]
             except (asyncio.CancelledError, ClientGone):
@@ -118,10 +119,10 @@ class SSEResponse(Response):
                 err = error_for(e, self.is_draining())
                 body = err.body()
                 body["error"]["code"] = body["error"]["code"] or err.status
-                await _send(send, {"type": "http.response.body", "body": _event(body), "more_body": True})
-            await _send(send, {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                await _send(send, _event(body), True, timeout)
+            await _send(send, b"data: [DONE]\n\n", False, timeout)
         except ClientGone:
-            log.info("dropped a streaming client that read nothing for %.0fs", WRITE_TIMEOUT_S[0])
+            log.info("dropped a streaming client that read nothing for %.0fs", timeout)
 
 
 def _event(obj: dict[str, Any]) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 from itertools import chain
+from typing import cast
 
 from edge_infer.tokenizer.pretok import PreTokenizer
 
@@ -76,7 +77,7 @@ class BPEModel:
                     cache.clear()
                 cache[word] = ids
             found[k] = ids
-        out.extend(chain.from_iterable(found))
+        out.extend(chain.from_iterable(cast("list[tuple[int, ...]]", found)))  # no None left
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
         tid = self._tid

@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import re
 from itertools import chain
+from typing import cast
 
 from edge_infer.errors import TokenizerError
 
@@ -50,7 +51,7 @@ class SPMModel:
                     cache.clear()
                 cache[piece] = ids
             found[k] = ids
-        out.extend(chain.from_iterable(found))
+        out.extend(chain.from_iterable(cast("list[tuple[int, ...]]", found)))  # no None left
 
     def _build_splitter(self) -> re.Pattern[str]:
         # Characters that some token has right before a "▁": no cut after them. Built on the

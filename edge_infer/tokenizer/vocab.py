@@ -196,7 +196,7 @@ def _detect_special_texts(
     for i, a in enumerate(attrs):  # control tokens named "unused" are unused
         if a & Attr.CONTROL and "unused" in tokens[i]:
             attrs[i] = a | Attr.UNUSED
-    eog = {special[r] for r in ("fim_pad", "fim_rep", "fim_sep") if special[r] is not None}
+    eog = {t for t in (special[r] for r in ("fim_pad", "fim_rep", "fim_sep")) if t is not None}
     for t in _EOG_TEXTS:
         if t in tid:
             eog.add(tid[t])
@@ -204,16 +204,16 @@ def _detect_special_texts(
     for t in _ALWAYS_RENDERED:
         if t in tid:
             attrs[tid[t]] = Attr.USER_DEFINED
-    eog.update(special[r] for r in ("eos", "eot", "eom") if special[r] is not None)
-    texts = {tokens[i]: i for i in eog}
-    end = texts.get("<|end|>")
+    eog.update(t for t in (special[r] for r in ("eos", "eot", "eom")) if t is not None)
+    by_text = {tokens[i]: i for i in eog}
+    end = by_text.get("<|end|>")
     if end is not None and (
-        ("<|return|>" in texts and "<|call|>" in texts) or ("<|calls|>" in texts and "<|flush|>" in texts)
+        ("<|return|>" in by_text and "<|call|>" in by_text) or ("<|calls|>" in by_text and "<|flush|>" in by_text)
     ):
         eog.discard(end)
         attrs[end] = Attr.USER_DEFINED
-    s = texts.get("</s>")
-    if s is not None and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+    s = by_text.get("</s>")
+    if s is not None and ("<|tool_response>" in by_text or "<|plamo:eos|>" in by_text):
         eog.discard(s)
         attrs[s] = Attr.NORMAL
     return frozenset(eog)

@@ -12,9 +12,9 @@ from gguf import GGMLQuantizationType as T
 from support.quant_helpers import ggml_base
 
 from edge_infer.errors import EdgeInferError
+from edge_infer.formats.quant_fit import fit_affine_kernel, fit_symmetric_kernel
 from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS, fit_affine, fit_symmetric
 from edge_infer.formats.quants import BLOCK_LAYOUTS, dequantize_blocks, quantize
-from edge_infer.kernels_cpu.quant_fit import fit_affine_kernel, fit_symmetric_kernel
 
 RNG = np.random.default_rng(11)
 X = (RNG.standard_t(4, (48, 1024)) * 0.02).astype(np.float32)  # heavy tails, like real weights

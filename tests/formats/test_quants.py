@@ -24,7 +24,6 @@ from edge_infer.formats.quants import BLOCK_LAYOUTS, SUPPORTED_TYPES, dequantize
 
 ALL_TYPES = list(BLOCK_LAYOUTS)
 BLOCK_TYPES = [t for t in ALL_TYPES if BLOCK_LAYOUTS[t].block_size > 1]
-K_TYPES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
 GGUF_PY_DEQUANT = [t for t in ALL_TYPES if t != T.Q8_K]  # gguf-py has no Q8_K
 GGUF_PY_QUANT = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 

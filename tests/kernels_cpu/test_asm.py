@@ -112,8 +112,8 @@ def test_k_quant_matmul_uses_vpdpbusd() -> None:
 
     i32_1, i32_2, f32_1, f32_2 = (nt.Array(nt.int32, 1, "C"), nt.Array(nt.int32, 2, "C"), nt.Array(nt.float32, 1, "C"),
                                   nt.Array(nt.float32, 2, "C"))
-    sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, f32_2, nt.int64, nt.int64, i32_1, i32_1, i32_1,
-           i32_1, f32_1, f32_1, f32_1, f32_1, f32_1)
+    sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, nt.int64, nt.int64, f32_2, nt.int64, nt.int64,
+           i32_1, i32_1, i32_1, i32_1, f32_1, f32_1, f32_1, f32_1, f32_1)
     asm = asm_of(mk._k_groups, sig)
     assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 6 * 8, "fewer vpdpbusd than one block of each path"
     assert uses(asm, "vpmulld", "zmm") and uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from check_k import check_k, quantize, run
+from check_k import K_TYPES, check_k, quantize, run
 
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.kernels_cpu import dequant as dq
@@ -26,7 +26,7 @@ def test_real_k_quant_tensors_bit_exact_with_twin(qwen2_path) -> None:  # type: 
     with GGUFFile(qwen2_path) as f:
         for name, t in f.tensors.items():
             qtype = int(t.type)
-            if qtype not in (dq.Q4_K, dq.Q5_K, dq.Q6_K) or qtype in seen or t.shape[0] % 256 or len(t.shape) != 2:
+            if qtype not in K_TYPES or qtype in seen or t.shape[0] % 256 or len(t.shape) != 2:
                 continue
             seen.add(qtype)
             w = np.ascontiguousarray(t.data.reshape(t.shape[1], -1)[:40])

@@ -1,11 +1,12 @@
 """The kernels compiled for other CPUs than this one: a generic x86-64 target (SSE2 only, no F16C:
 the half-precision intrinsics become library calls) and an AVX2-only one (haswell, no AVX-512).
 
-Each target runs in a subprocess with its own numba cache directory (the normal cache is
-neither read nor written) and checks, small: every row decoder bit-exact against the reference
+Each target runs in a subprocess with its own numba cache directory under the edge-infer cache
+(kernels_cpu/jit_cache.py's SourceTreeCacheLocator: reused while the kernel sources are
+unchanged; the normal cache is neither read nor written) and checks, small: every row decoder bit-exact against the reference
 dequantizer, matmuls against the NumPy twin, GEMV rows bit-identical to GEMM rows, paged
 attention against dense attention (f16 and int8 pools), and the fast-math activations.
-Compilation dominates the run time: 35-45 s per target on two busy cores.
+Compilation dominates a cold run: 35-45 s per target on two busy cores.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from edge_infer.hub import cache_dir
+from edge_infer.kernels_cpu.jit_cache import CACHE_LOCATORS
 
 SUPPORT_DIR = Path(__file__).resolve().parents[1] / "support"
 
@@ -109,11 +113,16 @@ SCRIPT = textwrap.dedent(
 
     check_k(rng)
 
-    # the target took effect: widest vector registers in the matmul loop (compiled just now:
-    # the private cache was empty, so the assembly is available)
+    # the target took effect: widest vector registers in the matmul loop (an uncached copy
+    # compiled here for one of its signatures: a kernel loaded from the cache has no assembly)
+    import numba
+    from edge_infer.kernels_cpu._jit import NoAliasCompiler
     from edge_infer.kernels_cpu.matmul import _row_groups
 
-    asm = "\\n".join(_row_groups.inspect_asm().values())
+    fresh = numba.njit(**_row_groups.targetoptions, pipeline_class=NoAliasCompiler)(_row_groups.py_func)
+    sig = _row_groups.signatures[0]
+    fresh.compile(sig)
+    asm = fresh.inspect_asm(sig)
     widest = "zmm" if "zmm" in asm else "ymm" if "ymm" in asm else "xmm"
     assert widest == sys.argv[2], ("vector width", widest, sys.argv[2])
     print("OK")
@@ -128,7 +137,10 @@ def _run_for_target(tmp_path: Path, cpu_name: str, features: str | None, vector_
     env["NUMBA_CPU_NAME"] = cpu_name
     if features is not None:
         env["NUMBA_CPU_FEATURES"] = features
-    env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba-cache")
+    # a cache per target that outlives the run, keyed by the kernel sources' digest (so a
+    # warm ~/.cache skips the compile, and any kernel change recompiles everything)
+    env["NUMBA_CACHE_DIR"] = str(cache_dir() / "numba-portable" / cpu_name)
+    env["NUMBA_CACHE_LOCATOR_CLASSES"] = CACHE_LOCATORS
     env["NUMBA_NUM_THREADS"] = "2"
     p = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(SUPPORT_DIR), vector_reg],

@@ -1,6 +1,7 @@
 """The forward's scratch is the backend's preallocated workspace: a step allocates no array but
 the logits it hands back (counted through a numpy memory handler), on every architecture and
-on a real model with int8 matrices, on a mixture of experts; a step larger than the workspace grows it, same logits."""
+on a real model with int8 matrices, on a mixture of experts; a step larger than the workspace grows it, same logits.
+Both backends build it from one table of shapes by field name (Workspace.allocate)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ from tiny_models import write_tiny_gemma3, write_tiny_llama, write_tiny_qwen2
 
 from edge_infer.config import EngineConfig
 from edge_infer.engine.engine import LLMEngine
+from edge_infer.kernels_cpu.workspace import (
+    ExpertWorkspace,
+    Workspace,
+    expert_shapes,
+    make_workspace,
+    workspace_shapes,
+)
 from edge_infer.sampling_params import SamplingParams
 
 
@@ -73,3 +81,34 @@ def test_a_step_larger_than_the_workspace_grows_it(tmp_path: Path) -> None:
     got = eng.score(ids)
     assert model.ws.capacity >= len(ids)
     np.testing.assert_array_equal(got, want)
+
+
+def test_every_buffer_is_allocated_by_its_field_name() -> None:
+    made: list[tuple[tuple[int, ...], type]] = []
+
+    def empty(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        made.append((shape, dtype))
+        return np.empty(shape, dtype)
+
+    t, d, q, kv, f = 4, 64, 96, 32, 128  # K_max = 128
+    ws = Workspace.allocate(empty, t, workspace_shapes(t, d, q, kv, f))
+    assert len(made) == 21 and ws.capacity == t and ws.moe is None
+    assert ws.h.shape == (t, d) and ws.k.shape == (t, kv) and ws.attn.shape == (t, q) and ws.act.shape == (t, f)
+    assert ws.seq_rows.shape == (t,) and ws.seq_rows.dtype == np.int32 and ws.no_out.shape == (t, 0)
+    assert (ws.xq4.shape, ws.xd.shape, ws.xsum.shape, ws.xs16.shape) == ((128,), (16,), (16,), (32,))
+    rows = workspace_shapes(t, d, q, kv, f, per_row=True)  # the CUDA backend's: sliced [:n, :K/g]
+    assert (rows["xq4"][0], rows["xd"][0], rows["xs16"][0]) == ((t, 32), (t, 4), (t, 8))
+
+    moe = ExpertWorkspace.allocate(empty, expert_shapes(t, d, 8, 2, 32))  # P = 8 pairs, K_max = 64
+    assert moe.logits.shape == (t, 8) and moe.offsets.shape == (9,) and moe.xg.shape == (8, d)
+    assert moe.xq4.shape == (8 * 64 // 4,) and moe.xs16.dtype == np.int32
+    assert make_workspace(t, d, q, kv, f, (8, 2, 32)).moe is not None
+
+
+def test_a_shape_table_must_name_exactly_the_fields() -> None:
+    shapes = workspace_shapes(2, 32, 32, 32, 32)
+    del shapes["o2"]
+    with pytest.raises(ValueError, match=r"missing \['o2'\], unknown \[\]"):
+        Workspace.allocate(np.empty, 2, shapes)
+    with pytest.raises(ValueError, match=r"unknown \['extra'\]"):
+        ExpertWorkspace.allocate(np.empty, {**expert_shapes(2, 32, 4, 2, 32), "extra": ((1,), np.float32)})

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -44,12 +43,11 @@ def test_no_chat_template_is_400(gemma_server) -> None:  # type: ignore[no-untyp
 def test_chatml_fallback_only_when_asked(gemma3_path: Path) -> None:
     from edge_infer.server.engine_client import AsyncEngine
 
-    fake = SimpleNamespace(gguf=str(gemma3_path))
     plain = AsyncEngine(EngineConfig(model=str(gemma3_path)))
-    plain._setup_chat(fake)  # type: ignore[arg-type]
+    plain._setup_chat(gemma3_path)
     assert plain.chat_template is None and plain.chat_error
     chatml = AsyncEngine(EngineConfig(model=str(gemma3_path)), chat_fallback="chatml")
-    chatml._setup_chat(fake)  # type: ignore[arg-type]
+    chatml._setup_chat(gemma3_path)
     assert chatml.chat_template is not None and "<|im_end|>" in chatml.chat_stops
 
 

@@ -9,6 +9,7 @@ import asyncio
 import socket
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,12 +37,14 @@ def test_stalled_body_is_408(server) -> None:  # type: ignore[no-untyped-def]
     assert reply.startswith("HTTP/1.1 408") and time.monotonic() - t < 10, reply[:200]
 
 
-def test_a_stream_nobody_reads_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """SSEResponse against a client whose send never completes: after the write timeout the
-    producer gives up and closes its chunk iterator (which aborts the requests behind it)."""
+def test_a_stream_nobody_reads_is_dropped() -> None:
+    """SSEResponse against a client whose send never completes: after the write timeout of the
+    app serving it (read from the scope's app) the producer gives up and closes its chunk
+    iterator (which aborts the requests behind it)."""
     from edge_infer.server import streaming
 
-    monkeypatch.setattr(streaming, "WRITE_TIMEOUT_S", [0.2])
+    # only the write timeout is read from the app's ServerContext
+    app = SimpleNamespace(state=SimpleNamespace(context=SimpleNamespace(write_timeout=0.2)))
     closed = []
 
     async def chunks():  # type: ignore[no-untyped-def]
@@ -64,5 +67,5 @@ def test_a_stream_nobody_reads_is_dropped(monkeypatch: pytest.MonkeyPatch) -> No
         return {}
 
     t = time.monotonic()
-    asyncio.run(asyncio.wait_for(streaming.SSEResponse(chunks(), lambda: False)({}, receive, send), 10))
+    asyncio.run(asyncio.wait_for(streaming.SSEResponse(chunks(), lambda: False)({"app": app}, receive, send), 10))
     assert started and closed and time.monotonic() - t < 5

@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 from kernel_data import random_rows
 
+from edge_infer.formats.weight_types import TYPES
 from edge_infer.kernels_cpu import dequant as dq
 from edge_infer.kernels_cpu import matmul_i8 as m8
 from edge_infer.kernels_cpu import reference as ref
 from edge_infer.kernels_cpu.backend import quantize_rows
 from edge_infer.kernels_cpu.repack_i8 import I8Weights, repack
 
-I8_TYPES = (dq.Q8_0, dq.Q4_0, dq.Q4_1, dq.Q5_0, dq.Q5_1)
+I8_TYPES = tuple(t.id for t in TYPES if t.i8 is not None)
 
 
 def prepare(w: np.ndarray, x: np.ndarray, qtype: int = dq.Q8_0) -> tuple:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 from kernel_data import random_rows
 
-from edge_infer.kernels_cpu import dequant as dq
+from edge_infer.formats.weight_types import TYPES
 from edge_infer.kernels_cpu import matmul_k as mk
 from edge_infer.kernels_cpu import reference as ref
 from edge_infer.kernels_cpu.backend import quantize_rows
 from edge_infer.kernels_cpu.matmul_i8 import quantize_rows_q8
 from edge_infer.kernels_cpu.repack_k import FILE_BYTES, K_FORMATS, KWeights, repack_k
 
-K_TYPES = (dq.Q4_K, dq.Q5_K, dq.Q6_K)
+K_TYPES = tuple(t.id for t in TYPES if t.k is not None)
 
 
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -27,7 +27,7 @@ def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def run(kw: KWeights, act: tuple, rows: int, threads: int, t: slice | None = None) -> np.ndarray:
     xq4, xd, xs16 = (a if t is None else np.ascontiguousarray(a[t]) for a in act)
     out = np.full((xq4.shape[0], rows), np.nan, np.float32)
-    mk.matmul_k_kernel(xq4, xd, xs16, kw.wk, kw.qtype, out, threads)
+    mk.matmul_k_kernel(xq4, xd, xs16, *kw.args, out, threads)
     return out
 
 
@@ -77,7 +77,7 @@ def check_k(rng: np.random.Generator) -> None:
     xbuf = tuple(np.empty_like(a) for a in act)
     args: list[object] = [x, *xbuf]
     for (kw, _), o in zip(mats, outs):
-        args += [kw.wk, kw.qtype, o]
+        args += [*kw.args, o]
     mk.matmul3_k_kernel(*args, 2)
     for (_, want), o in zip(mats, outs):
         np.testing.assert_array_equal(o, want)

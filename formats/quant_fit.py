@@ -1,8 +1,13 @@
 """Importance-weighted block fits for the quantizer (`edge-infer quantize --calibrate`): the
-compiled form of formats/quantizers_weighted.py's `fit_symmetric` and `fit_affine`, which are
-their NumPy twins (same candidates, same order, float64 sums; the tests compare them).
+compiled form of quantizers_weighted.py's `fit_symmetric` and `fit_affine`, which are their
+NumPy twins (same candidates, same order, float64 sums; the tests compare them).
 
 Each row of x is one block or sub-block; rows are independent and split over threads.
+
+Compiled with numba as kernels_cpu's kernels are (cached, no GIL, NumPy's error model: a
+division by zero gives inf/NaN rather than raising), but formats/ sits below kernels_cpu/ and
+does not use its decorator; no fastmath, so the float results do not depend on how LLVM
+vectorizes.
 """
 
 from __future__ import annotations
@@ -10,10 +15,19 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from edge_infer.kernels_cpu._jit import kernel
+
+def _njit(fn=None, *, parallel: bool = False, inline: bool = False):  # type: ignore[no-untyped-def]
+    """`@njit(cache=True, nogil=True, error_model="numpy")`; inline=True inlines the function
+    into its callers at numba's level (small helpers in hot loops)."""
+
+    def wrap(f):  # type: ignore[no-untyped-def]
+        return numba.njit(cache=True, nogil=True, parallel=parallel, error_model="numpy",
+                          inline="always" if inline else "never")(f)
+
+    return wrap(fn) if fn is not None else wrap
 
 
-@kernel(inline=True)
+@_njit(inline=True)
 def _sym_try(x, w, r, inv, nmax, L):  # type: ignore[no-untyped-def]
     """Codes of row r for inverse scale inv into L; -> (d, gain) of the weighted LSQ scale."""
     n = x.shape[1]
@@ -30,7 +44,7 @@ def _sym_try(x, w, r, inv, nmax, L):  # type: ignore[no-untyped-def]
     return np.float32(0.0), 0.0
 
 
-@kernel(parallel=True)
+@_njit(parallel=True)
 def fit_symmetric_kernel(x, w, nmax, steps, d_out, L_out, n_threads):  # type: ignore[no-untyped-def]
     """x, w f32 [m, n] -> d_out f32 [m], L_out i32 [m, n] in [-nmax, nmax - 1]: x ~ d * L."""
     m, n = x.shape
@@ -41,7 +55,7 @@ def fit_symmetric_kernel(x, w, nmax, steps, d_out, L_out, n_threads):  # type: i
             _fit_symmetric_row(x, w, r, nmax, steps, L, d_out, L_out)
 
 
-@kernel(inline=True)
+@_njit(inline=True)
 def _fit_symmetric_row(x, w, r, nmax, steps, L, d_out, L_out):  # type: ignore[no-untyped-def]
     n = x.shape[1]
     mx = np.float32(0.0)
@@ -70,7 +84,7 @@ def _fit_symmetric_row(x, w, r, nmax, steps, L, d_out, L_out):  # type: ignore[n
     d_out[r] = best_d
 
 
-@kernel(inline=True)
+@_njit(inline=True)
 def _affine_try(x, w, r, a, b, sw, sx, sxx, nmax, L):  # type: ignore[no-untyped-def]
     """Codes L = clamp(rint((x + b) * a)) of row r; -> (d, m, error) of the weighted LSQ fit
     x ~ d L - m with m >= 0 (error 1e300: no fit). sw, sx, sxx: the row's sums of w, w x, w x^2."""
@@ -98,7 +112,7 @@ def _affine_try(x, w, r, a, b, sw, sx, sxx, nmax, L):  # type: ignore[no-untyped
     return np.float32(d), np.float32(m), err
 
 
-@kernel(parallel=True)
+@_njit(parallel=True)
 def fit_affine_kernel(x, w, nmax, nstep, d_out, m_out, L_out, n_threads):  # type: ignore[no-untyped-def]
     """x, w f32 [m, n] -> d_out, m_out f32 [m] (m >= 0), L_out i32 [m, n] in [0, nmax]:
     x ~ d * L - m."""
@@ -110,7 +124,7 @@ def fit_affine_kernel(x, w, nmax, nstep, d_out, m_out, L_out, n_threads):  # typ
             _fit_affine_row(x, w, r, nmax, nstep, L, d_out, m_out, L_out)
 
 
-@kernel(inline=True)
+@_njit(inline=True)
 def _fit_affine_row(x, w, r, nmax, nstep, L, d_out, m_out, L_out):  # type: ignore[no-untyped-def]
     n = x.shape[1]
     lo = np.float32(0.0)

@@ -1,0 +1,239 @@
+"""formats.weight_types: each record agrees with gguf-py, every table derived from the records
+agrees with them, the per-type function tables cover exactly the types the records say, and
+every form a record names round-trips: the reference quantizer's bytes, repacked into the int8,
+K-quant and CUDA forms, decode to the reference dequantizer's values bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+from edge_infer.errors import UnsupportedTensorType
+from edge_infer.formats import quant_policy, quants, weight_types
+from edge_infer.formats.quantizers import QUANTIZERS
+from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS
+from edge_infer.formats.weight_types import TYPES, WeightType, by_name, weight_type
+from edge_infer.kernels_cpu import backend, dequant, reference, repack_i8, repack_k, target
+from edge_infer.kernels_cuda import layout
+
+ROWS, COLS = 19, 512  # a short 16-row group; two super-blocks, sixteen 32-blocks per row
+QUANTIZED = [t for t in TYPES if t.family != "float"]
+
+
+def ids(pred: object) -> set[int]:
+    return {t.id for t in TYPES if pred(t)}  # type: ignore[operator]
+
+
+def name(t: WeightType) -> str:
+    return t.name
+
+
+# -- the records ------------------------------------------------------------------------------
+@pytest.mark.parametrize("t", TYPES, ids=name)
+def test_record_matches_gguf(t: WeightType) -> None:
+    assert T(t.id).name == t.name
+    assert GGML_QUANT_SIZES[T(t.id)] == (t.block_size, t.type_size)
+    assert t.dtype.itemsize == t.type_size
+    assert getattr(weight_types, t.name) == t.id  # the module's int constant
+    assert {"float": 1, "legacy": 32, "k": 256}[t.family] == t.block_size
+    assert weight_type(t.id) is weight_type(T(t.id)) is by_name(t.name.lower()) is t
+
+
+def test_records_are_consistent() -> None:
+    assert len({t.id for t in TYPES}) == len({t.name for t in TYPES}) == len(TYPES)
+    for t in TYPES:
+        if t.i8 is not None:  # 16 rows x 32 columns of 8-bit, 4-bit or 5-bit codes
+            nbits = 8 if t.i8.zero is None else 4 + t.i8.fifth_bit
+            assert t.family == "legacy" and t.i8.block_bytes == 16 * 32 * nbits // 8, t.name
+            assert t.i8.has_min == ("m" in t.dtype.names) and t.i8.fifth_bit == ("qh" in t.dtype.names)
+            assert set(t.i8.roles) <= {"layer", "output"}
+        if t.k is not None:  # the file's bytes of 16 rows, as header + 8 blocks of codes
+            assert t.family == "k" and t.k.record_bytes == 16 * t.type_size
+            assert t.k.block_bytes == 16 * 32 * t.k.bits // 8
+            assert t.k.record_bytes == t.k.header_bytes + 8 * t.k.block_bytes
+            assert t.k.has_min == ("dmin" in t.dtype.names)
+        assert t.cuda.kind in ("codes", "nibbles", "float")
+        if t.cuda.kind != "float":  # the CUDA codes come from the CPU forms' integer views
+            assert (t.i8 is None) != (t.k is None), t.name
+        if t.cuda.kind == "nibbles":
+            assert t.i8 is None or t.i8.zero == t.cuda.nibble_offset
+        if t.fallback is not None:
+            fb = weight_type(t.fallback)
+            assert t.family == "k" and fb.block_size == 32 and fb.quantizer
+        assert not t.weighted or t.quantizer
+
+
+def test_lookup_errors_name_the_type() -> None:
+    with pytest.raises(UnsupportedTensorType, match=r"load: type IQ2_XXS is not supported \(supported: F32"):
+        weight_type(T.IQ2_XXS, "load")
+    with pytest.raises(UnsupportedTensorType, match="9999 \\(unknown\\)"):
+        weight_type(9999)
+    with pytest.raises(UnsupportedTensorType, match="'Q9_9'"):
+        by_name("Q9_9")
+
+
+# -- the tables: function tables cover the records' capabilities, data tables are derived ------
+def test_function_tables_cover_the_records() -> None:
+    assert {int(k) for k in quants._DEQUANT} == ids(lambda t: t.family != "float")
+    assert {int(k) for k in QUANTIZERS} == ids(lambda t: t.quantizer)
+    assert {int(k) for k in WEIGHTED_QUANTIZERS} == ids(lambda t: t.weighted)
+
+
+def test_derived_tables_agree() -> None:
+    assert quants.BLOCK_LAYOUTS == {T(t.id): t for t in TYPES}
+    assert set(quants.SUPPORTED_TYPES) == ids(lambda t: True)
+    assert dequant.KERNEL_TYPES == tuple(t.id for t in TYPES)
+    assert dequant.BLOCK_SHAPE == {t.id: (t.block_size, t.type_size) for t in TYPES}
+    for t in TYPES:  # the ids the kernels dispatch on
+        assert getattr(dequant, t.name) == t.id
+    sdot = 0 if repack_i8.HAS_SDOT else 128
+    assert repack_i8.I8_FORMATS == {t.id: (t.i8.block_bytes, sdot if t.i8.zero is None else t.i8.zero)
+                                    for t in TYPES if t.i8 is not None}
+    assert set(repack_i8.WITH_MIN) == ids(lambda t: t.i8 is not None and t.i8.has_min)
+    assert repack_k.K_FORMATS == {t.id: (t.k.record_bytes, t.k.bits, t.k.header_bytes) for t in TYPES if t.k}
+    assert repack_k.FILE_BYTES == {t.id: t.type_size for t in TYPES if t.k is not None}
+    for role in ("layer", "output"):
+        assert set(backend.I8_TYPES[role]) == ids(lambda t, r=role: t.i8 is not None and r in t.i8.roles)
+    assert set(backend.K_TYPES) == ids(lambda t: t.k is not None)
+    assert set(target.matmul_paths()) == {t.name for t in TYPES}
+    assert quant_policy.FALLBACK == {T(t.id): T(t.fallback) for t in TYPES if t.fallback is not None}
+    for t in TYPES:
+        assert quant_policy.block_size(T(t.id)) == t.block_size
+    assert set(layout.CODE_TYPES) == ids(lambda t: t.cuda.kind != "float")
+    assert layout.NIBBLE_OFFSET == {t.id: t.cuda.nibble_offset for t in TYPES if t.cuda.kind == "nibbles"}
+
+
+# -- the forms round-trip ----------------------------------------------------------------------
+def _data(t: WeightType) -> tuple[np.ndarray, np.ndarray]:
+    """A matrix quantized by the reference quantizer (uint8 [ROWS, row_bytes]) and its reference
+    dequantization (float32 [ROWS, COLS])."""
+    x = (np.random.default_rng(t.id).standard_t(5, (ROWS, COLS)) * 0.05).astype(np.float32)
+    raw = quants.quantize(x, T(t.id))
+    return raw, quants.dequantize_blocks(raw, T(t.id), ROWS * COLS).reshape(ROWS, COLS)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def rows(a: np.ndarray, lane_axis: int) -> np.ndarray:
+    """A repacked array [G, X, ..., 16 (lane), ...] -> [ROWS, X, rest flattened]: the row of
+    group g and lane l is 16 g + l."""
+    a = np.moveaxis(a, lane_axis, 1)
+    return a.reshape(a.shape[0] * 16, a.shape[2], -1)[:ROWS]
+
+
+def f16_bits(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).view(np.uint16)
+
+
+@pytest.mark.parametrize("t", [t for t in TYPES if t.family == "float"], ids=name)
+def test_float_types_round_trip(t: WeightType) -> None:
+    x = np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)
+    raw = quants.quantize(x, T(t.id))
+    want = {"F32": x, "F16": x.astype(np.float16).astype(np.float32)}.get(t.name)
+    if want is None:  # BF16: the top half of each float32, rounded to nearest even
+        want = quants.dequantize_blocks(raw, T(t.id), x.size).reshape(x.shape)
+        assert np.all(np.abs(want - x) <= np.abs(x) * 2.0**-8)
+    assert np.array_equal(bits(quants.dequantize_blocks(raw, T(t.id), x.size).reshape(x.shape)), bits(want))
+
+
+def _unpack_i8(iw: repack_i8.I8Weights, fifth: bool) -> np.ndarray:
+    """The int8 layout's codes back in row and column order: int64 [ROWS, nb, 32]."""
+    g, nb = iw.wi.shape[:2]
+    n = 512 if iw.wi.shape[2] == 512 else 256  # the code bytes: 8 quads of 8-bit codes, or 4 of nibble pairs
+    quads = iw.wi[:, :, :n].reshape(g, nb, n // 64, 16, 4)  # [g, b, quad, lane, k]
+    if n == 512:  # 8-bit: quad q holds columns 4q..4q+3
+        codes = quads.transpose(0, 3, 1, 2, 4).reshape(g * 16, nb, 32).astype(np.int64)
+    else:  # 4-bit: byte 4q + k holds column 4q + k (low nibble) and 16 + 4q + k (high)
+        byte = quads.transpose(0, 3, 1, 2, 4).reshape(g * 16, nb, 16).astype(np.int64)
+        codes = np.concatenate([byte & 15, byte >> 4], axis=-1)
+    if fifth:  # per quad of columns a 64-bit mask, bit 4 lane + k
+        mask = iw.wi[:, :, 256:320].reshape(g, nb, 8, 8)  # [g, b, quad, byte]
+        lane, k = np.arange(16)[:, None], np.arange(4)[None, :]
+        bit = (mask[:, :, :, (4 * lane + k) // 8] >> ((4 * lane + k) % 8)) & 1  # [g, b, quad, lane, k]
+        codes |= bit.transpose(0, 3, 1, 2, 4).reshape(g * 16, nb, 32).astype(np.int64) << 4
+    return codes[:ROWS]
+
+
+@pytest.mark.parametrize("t", [t for t in TYPES if t.i8 is not None], ids=name)
+def test_int8_form_round_trips(t: WeightType) -> None:
+    """repack_i8's layout holds the twin's codes, scales and mins; those give the reference values."""
+    assert t.i8 is not None
+    raw, want = _data(t)
+    codes, d, m, offset = reference.i8_codes(raw, t.id)
+    iw = repack_i8.repack(raw, t.id, ROWS, COLS)
+    assert np.array_equal(_unpack_i8(iw, t.i8.fifth_bit), codes)
+    assert np.array_equal(rows(iw.wd, 2)[..., 0], f16_bits(d))
+    assert (m is not None) == t.i8.has_min == (iw.wm.size > 0)
+    if m is not None:
+        assert np.array_equal(rows(iw.wm, 2)[..., 0], f16_bits(m))
+    q = (codes - offset).astype(np.float32)
+    got = q * d[:, :, None] if m is None else q * d[:, :, None] + m[:, :, None]  # ggml's order: x*d [+ m]
+    assert np.array_equal(bits(got.reshape(ROWS, COLS)), bits(want))
+
+
+def _unpack_k(kw: repack_k.KWeights, t: WeightType) -> tuple[np.ndarray, np.ndarray]:
+    """The K-quant record's codes int64 [ROWS, COLS] and its header bytes per row [ROWS, S, head]
+    (the header's [.., 16] lane-major arrays transposed to row-major)."""
+    assert t.k is not None
+    g, s, _ = kw.wk.shape
+    head, blk = t.k.header_bytes, t.k.block_bytes
+    blocks = kw.wk[:, :, head:].reshape(g, s, 8, blk)
+    byte = blocks[..., :256].reshape(g, s, 8, 4, 16, 4)  # [g, s, b, quad, lane, k]
+    byte = byte.transpose(0, 4, 1, 2, 3, 5).reshape(g * 16, s, 8, 16).astype(np.int64)
+    codes = np.concatenate([byte & 15, byte >> 4], axis=-1)  # [row, s, b, 32]
+    lane, k = np.arange(16)[:, None], np.arange(4)[None, :]
+    for e in range(4, t.k.bits):  # bit e of quad q's codes: a nibble of byte 256 + 64 (e - 4) + 8q + lane/2
+        at = 256 + 64 * (e - 4)
+        mask = blocks[..., at : at + 64].reshape(g, s, 8, 8, 8)  # [g, s, b, quad, byte]
+        bit = (mask[..., lane // 2] >> (4 * (lane % 2) + k)) & 1  # [g, s, b, quad, lane, k]
+        codes |= bit.transpose(0, 4, 1, 2, 3, 5).reshape(g * 16, s, 8, 32).astype(np.int64) << e
+    return codes.reshape(g * 16, -1)[:ROWS], rows(kw.wk[:, :, :head].reshape(g, s, -1, 16), 3)
+
+
+@pytest.mark.parametrize("t", [t for t in TYPES if t.k is not None], ids=name)
+def test_k_form_round_trips(t: WeightType) -> None:
+    """repack_k's record holds the twin's codes and the file's scales; those give the reference values."""
+    assert t.k is not None
+    raw, want = _data(t)
+    codes, sc, mn, d, dmin = reference.k_codes(raw, t.id)
+    kw = repack_k.repack_k(raw, t.id, ROWS, COLS)
+    assert kw.wk.shape[2] == t.k.record_bytes and kw.args[1:] == (t.id, t.k.bits, t.k.header_bytes)
+    got_codes, hdr = _unpack_k(kw, t)
+    assert np.array_equal(got_codes, codes)
+    blk = raw.reshape(ROWS, -1, t.type_size)
+    g, s = kw.wk.shape[:2]
+    sc_at = t.offset("scales")
+    if t.k.has_min:  # d, dmin as [16] f16 each (two bytes per lane), then the 12 packed bytes [12][16]
+        assert np.array_equal(rows(kw.wk[:, :, :64].reshape(g, s, 2, 16, 2), 3), blk[:, :, :4])
+        assert np.array_equal(hdr[:, :, 4:], blk[:, :, sc_at : sc_at + 12])
+    else:  # d [16] f16, then the 16 int8 scales [16][16]
+        d_at = t.offset("d")
+        assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), blk[:, :, d_at : d_at + 2])
+        assert np.array_equal(hdr[:, :, 2:], blk[:, :, sc_at : sc_at + 16])
+    width = 32 if t.k.has_min else 16  # columns per sub-block scale
+    dl = (d[:, :, None] * sc.astype(np.float32)).reshape(ROWS, -1)  # d * sc, rounded once as ggml does
+    q = codes.astype(np.float32).reshape(ROWS, -1, width)
+    if mn is None:
+        got = dl[:, :, None] * (q - np.float32(32))
+    else:
+        assert dmin is not None
+        ml = (dmin[:, :, None] * mn.astype(np.float32)).reshape(ROWS, -1)
+        got = dl[:, :, None] * q - ml[:, :, None]
+    assert np.array_equal(bits(got.reshape(ROWS, COLS)), bits(want))
+
+
+@pytest.mark.parametrize("t", QUANTIZED, ids=name)
+def test_cuda_form_round_trips(t: WeightType) -> None:
+    """kernels_cuda.layout's host form is the record's and decodes to the reference values (a
+    zero offset added: -0.0 may come back +0.0)."""
+    raw, want = _data(t)
+    hm = layout.to_host_matrix(raw, t.id, ROWS, COLS)
+    assert hm.kind == t.cuda.kind and hm.off == t.cuda.nibble_offset
+    assert np.array_equal(layout.decode(hm), want)
+    if t.cuda.kind == "nibbles":
+        plain = layout.to_host_matrix(raw, t.id, ROWS, COLS, nibbles=False)
+        assert plain.kind == "codes" and np.array_equal(layout.decode(plain), want)
