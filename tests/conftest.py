@@ -64,3 +64,29 @@ def qwen2_path() -> Path:
 def qwen2_1p5b_path() -> Path:
     """The real-size model (1.07 GB Q4_K_M, Q4_K and Q6_K matrices: the K-quant int8 kernel)."""
     return real_model_path("qwen2.5-coder-1.5b")
+
+
+
+def _simulator_module(session: pytest.Session) -> object | None:
+    """tests/test_cuda_simulator.py as pytest imported it, when its test is selected."""
+    for item in session.items:
+        if item.nodeid.endswith("test_cuda_kernels_and_engine_under_the_simulator"):
+            return getattr(item, "module", None)
+    return None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the CUDA simulator's own process early when its test is selected, so it runs beside
+    the tests collected before it (tests/test_cuda_simulator.py waits for it)."""
+    mod = _simulator_module(session)
+    if mod is not None:
+        mod.start_simulator()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A session that ends early (-x, Ctrl-C) does not leave the simulator running."""
+    mod = _simulator_module(session)
+    for proc, _ in getattr(mod, "_started", []):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
