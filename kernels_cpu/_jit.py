@@ -7,6 +7,13 @@ Settings applied before the first compilation (they also key numba's on-disk cac
   vectorizer sees them; the SLP pass turns the unrolled code back into vector code.
 - `noalias` array arguments (a custom pipeline): kernels never get overlapping inputs and
   outputs, and telling LLVM so is what lets it vectorize loads and stores across arrays.
+
+Float kernels never use fastmath=True: its `contract` and `nsz` let LLVM round differently
+when it re-optimizes a function inside its caller, and a process that compiled a kernel runs
+its own copy of the called functions while one that loaded it from numba's cache runs the
+caller's copy (logits differed by up to 2 between a first and a second run). They take
+REORDER (reductions may vectorize; tests/kernels_cpu/test_cache_determinism.py holds a cold
+compile and a cache load to the same bits) and spell fused multiply-adds with fmadd.
 """
 
 from __future__ import annotations
@@ -36,6 +43,14 @@ def _configure_codegen() -> None:
 _configure_codegen()
 
 
+# fastmath flags for kernels whose results must not depend on where LLVM inlined them: reorder
+# sums (so reductions vectorize) but no `contract` (use fmadd) and no nnan/ninf/nsz, with which
+# LLVM rewrites differently when it re-optimizes a function inside its caller (a kernel's
+# parallel body runs its own compiled copy in the process that compiled it, the caller's copy
+# when loaded from numba's cache).
+REORDER = frozenset({"reassoc", "nnan", "ninf", "arcp", "afn"})
+
+
 class NoAliasCompiler(CompilerBase):
     """numba's nopython pipeline with every array argument marked `noalias` for LLVM."""
 
@@ -44,7 +59,7 @@ class NoAliasCompiler(CompilerBase):
         return [DefaultPassBuilder.define_nopython_pipeline(self.state)]
 
 
-def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False, inline: bool = False):
+def kernel(fn=None, *, fastmath: bool | frozenset[str] = False, parallel: bool = False, inline: bool = False):
     """`@njit(cache=True, nogil=True, error_model="numpy")` with noalias arguments; inputs and
     outputs must not overlap. inline=True inlines the function into its callers at numba's level
     (small helpers called in hot loops; not for fastmath functions: inlined code takes the
@@ -53,7 +68,7 @@ def kernel(fn=None, *, fastmath: bool = False, parallel: bool = False, inline: b
     def wrap(f):
         # error_model="numpy": a float division by zero gives inf/nan instead of raising, so
         # loops with divisions have no early-exit branch and can vectorize.
-        return numba.njit(cache=True, nogil=True, fastmath=fastmath, parallel=parallel, error_model="numpy",
+        return numba.njit(cache=True, nogil=True, fastmath=set(fastmath) if isinstance(fastmath, frozenset) else fastmath, parallel=parallel, error_model="numpy",
                           inline="always" if inline else "never", pipeline_class=NoAliasCompiler)(f)
 
     return wrap(fn) if fn is not None else wrap
@@ -102,6 +117,25 @@ def bf16_to_f32(typingctx, bits):
         return builder.bitcast(builder.shl(v, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
 
     return types.float32(bits), codegen
+
+
+@intrinsic
+def fmadd(typingctx, a, b, c):
+    """a * b + c for float32 (llvm.fmuladd): one fused multiply-add wherever the target has
+    FMA, a multiply and an add elsewhere, decided by the target alone. Kernels use it instead
+    of fastmath's `contract`, which lets LLVM fuse or not depending on what it inlined: code
+    compiled in this process and the same code loaded from numba's cache (re-optimized inside
+    its caller) then round differently. Marked reassociable, so a loop of them vectorizes as a
+    reduction."""
+    if not all(isinstance(t, types.Float) and t.bitwidth == 32 for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fmuladd", [f32], ir.FunctionType(f32, [f32, f32, f32]))
+        return builder.call(fn, args, fastmath=("reassoc",))
+
+    return types.float32(a, b, c), codegen
 
 
 @intrinsic

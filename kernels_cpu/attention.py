@@ -21,7 +21,7 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from ._jit import f16_to_f32, f32_to_f16, kernel
+from ._jit import REORDER, f16_to_f32, f32_to_f16, fmadd, kernel
 from .fastmath import fast_exp
 
 
@@ -105,7 +105,7 @@ def _load_rows(cache, scales, quant, blk, off, m, g, factor, kv, vs):
         vs[u] = factor * scales[blk, off + u, g] if quant else factor
 
 
-@kernel(fastmath=True)
+@kernel(fastmath=REORDER)
 def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
                   window, softcap, sc, qh, kv, vs, acc, out):
     """Heads r0..r1-1 of kv group g for query token i of sequence s (block_tables row).
@@ -115,7 +115,7 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
     visible keys lo..p: scores (one dot product per key and head), softmax per head (max, then
     exp and sum), then the weighted sum of the value rows. Each head's arithmetic is the same
     sequence of operations whichever heads share the call and whatever else is in the batch
-    (fastmath lets LLVM vectorize the dot products and sums, in the same way each time).
+    (REORDER lets LLVM vectorize the dot products and sums, in the same way each time).
     sc: float32 [>= n_rep, >= p + 1]; qh, acc: float32 [>= n_rep, head_dim]; kv: [4, head_dim]; vs: [4]."""
     bs, hd = k_cache.shape[1], k_cache.shape[3]
     n_rep = q.shape[1] // (k_cache.shape[2] * hd)
@@ -144,10 +144,10 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
                     t0 = t1 = t2 = t3 = np.float32(0.0)
                     for d in range(hd):
                         x = qh[r, d]
-                        t0 += x * k0[d]
-                        t1 += x * k1[d]
-                        t2 += x * k2[d]
-                        t3 += x * k3[d]
+                        t0 = fmadd(x, k0[d], t0)
+                        t1 = fmadd(x, k1[d], t1)
+                        t2 = fmadd(x, k2[d], t2)
+                        t3 = fmadd(x, k3[d], t3)
                     sc[r, j], sc[r, j + 1], sc[r, j + 2], sc[r, j + 3] = t0 * vs[0], t1 * vs[1], t2 * vs[2], t3 * vs[3]
             else:
                 for u in range(m):
@@ -155,7 +155,7 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
                     for r in range(nr):
                         t0 = np.float32(0.0)
                         for d in range(hd):
-                            t0 += qh[r, d] * ku[d]
+                            t0 = fmadd(qh[r, d], ku[d], t0)
                         sc[r, j + u] = t0 * vs[u]
             j += m
     inv_cap = np.float32(1.0) / softcap if softcap > 0 else np.float32(0.0)
@@ -190,14 +190,14 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
                     if quant:
                         w0, w1, w2, w3 = w0 * vs[0], w1 * vs[1], w2 * vs[2], w3 * vs[3]
                     for d in range(hd):
-                        acc[r, d] += (w0 * v0[d] + w1 * v1[d]) + (w2 * v2[d] + w3 * v3[d])
+                        acc[r, d] = fmadd(w3, v3[d], fmadd(w2, v2[d], fmadd(w1, v1[d], fmadd(w0, v0[d], acc[r, d]))))
             else:
                 for u in range(m):
                     vu = kv[u]
                     for r in range(nr):
                         w0 = sc[r, j + u] * vs[u] if quant else sc[r, j + u]
                         for d in range(hd):
-                            acc[r, d] += w0 * vu[d]
+                            acc[r, d] = fmadd(w0, vu[d], acc[r, d])
             j += m
     for r in range(nr):
         qoff = (g * n_rep + r0 + r) * hd

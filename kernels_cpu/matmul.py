@@ -15,7 +15,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._jit import kernel, prefetch
+from ._jit import REORDER, fmadd, kernel, prefetch
 from .dequant import decode_rows
 
 ROW_GROUP = 4
@@ -25,8 +25,8 @@ ROW_GROUP = 4
 def _dot_group(wg, x, out, t0, t1, r0, nvalid):
     """Rows r0.. (decoded in wg) times tokens t0 and t1: eight independent accumulations, each
     row load shared by two tokens and each token load by four rows (enough to keep both FMA
-    units busy). Inlined into _row_groups, whose fastmath flags let LLVM vectorize the
-    reductions, all in the same fixed lane order, whatever the batch size or the token's place
+    units busy). Inlined into _row_groups, whose fastmath flags (REORDER) let LLVM vectorize
+    the reductions, all in the same fixed lane order, whatever the batch size or the token's place
     in it."""
     n = x.shape[1]
     a0 = np.float32(0.0)
@@ -41,14 +41,14 @@ def _dot_group(wg, x, out, t0, t1, r0, nvalid):
         xa = x[t0, k]
         xb = x[t1, k]
         w0, w1, w2, w3 = wg[0, k], wg[1, k], wg[2, k], wg[3, k]
-        a0 += w0 * xa
-        a1 += w1 * xa
-        a2 += w2 * xa
-        a3 += w3 * xa
-        b0 += w0 * xb
-        b1 += w1 * xb
-        b2 += w2 * xb
-        b3 += w3 * xb
+        a0 = fmadd(w0, xa, a0)
+        a1 = fmadd(w1, xa, a1)
+        a2 = fmadd(w2, xa, a2)
+        a3 = fmadd(w3, xa, a3)
+        b0 = fmadd(w0, xb, b0)
+        b1 = fmadd(w1, xb, b1)
+        b2 = fmadd(w2, xb, b2)
+        b3 = fmadd(w3, xb, b3)
     out[t0, r0] = a0
     out[t1, r0] = b0
     if nvalid > 1:
@@ -80,14 +80,14 @@ def _dot_rows8(wg, x, out, t, r0, nv0, r1, nv1):
     b3 = np.float32(0.0)
     for k in range(n):
         xa = x[t, k]
-        a0 += wg[0, k] * xa
-        a1 += wg[1, k] * xa
-        a2 += wg[2, k] * xa
-        a3 += wg[3, k] * xa
-        b0 += wg[4, k] * xa
-        b1 += wg[5, k] * xa
-        b2 += wg[6, k] * xa
-        b3 += wg[7, k] * xa
+        a0 = fmadd(wg[0, k], xa, a0)
+        a1 = fmadd(wg[1, k], xa, a1)
+        a2 = fmadd(wg[2, k], xa, a2)
+        a3 = fmadd(wg[3, k], xa, a3)
+        b0 = fmadd(wg[4, k], xa, b0)
+        b1 = fmadd(wg[5, k], xa, b1)
+        b2 = fmadd(wg[6, k], xa, b2)
+        b3 = fmadd(wg[7, k], xa, b3)
     out[t, r0] = a0
     if nv0 > 1:
         out[t, r0 + 1] = a1
@@ -126,7 +126,7 @@ def _prefetch_span(w, lo, hi):
         prefetch(w, at)
 
 
-@kernel(fastmath=True)
+@kernel(fastmath=REORDER)
 def _row_groups(x, w, qtype, out, g0, g1, wg):
     """Row groups g0..g1-1 of one matrix for every token of x. Tokens go in tiles whose
     activations fit in L2: each row group is decoded once per tile (a large batch would

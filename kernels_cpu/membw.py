@@ -8,10 +8,10 @@ import time
 import numba
 import numpy as np
 
-from ._jit import kernel
+from ._jit import REORDER, kernel
 
 
-@kernel(fastmath=True)
+@kernel(fastmath=REORDER)
 def _chunk_sum(a):
     s = np.float32(0.0)
     for i in range(a.shape[0]):  # from 0: numba's negative-index wrap-around folds away

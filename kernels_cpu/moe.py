@@ -14,7 +14,7 @@ import math
 import numba
 import numpy as np
 
-from ._jit import kernel
+from ._jit import REORDER, fmadd, kernel
 
 # llama.cpp clamps the sum of the chosen weights before normalising (the smallest normal f16)
 MIN_WEIGHT_SUM = np.float32(6.103515625e-5)
@@ -55,14 +55,14 @@ def _route_token(logits, t, k, norm, sel, wts, probs, taken):
             wts[t, j] = wts[t, j] / total
 
 
-@kernel(fastmath=True)
+@kernel(fastmath=REORDER)
 def _router_logits(x, router, logits, t):
-    """logits[t, e] = x[t] . router[e] (float32; fastmath lets LLVM vectorize each reduction,
+    """logits[t, e] = x[t] . router[e] (float32; REORDER lets LLVM vectorize each reduction,
     one fixed order for every token)."""
     for e in range(router.shape[0]):
         s = np.float32(0.0)
         for d in range(x.shape[1]):
-            s += x[t, d] * router[e, d]
+            s = fmadd(x[t, d], router[e, d], s)
         logits[t, e] = s
 
 

@@ -60,7 +60,7 @@ def test_decoders_vectorize(name: str) -> None:
 
 
 def test_matmul_loop_uses_full_width_fma() -> None:
-    asm = asm_of(mm._row_groups, ROW_GROUPS_SIG, fastmath=True)
+    asm = asm_of(mm._row_groups, ROW_GROUPS_SIG)
     assert uses(asm, "vfmadd", VREG), f"_row_groups: no {VREG} FMA"
     assert uses(asm, "vcvtdq2ps", VREG)  # the decoders linked into it
     assert "gather" not in asm
@@ -131,6 +131,6 @@ def test_attention_has_no_gathers() -> None:
     vec, i32 = nt.Array(nt.float32, 1, "C"), nt.Array(nt.int32, 1, "C")
     sig = (q_t, nt.int64, nt.int64, nt.int64, nt.int64, nt.int32, tables, cache, scales, cache, scales, i32,
            nt.float32, nt.int64, nt.float32, q_t, q_t, q_t, vec, q_t, q_t)
-    asm = asm_of(at._attend_query, sig, fastmath=True)
+    asm = asm_of(at._attend_query, sig)
     assert uses(asm, "vfmadd", VREG) and uses(asm, "vcvtph2ps", VREG)
     assert "gather" not in asm

@@ -10,8 +10,10 @@ import numba
 from edge_infer.kernels_cpu._jit import NoAliasCompiler
 
 
-def asm_of(dispatcher, sig: tuple, fastmath: bool = False) -> str:  # type: ignore[no-untyped-def]
-    """Assembly of a kernel compiled afresh (no cache) the way its decorator compiles it."""
+def asm_of(dispatcher, sig: tuple) -> str:  # type: ignore[no-untyped-def]
+    """Assembly of a kernel compiled afresh (no cache) the way its decorator compiles it (its
+    fastmath flags included)."""
+    fastmath = dispatcher.targetoptions.get("fastmath", False)
     fn = numba.njit(nogil=True, error_model="numpy", fastmath=fastmath, pipeline_class=NoAliasCompiler)(
         dispatcher.py_func
     )
