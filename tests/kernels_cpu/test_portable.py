@@ -120,7 +120,10 @@ SCRIPT = textwrap.dedent(
     from edge_infer.kernels_cpu.matmul import _row_groups
 
     fresh = numba.njit(**_row_groups.targetoptions, pipeline_class=NoAliasCompiler)(_row_groups.py_func)
-    sig = _row_groups.signatures[0]
+    # its signature as the matmul kernels call it (not _row_groups.signatures: with the callers
+    # loaded from the cache, the helper itself was never compiled in this process)
+    f32, u8 = numba.types.Array(numba.float32, 2, "C"), numba.types.Array(numba.uint8, 2, "C")
+    sig = (f32, u8, numba.int64, f32, numba.int64, numba.int64, f32)
     fresh.compile(sig)
     asm = fresh.inspect_asm(sig)
     widest = "zmm" if "zmm" in asm else "ymm" if "ymm" in asm else "xmm"
