@@ -30,9 +30,10 @@ def _ask(llm: LLM, text: str) -> list[int]:
     return llm.chat_prompt([{"role": "user", "content": text}])
 
 
-def test_fifty_random_schemas_always_validate(llm: LLM) -> None:
+def test_random_schemas_always_validate(llm: LLM) -> None:
+    """Twenty random schemas, generated in one batch: every output parses and validates."""
     rng = np.random.default_rng(0)
-    schemas = [random_schema(rng) for _ in range(50)]
+    schemas = [random_schema(rng) for _ in range(20)]
     prompts = [_ask(llm, "Reply with JSON for this schema: " + json.dumps(s)) for s in schemas]
     params = [SamplingParams(max_tokens=256, temperature=0.8, seed=i, structured_outputs=SO(json=s))
               for i, s in enumerate(schemas)]
