@@ -44,10 +44,10 @@ _configure_codegen()
 
 
 # fastmath flags for kernels whose results must not depend on where LLVM inlined them: reorder
-# sums (so reductions vectorize) but no `contract` (use fmadd) and no nnan/ninf/nsz, with which
-# LLVM rewrites differently when it re-optimizes a function inside its caller (a kernel's
-# parallel body runs its own compiled copy in the process that compiled it, the caller's copy
-# when loaded from numba's cache).
+# sums (so reductions vectorize) but no `contract` (use fmadd) and no `nsz`, with which LLVM
+# rewrites differently when it re-optimizes a function inside its caller (a kernel's parallel
+# body runs its own compiled copy in the process that compiled it, the caller's copy when
+# loaded from numba's cache).
 REORDER = frozenset({"reassoc", "nnan", "ninf", "arcp", "afn"})
 
 
@@ -68,7 +68,8 @@ def kernel(fn=None, *, fastmath: bool | frozenset[str] = False, parallel: bool =
     def wrap(f):
         # error_model="numpy": a float division by zero gives inf/nan instead of raising, so
         # loops with divisions have no early-exit branch and can vectorize.
-        return numba.njit(cache=True, nogil=True, fastmath=set(fastmath) if isinstance(fastmath, frozenset) else fastmath, parallel=parallel, error_model="numpy",
+        flags = fastmath if isinstance(fastmath, bool) else set(fastmath)  # numba takes no frozenset
+        return numba.njit(cache=True, nogil=True, fastmath=flags, parallel=parallel, error_model="numpy",
                           inline="always" if inline else "never", pipeline_class=NoAliasCompiler)(f)
 
     return wrap(fn) if fn is not None else wrap

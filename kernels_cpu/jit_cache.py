@@ -53,7 +53,7 @@ class SourceTreeCacheLocator(UserProvidedCacheLocator):
     while the kernel and format sources are byte-identical, wherever the checkout lies and
     whatever its files' times (numba's own locator keys the folder by the source's absolute
     path, so a fresh clone elsewhere never hits). Enabled by NUMBA_CACHE_LOCATOR_CLASSES =
-    CACHE_LOCATORS with NUMBA_CACHE_DIR set (tests/kernels_cpu/test_portable.py
+    CACHE_LOCATORS with NUMBA_CACHE_DIR set (.ci/run does; tests/kernels_cpu/test_portable.py
     for its targets); files outside the kernel folders fall through to numba's locators."""
 
     def __init__(self, py_func: Any, py_file: str) -> None:
