@@ -1,9 +1,9 @@
 """The int8 matmul's vector code, written as LLVM IR intrinsics (numba's own code generation
 left these loops scalar or gathered): one 16-row x 32-column block's u8 x s8 dot products
 (AVX-512 VNNI `vpdpbusd`; on aarch64 CPUs with the dot-product extension `sdot`, whose signed
-bytes hold the 4-, 5- and 6-bit codes as they are and Q8_0's q + 128 as q after xor 0x80; or
-plain vector IR that LLVM lowers for any target), the per-block
-float epilogue, and the conversion of a block's 16 f16 scales. The layouts are drawn in
+bytes hold the 4-, 5- and 6-bit codes as they are and Q8_0's q + 128 as q after xor 0x80; on
+other x86 CPUs with AVX2 `vpmaddubsw` + `vpmaddwd`; or plain vector IR that LLVM lowers for any
+target, all with the same exact integer sums), the per-block float epilogue, and the conversion of a block's 16 f16 scales. The layouts are drawn in
 kernels_cpu.matmul_i8."""
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ GROUP = 16  # rows per interleaved group (one 512-bit vector of int32 lanes)
 # the core's 14 GB/s with the hardware prefetcher alone, 12-13 with these).
 PREFETCH_BYTES = 2048  # ahead of the quad being read, in the interleaved weights
 HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
+# AVX2 without VNNI: vpmaddubsw (u8 x s8 pairs to saturating i16) then vpmaddwd by ones (i16
+# pairs to i32), llama.cpp's idiom; LLVM lowers the plain-IR form to widening multiplies and
+# lane shuffles, ~8x slower on a 2-core AVX2 VM.
+HAS_AVX2_DOT = not HAS_VNNI and platform.machine().lower() in ("x86_64", "amd64") and target_has("+avx2")
 # LLVM CPU names (aarch64) with the dot-product extension (Armv8.2-A dotprod, standard from
 # Armv8.4-A): the target-feature list does not show it even on a Raspberry Pi 5, and LLVM
 # aborts on the sdot intrinsic for a CPU without it, so the CPU name decides.
@@ -68,7 +72,31 @@ def _sdot16(builder, fn, a, wb, xv):
     return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
 
 
-def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=False):
+def _maddubs_ir(builder, wb, xv):
+    """vpdpbusd's <16 x i32> lane sums (zext(u8) * sext(s8) of 4 adjacent bytes) with AVX2:
+    vpmaddubsw then vpmaddwd by ones on each 32-byte half. vpmaddubsw saturates a pair's i16
+    sum, which codes below 64 (the 4-, 5- and 6-bit formats) never reach with |x| <= 128;
+    8-bit codes are split into their low 7 bits and their top bit (0 or 128), each pair
+    sum then within +-32768, so every lane is the exact integer."""
+    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+    v32i8, v16i16, v8i32, v64i8 = (ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8),
+                                   ir.VectorType(i8, 64))
+    maddubs = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
+    maddwd = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(v8i32, [v16i16, v16i16]))
+    ones = ir.Constant(v16i16, [1] * 16)
+    xb = builder.bitcast(xv, v64i8)
+
+    def half(v, h):
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 32), list(range(32 * h, 32 * h + 32))))
+
+    def lanes(w):  # <64 x i8> codes -> <16 x i32>
+        parts = [builder.call(maddwd, [builder.call(maddubs, [half(w, h), half(xb, h)]), ones]) for h in (0, 1)]
+        return builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(i32, 16), list(range(16))))
+
+    return lanes(wb)
+
+
+def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=False, avx2=False):
     """int32 <16 x i32> sums of one block for each x offset in xoffs: every weight quad is
     loaded once and meets each token's broadcast quad. Integer sums are exact, so how the
     products are split into chains changes no result: one token uses two chains (even and odd
@@ -123,6 +151,12 @@ def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=Fa
                 a = builder.call(fn, [a, wv, xv])
             elif sdot:
                 a = _sdot16(builder, fn, a, wb, xv)
+            elif avx2 and bits == 8:
+                top = builder.and_(wb, ir.Constant(v64i8, [-128] * 64))
+                low = builder.and_(wb, ir.Constant(v64i8, [127] * 64))
+                a = builder.add(a, builder.add(_maddubs_ir(builder, low, xv), _maddubs_ir(builder, top, xv)))
+            elif avx2:
+                a = builder.add(a, _maddubs_ir(builder, wb, xv))
             else:
                 # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
                 w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
@@ -150,7 +184,8 @@ def _dot_codegen(n_tokens, bits, split=False):
         v16 = ir.VectorType(ir.IntType(32), 16)
         xoffs = [context.cast(builder, args[4 + u], signature.args[4 + u], types.int64) for u in range(n_tokens)]
         woff = context.cast(builder, args[2], signature.args[2], types.int64)
-        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, bits, split, HAS_SDOT)
+        sums = _dot_block_ir(builder, builder.gep(w_a.data, [woff]), x_a.data, xoffs, HAS_VNNI, bits, split, HAS_SDOT,
+                             HAS_AVX2_DOT)
         for u, a in enumerate(sums):
             dst = builder.gep(acc_a.data, [ir.Constant(ir.IntType(64), 16 * u)])
             builder.store(a, builder.bitcast(dst, v16.as_pointer()), align=4)

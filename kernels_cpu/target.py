@@ -12,7 +12,7 @@ from edge_infer.formats.weight_types import TYPES
 
 from ._jit import target_has
 from .backend import I8_TYPES, K_TYPES
-from .simd_i8 import HAS_SDOT, HAS_VNNI
+from .simd_i8 import HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI
 
 # The LLVM features the kernels' code depends on: the int8 dot products (VNNI, else plain vector
 # IR that LLVM lowers with what the target has), 512-bit vectors, F16C half conversions.
@@ -41,18 +41,16 @@ def features() -> dict[str, bool]:
 
 
 def int8_isa() -> str:
-    """How the int8 dot products are computed: "AVX-512 VNNI" (vpdpbusd), or the plain vector
-    IR lowered by LLVM for the best vectors the target has ("AVX-512", "AVX2", "NEON",
-    "generic"); on aarch64 CPUs with the dot-product extension "NEON sdot"."""
+    """How the int8 dot products are computed: "AVX-512 VNNI" (vpdpbusd), "AVX2" (vpmaddubsw +
+    vpmaddwd, also on AVX-512 CPUs without VNNI), "NEON sdot" (aarch64 CPUs with the
+    dot-product extension), or the plain vector IR lowered by LLVM ("NEON", "generic")."""
     if HAS_VNNI:
         return "AVX-512 VNNI"
     if HAS_SDOT:
         return "NEON sdot"
     if not is_x86():
         return "NEON" if platform.machine().lower() in ("aarch64", "arm64") else "generic"
-    if target_has("+avx512bw"):
-        return "AVX-512"
-    return "AVX2" if target_has("+avx2") else "generic"
+    return "AVX2" if HAS_AVX2_DOT else "generic"
 
 
 FLOAT_PATH = "float (blocks decoded to float32)"

@@ -120,6 +120,27 @@ def test_k_quant_matmul_uses_vpdpbusd() -> None:
     assert "gather" not in asm
 
 
+@pytest.mark.skipif("+avx512vnni" in HOST or "+avx2" not in HOST or OVERRIDDEN, reason="not an AVX2 host without VNNI")
+def test_int8_matmuls_use_vpmaddubsw_on_avx2() -> None:
+    """Without VNNI, the dot products of both int8 kernels (legacy and K-quant formats) are
+    vpmaddubsw + vpmaddwd on ymm registers (simd_i8._maddubs_ir), not widened multiplies."""
+    from edge_infer.kernels_cpu import matmul_i8 as m8
+    from edge_infer.kernels_cpu import matmul_k as mk
+
+    i32_1, i32_2, f32_1, f32_2 = (nt.Array(nt.int32, 1, "C"), nt.Array(nt.int32, 2, "C"), nt.Array(nt.float32, 1, "C"),
+                                  nt.Array(nt.float32, 2, "C"))
+    u16_3 = nt.Array(nt.uint16, 3, "C")
+    i8_sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), u16_3, u16_3, nt.int64, f32_2, nt.int64, nt.int64,
+              i32_1, f32_2)
+    k_sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, nt.int64, nt.int64, f32_2, nt.int64, nt.int64,
+             i32_1, i32_1, i32_1, i32_1, f32_1, f32_1, f32_1, f32_1, f32_1)
+    for fn, sig, blocks in ((m8._i8_groups, i8_sig, 4), (mk._k_groups, k_sig, 6)):
+        asm = asm_of(fn, sig)
+        assert len(re.findall(r"vpmaddubsw\s[^\n]*ymm", asm)) >= blocks * 8, fn
+        assert len(re.findall(r"vpmaddwd\s[^\n]*ymm", asm)) >= blocks * 8, fn
+        assert "gather" not in asm
+
+
 def test_attention_has_no_gathers() -> None:
     """The per-query attention loops (dot products over the head dimension, the weighted value
     sum, for all the heads of a kv group) read contiguous rows: vector FMAs on f16 rows

@@ -1,5 +1,6 @@
 """Checks of the int8 matmul (kernels_cpu.matmul_i8), shared by its tests and the portable
-subprocess runs (generic and AVX2 targets compile its plain-IR stand-in for vpdpbusd)."""
+subprocess runs (the generic target compiles its plain-IR stand-in for vpdpbusd, the AVX2 one
+vpmaddubsw)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Checks of the K-quant int8 matmul (kernels_cpu.matmul_k), shared by its tests and the
-portable subprocess runs (generic and AVX2 targets compile its plain-IR stand-in for vpdpbusd)."""
+portable subprocess runs (the generic target compiles its plain-IR stand-in for vpdpbusd, the AVX2 one
+vpmaddubsw)."""
 
 from __future__ import annotations
 
