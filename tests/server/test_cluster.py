@@ -48,7 +48,7 @@ def test_two_replicas_stream_the_plain_servers_greedy_text(
 
 
 def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(cluster: Any) -> None:
-    text = Path("/usr/share/common-licenses/GPL-3").read_text()[:9000]  # ~2,000 tokens
+    text = Path("/usr/share/common-licenses/GPL-3").read_text()[:4500]  # ~1,000 tokens
     body = {"model": "m", "max_tokens": 1, "temperature": 0}
     ttft = []
     for i in range(8):
@@ -56,7 +56,7 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(cluster: Any) -> N
         r = httpx.post(cluster.url + "/v1/completions", json={**body, "prompt": text + f"\nQuestion {i}:"},
                        timeout=300)
         assert r.status_code == 200, r.text
-        assert r.json()["usage"]["prompt_tokens"] >= 1800
+        assert r.json()["usage"]["prompt_tokens"] >= 900
         ttft.append(time.perf_counter() - t0)
     # The first computes the prefix; had any later one gone to the other replica, it would
     # have paid the same again.
@@ -89,13 +89,15 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -
 
     def one(i: int) -> None:
         try:
-            results.append(chat(cluster.url, f"Write a long story about the number {i}.", max_tokens=600,
-                                timeout=90, ignore_eos=True))  # long enough to be cut: ~10 s
+            # long enough to be cut (through Ray on 2 cores a replica streams ~10 tokens/s to each
+            # of three), short enough that the survivor ends its own while the killed one restarts
+            results.append(chat(cluster.url, f"Write a long story about the number {i}.", max_tokens=120,
+                                timeout=90, ignore_eos=True))
         except Exception as e:  # the client's error for a failed request
             results.append(e)
 
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(one, i) for i in range(8)]
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(one, i) for i in range(6)]
         time.sleep(2)
         victim = busiest(pids)  # a replica that holds requests now
         os.kill(victim, signal.SIGKILL)
@@ -104,7 +106,7 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -
             f.result(timeout=120)  # no client waits forever
     assert time.monotonic() - t0 < 100
     errors = [r for r in results if isinstance(r, BaseException)]
-    assert len(results) == 8 and 1 <= len(errors) < 8, results  # the killed one held some, not all
+    assert len(results) == 6 and 1 <= len(errors) < 6, results  # the killed one held some, not all
     for e in errors:  # OpenAI-shaped: the client parsed an API error (a status or an error event)
         assert isinstance(e, openai.APIError), repr(e)
         said = f"{e} {getattr(e, 'body', '')}"  # nothing of the replica's process, node or actor

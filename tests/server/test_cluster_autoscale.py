@@ -26,7 +26,9 @@ def test_autoscaling_grows_under_load_and_shrinks_back(start_server: Callable[..
                        "--served-model-name", "m", "--kv-cache-memory", "64MiB")
     base = len(engine_pids())
     with ThreadPoolExecutor(6) as pool:
-        futures = [pool.submit(chat, srv.url, f"Tell a long tale {i}.", 400, True, 300) for i in range(6)]
+        # 6 x 100 tokens: ~30 s of load through Ray on 2 cores, past the ~11 s the second replica
+        # takes to appear (upscale delay 1 s, Serve's metrics every 10 s)
+        futures = [pool.submit(chat, srv.url, f"Tell a long tale {i}.", 100, True, 300, True) for i in range(6)]
         wait_for(lambda: len(engine_pids()) >= base + 1, 120, "a second replica")
         for f in futures:
             f.result(timeout=300)
