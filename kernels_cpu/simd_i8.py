@@ -3,8 +3,8 @@ left these loops scalar or gathered): one 16-row x 32-column block's u8 x s8 dot
 (AVX-512 VNNI `vpdpbusd`; on aarch64 CPUs with the dot-product extension `sdot`, whose signed
 bytes hold the 4-, 5- and 6-bit codes as they are and Q8_0's q + 128 as q after xor 0x80; on
 other x86 CPUs with AVX2 `vpmaddubsw` + `vpmaddwd`; or plain vector IR that LLVM lowers for any
-target, all with the same exact integer sums), the per-block float epilogue, and the conversion of a block's 16 f16 scales. The layouts are drawn in
-kernels_cpu.matmul_i8."""
+target, all with the same exact integer sums), the per-block float epilogue, and the conversion
+of a block's 16 f16 scales. The layouts are drawn in kernels_cpu.matmul_i8."""
 
 from __future__ import annotations
 
@@ -89,11 +89,8 @@ def _maddubs_ir(builder, wb, xv):
     def half(v, h):
         return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 32), list(range(32 * h, 32 * h + 32))))
 
-    def lanes(w):  # <64 x i8> codes -> <16 x i32>
-        parts = [builder.call(maddwd, [builder.call(maddubs, [half(w, h), half(xb, h)]), ones]) for h in (0, 1)]
-        return builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(i32, 16), list(range(16))))
-
-    return lanes(wb)
+    parts = [builder.call(maddwd, [builder.call(maddubs, [half(wb, h), half(xb, h)]), ones]) for h in (0, 1)]
+    return builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(i32, 16), list(range(16))))
 
 
 def _dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=False, avx2=False):

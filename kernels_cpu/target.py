@@ -14,8 +14,8 @@ from ._jit import target_has
 from .backend import I8_TYPES, K_TYPES
 from .simd_i8 import HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI
 
-# The LLVM features the kernels' code depends on: the int8 dot products (VNNI, else plain vector
-# IR that LLVM lowers with what the target has), 512-bit vectors, F16C half conversions.
+# The LLVM features the kernels' code depends on: the int8 dot products (VNNI, AVX2 or sdot, else
+# plain vector IR that LLVM lowers with what the target has), 512-bit vectors, F16C half conversions.
 X86_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avxvnni", "amx-int8")
 ARM_FEATURES = ("neon", "dotprod", "fullfp16", "i8mm")
 

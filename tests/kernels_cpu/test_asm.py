@@ -76,6 +76,15 @@ def _to_f16(x):  # type: ignore[no-untyped-def]
     return f32_to_f16(x)
 
 
+# The signatures of matmul_i8._i8_groups and matmul_k._k_groups, whose asm the int8 tests read.
+_I32_1, _I32_2 = nt.Array(nt.int32, 1, "C"), nt.Array(nt.int32, 2, "C")
+_F32_1, _F32_2, _U16_3 = nt.Array(nt.float32, 1, "C"), nt.Array(nt.float32, 2, "C"), nt.Array(nt.uint16, 3, "C")
+I8_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), _U16_3, _U16_3, nt.int64, _F32_2, nt.int64,
+                 nt.int64, _I32_1, _F32_2)
+K_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, nt.int64, nt.int64, _F32_2, nt.int64,
+                nt.int64, _I32_1, _I32_1, _I32_1, _I32_1, _F32_1, _F32_1, _F32_1, _F32_1, _F32_1)
+
+
 @pytest.mark.skipif("+f16c" not in HOST, reason="no F16C")
 def test_f16_conversions_are_single_instructions() -> None:
     _to_f32.compile((nt.uint16,))
@@ -93,11 +102,7 @@ def test_int8_matmul_uses_vpdpbusd() -> None:
     and the per-block float epilogue is vector code that converts the f16 scales 16 at once."""
     from edge_infer.kernels_cpu import matmul_i8 as m8
 
-    i32_2, f32_2 = nt.Array(nt.int32, 2, "C"), nt.Array(nt.float32, 2, "C")
-    u16_3 = nt.Array(nt.uint16, 3, "C")
-    sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), u16_3, u16_3, nt.int64, f32_2, nt.int64, nt.int64,
-           nt.Array(nt.int32, 1, "C"), f32_2)
-    asm = asm_of(m8._i8_groups, sig)
+    asm = asm_of(m8._i8_groups, I8_GROUPS_SIG)
     assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 4 * 8, "fewer vpdpbusd than one block of each path"
     assert uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
     assert "gather" not in asm
@@ -110,11 +115,7 @@ def test_k_quant_matmul_uses_vpdpbusd() -> None:
     multiplies for Q6_K, conversions to float); no gathers."""
     from edge_infer.kernels_cpu import matmul_k as mk
 
-    i32_1, i32_2, f32_1, f32_2 = (nt.Array(nt.int32, 1, "C"), nt.Array(nt.int32, 2, "C"), nt.Array(nt.float32, 1, "C"),
-                                  nt.Array(nt.float32, 2, "C"))
-    sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, nt.int64, nt.int64, f32_2, nt.int64, nt.int64,
-           i32_1, i32_1, i32_1, i32_1, f32_1, f32_1, f32_1, f32_1, f32_1)
-    asm = asm_of(mk._k_groups, sig)
+    asm = asm_of(mk._k_groups, K_GROUPS_SIG)
     assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 6 * 8, "fewer vpdpbusd than one block of each path"
     assert uses(asm, "vpmulld", "zmm") and uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
     assert "gather" not in asm
@@ -127,14 +128,7 @@ def test_int8_matmuls_use_vpmaddubsw_on_avx2() -> None:
     from edge_infer.kernels_cpu import matmul_i8 as m8
     from edge_infer.kernels_cpu import matmul_k as mk
 
-    i32_1, i32_2, f32_1, f32_2 = (nt.Array(nt.int32, 1, "C"), nt.Array(nt.int32, 2, "C"), nt.Array(nt.float32, 1, "C"),
-                                  nt.Array(nt.float32, 2, "C"))
-    u16_3 = nt.Array(nt.uint16, 3, "C")
-    i8_sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), u16_3, u16_3, nt.int64, f32_2, nt.int64, nt.int64,
-              i32_1, f32_2)
-    k_sig = (i32_2, f32_2, i32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, nt.int64, nt.int64, f32_2, nt.int64, nt.int64,
-             i32_1, i32_1, i32_1, i32_1, f32_1, f32_1, f32_1, f32_1, f32_1)
-    for fn, sig, blocks in ((m8._i8_groups, i8_sig, 4), (mk._k_groups, k_sig, 6)):
+    for fn, sig, blocks in ((m8._i8_groups, I8_GROUPS_SIG, 4), (mk._k_groups, K_GROUPS_SIG, 6)):
         asm = asm_of(fn, sig)
         assert len(re.findall(r"vpmaddubsw\s[^\n]*ymm", asm)) >= blocks * 8, fn
         assert len(re.findall(r"vpmaddwd\s[^\n]*ymm", asm)) >= blocks * 8, fn
