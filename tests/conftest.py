@@ -66,19 +66,69 @@ def qwen2_1p5b_path() -> Path:
     return real_model_path("qwen2.5-coder-1.5b")
 
 
+# Under pytest-xdist (`-n 2`, as .ci/run and the README run it) one test file is one unit of work,
+# so a module's server or loaded model is built once, on one worker. The Ray modules form one unit:
+# their replica processes are counted machine-wide (cluster_helpers.engine_pids), so two Ray clusters
+# must not run at once. Units start heaviest first (HEAVIEST_FIRST, measured on 2 cores), so the last
+# to start is a short one and neither worker is left alone at the end with a long file.
+RAY_UNIT = "ray-cluster"
+HEAVIEST_FIRST = (
+    "tests/test_cuda_simulator.py",  # waits for a single-threaded simulator process: 4-9 minutes
+    "tests/models/test_forward_agreement.py",
+    "tests/formats/test_requantize.py",
+    RAY_UNIT,
+    "tests/cli/test_quantize.py",
+    "tests/models/test_architectures.py",
+    "tests/formats/test_quants.py",
+    "tests/kernels_cpu/test_attention.py",
+    "tests/formats/test_gguf.py",
+    "tests/engine/test_spec_real.py",
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under pytest-xdist: its file, or the Ray unit."""
+    path = nodeid.split("::")[0]
+    return RAY_UNIT if path.startswith("tests/server/test_cluster") else path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With `-n N` (xdist's default `--dist load`): distribute by HEAVIEST_FIRST's units, in that
+    order, and let the workers share the cores politely. A worker's kernels and BLAS would otherwise
+    spin-wait for their second thread while the other worker holds that core: OpenMP threads (our
+    numba kernels, llama.cpp) sleep at once, and NumPy's BLAS (the float64 reference) runs one
+    thread; measured on 2 cores, a float64 reference forward beside another worker took 1.5x as long
+    with both left spinning. Server processes the tests start inherit the same settings."""
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
+        config.option.dist = "loadgroup"
+        config.option.loadscopereorder = False  # xdist would sort the units by test count
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(work_unit(item.nodeid)))
+    rank = {unit: i for i, unit in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable within a unit
+
 
 def _simulator_module(session: pytest.Session) -> object | None:
     """tests/test_cuda_simulator.py as pytest imported it, when its test is selected."""
     for item in session.items:
-        if item.nodeid.endswith("test_cuda_kernels_and_engine_under_the_simulator"):
+        if item.nodeid.split("@")[0].endswith("test_cuda_kernels_and_engine_under_the_simulator"):
             return getattr(item, "module", None)
     return None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the CUDA simulator's own process early when its test is selected, so it runs beside
-    the tests collected before it (tests/test_cuda_simulator.py waits for it)."""
-    mod = _simulator_module(session)
+    the tests collected before it (tests/test_cuda_simulator.py waits for it). Not under xdist:
+    every worker collects every test, and the one that is handed this test (first, by
+    HEAVIEST_FIRST) starts the simulator itself."""
+    mod = None if os.environ.get("PYTEST_XDIST_WORKER") else _simulator_module(session)
     if mod is not None:
         mod.start_simulator()  # type: ignore[attr-defined]
 
