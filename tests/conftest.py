@@ -94,11 +94,11 @@ def work_unit(nodeid: str) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     """With `-n N` (xdist's default `--dist load`): distribute by HEAVIEST_FIRST's units, in that
-    order, and let the workers share the cores politely. A worker's kernels and BLAS would otherwise
-    spin-wait for their second thread while the other worker holds that core: OpenMP threads (our
-    numba kernels, llama.cpp) sleep at once, and NumPy's BLAS (the float64 reference) runs one
-    thread; measured on 2 cores, a float64 reference forward beside another worker took 1.5x as long
-    with both left spinning. Server processes the tests start inherit the same settings."""
+    order, and give NumPy's BLAS (the float64 reference) one thread per worker: its second thread
+    would spin-wait for a core the other worker holds (measured on 2 cores: a float64 reference
+    forward beside another worker took 1.5x as long). OpenMP's spinning is left on: our kernels
+    and llama.cpp wait at a barrier per operation, and made to sleep there the suite took 2x as
+    long. Server processes the tests start inherit the setting."""
     if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
         config.option.dist = "loadgroup"
         config.option.loadscopereorder = False  # xdist would sort the units by test count
