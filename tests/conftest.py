@@ -93,32 +93,46 @@ def work_unit(nodeid: str) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With `-n N` (xdist's default `--dist load`): distribute by HEAVIEST_FIRST's units, in that
-    order, and give NumPy's BLAS (the float64 reference) one thread per worker: its second thread
-    would spin-wait for a core the other worker holds (measured on 2 cores: a float64 reference
-    forward beside another worker took 1.5x as long). OpenMP's spinning is left on: our kernels
-    and llama.cpp wait at a barrier per operation, and made to sleep there the suite took 2x as
-    long. Server processes the tests start inherit the setting."""
+    """With `-n N` (xdist's default `--dist load`): distribute by `work_unit`, in HEAVIEST_FIRST
+    order (pytest_xdist_make_scheduler), and give NumPy's BLAS (the float64 reference) one thread
+    per worker, whose second thread would spin-wait for a core the other worker holds (on 2 cores,
+    a float64 reference forward beside another worker took 18.9 s with the defaults, 12.6 s with
+    one BLAS thread and OpenMP passive). OpenMP's spin-waiting stays (OMP_WAIT_POLICY unset): our
+    kernels and llama.cpp meet at a barrier per operation, and with OMP_WAIT_POLICY=PASSIVE the
+    whole suite took 2x as long. Server processes the tests start inherit the setting."""
     if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
-        config.option.dist = "loadgroup"
+        config.option.dist = "edge-infer-units"  # a name no xdist scheduler answers to
         config.option.loadscopereorder = False  # xdist would sort the units by test count
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the aarch64 job runs without
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """xdist's scope scheduler with `work_unit` as the scope. (Not its `xdist_group` marks: with
+    pytest 9.2 their node-id suffix no longer reaches the scheduler, and the groups are ignored.)"""
+    if config.option.dist != "edge-infer-units":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)  # type: ignore[arg-type]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(work_unit(item.nodeid)))
-    rank = {unit: i for i, unit in enumerate(HEAVIEST_FIRST)}
-    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable within a unit
+    """Under xdist, every worker orders the tests by HEAVIEST_FIRST (the scheduler hands out
+    units in the order of the collection)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {unit: i for i, unit in enumerate(HEAVIEST_FIRST)}
+        items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable within a unit
 
 
 def _simulator_module(session: pytest.Session) -> object | None:
     """tests/test_cuda_simulator.py as pytest imported it, when its test is selected."""
     for item in session.items:
-        if item.nodeid.split("@")[0].endswith("test_cuda_kernels_and_engine_under_the_simulator"):
+        if item.nodeid.endswith("test_cuda_kernels_and_engine_under_the_simulator"):
             return getattr(item, "module", None)
     return None
 

@@ -21,28 +21,37 @@ X = (RNG.standard_t(4, (48, 1024)) * 0.02).astype(np.float32)  # heavy tails, li
 IMP = (RNG.gamma(0.5, 1.0, 1024) ** 2).astype(np.float32)  # a few channels matter much more
 
 
+def _err(x: np.ndarray, w: np.ndarray, d: np.ndarray, m: np.ndarray, L: np.ndarray) -> np.ndarray:
+    """Each block's weighted squared error of x ~ d * L - m (float64)."""
+    y = d[:, None].astype(np.float64) * L - m[:, None]
+    return (w * (y - x) ** 2).sum(axis=1)
+
+
 @pytest.mark.parametrize("n, nmax", [(16, 4), (16, 32), (32, 8), (32, 16)])
 def test_symmetric_kernel_equals_its_twin(n: int, nmax: int) -> None:
-    x = X.reshape(-1, n)[:2000]
-    w = RNG.random(x.shape).astype(np.float32)
+    x = X.reshape(-1, n)[:2000].copy()  # X stays as it is for the other tests
+    w = np.random.default_rng(n * 100 + nmax).random(x.shape).astype(np.float32)  # whatever ran before
     x[3] = 0  # an all-zero block
     d0, L0 = fit_symmetric(x, w, nmax)
     d1, L1 = np.empty(len(x), np.float32), np.empty(x.shape, np.int32)
     fit_symmetric_kernel(x, w, nmax, 9, d1, L1, 2)
     same = (d0 == d1) & (L0 == L1).all(axis=1)
-    assert same.mean() > 0.995 and np.allclose(d0, d1, rtol=1e-5, atol=0)  # sums in another order: rare ties
+    assert same.mean() > 0.995  # sums in another order: rare ties, which must be ties
+    np.testing.assert_allclose(_err(x, w, d1, 0 * d1, L1)[~same], _err(x, w, d0, 0 * d0, L0)[~same], rtol=1e-5)
 
 
 @pytest.mark.parametrize("n, nmax", [(16, 3), (32, 15), (32, 31)])
 def test_affine_kernel_equals_its_twin(n: int, nmax: int) -> None:
-    x = X.reshape(-1, n)[:2000]
-    w = RNG.random(x.shape).astype(np.float32)
+    x = X.reshape(-1, n)[:2000].copy()
+    w = np.random.default_rng(n * 100 + nmax).random(x.shape).astype(np.float32)
     x[5] = 0.25  # a flat block
     d0, m0, L0 = fit_affine(x, w, nmax)
     d1, m1, L1 = np.empty(len(x), np.float32), np.empty(len(x), np.float32), np.empty(x.shape, np.int32)
     fit_affine_kernel(x, w, nmax, 36, d1, m1, L1, 2)
     same = (d0 == d1) & (m0 == m1) & (L0 == L1).all(axis=1)
-    assert same.mean() > 0.995 and np.allclose(d0, d1, rtol=1e-5) and np.allclose(m0, m1, rtol=1e-5, atol=1e-9)
+    # a tie: e.g. a block whose codes are all 0 or nmax is fit as well by other scales
+    assert same.mean() > 0.995
+    np.testing.assert_allclose(_err(x, w, d1, m1, L1)[~same], _err(x, w, d0, m0, L0)[~same], rtol=1e-5)
     assert (m1 >= 0).all() and L1.min() >= 0 and L1.max() <= nmax
 
 
