@@ -8,13 +8,17 @@ Ray Serve then tries that rank first and falls back to the other replicas, least
 when the preferred one is at max_ongoing_requests or gone. "Load" is the router's own count of
 the requests it has routed to a replica and not seen complete: Ray's queue-length probes of a
 burst of requests routed at once all see the same empty queues and would send the whole burst
-to one replica. The engine replica's own
-prefix cache is exact; this map only steers requests to where the blocks probably are.
+to one replica. Nor is the count alone enough: Ray chooses for a whole burst before it reports
+any of them routed, so a choice not yet reported counts as load on the replica ranked first
+for it (for TENTATIVE_S at most: a request cancelled before routing is never reported). The
+engine replica's own prefix cache is exact; this map only steers requests to where the blocks
+probably are.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import time
+from collections import Counter, OrderedDict
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
@@ -24,6 +28,7 @@ from edge_infer.cluster.request import EngineRequest
 CHUNK = 64  # tokens per prefix step (a few KV blocks)
 MIN_MATCH = 2 * CHUNK  # a shorter shared prefix is not worth steering for
 MAX_KEYS = 200_000
+TENTATIVE_S = 5.0  # how long a choice not yet reported routed counts as load (seconds)
 
 
 def prefix_keys(prompt: list[int], chunk: int = CHUNK) -> list[int]:
@@ -33,6 +38,10 @@ def prefix_keys(prompt: list[int], chunk: int = CHUNK) -> list[int]:
         h = hash((h, tuple(prompt[end - chunk : end])))
         keys.append(h)
     return keys
+
+
+def _request_id(pending: PendingRequest | None) -> str | None:
+    return None if pending is None else pending.metadata.internal_request_id
 
 
 def _prompt(pending: PendingRequest | None) -> list[int] | None:
@@ -51,28 +60,47 @@ class PrefixAffinityRouter(RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
         self._owner: OrderedDict[int, ReplicaID] = OrderedDict()
         self._in_flight: dict[ReplicaID, int] = {}
+        # request id -> (the replica ranked first for it, monotonic time), until reported routed
+        self._chosen: OrderedDict[str, tuple[ReplicaID, float]] = OrderedDict()
 
     def _by_load(self, replicas: list[RunningReplica]) -> list[list[RunningReplica]]:
-        ordered = sorted(replicas, key=lambda r: self._in_flight.get(r.replica_id, 0))  # stable: ties keep order
+        now = time.monotonic()
+        while self._chosen and next(iter(self._chosen.values()))[1] < now - TENTATIVE_S:
+            self._chosen.popitem(last=False)
+        tentative = Counter(r for r, _ in self._chosen.values())
+        # stable: ties keep order
+        ordered = sorted(replicas, key=lambda r: self._in_flight.get(r.replica_id, 0) + tentative[r.replica_id])
         return [[r] for r in ordered]
+
+    def _ranked(self, ranks: list[list[RunningReplica]], pending: PendingRequest | None) -> list[list[RunningReplica]]:
+        """`ranks`, its first replica noted as this request's tentative choice."""
+        request_id = _request_id(pending)
+        if request_id is not None and ranks:
+            self._chosen.pop(request_id, None)  # a retry re-ranks: only its newest choice counts
+            self._chosen[request_id] = (ranks[0][0].replica_id, time.monotonic())
+        return ranks
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         prompt = _prompt(pending_request)
         if prompt is None or not candidate_replicas:
-            return self._by_load(candidate_replicas)
+            return self._ranked(self._by_load(candidate_replicas), pending_request)
         by_id = {r.replica_id: r for r in candidate_replicas}
         keys = prefix_keys(prompt)
         for n in range(len(keys), MIN_MATCH // CHUNK - 1, -1):
             owner = self._owner.get(keys[n - 1])
             if owner in by_id:
                 best = by_id[owner]
-                return [[best], *self._by_load([r for r in candidate_replicas if r is not best])]
-        return self._by_load(candidate_replicas)
+                return self._ranked([[best], *self._by_load([r for r in candidate_replicas if r is not best])],
+                                    pending_request)
+        return self._ranked(self._by_load(candidate_replicas), pending_request)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
         self._in_flight[replica_id] = self._in_flight.get(replica_id, 0) + 1
+        request_id = _request_id(pending_request)
+        if request_id is not None:
+            self._chosen.pop(request_id, None)
         prompt = _prompt(pending_request)
         if prompt is None:
             return
@@ -92,5 +120,7 @@ class PrefixAffinityRouter(RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._in_flight.pop(replica_id, None)
+        for request_id in [i for i, (r, _) in self._chosen.items() if r == replica_id]:
+            del self._chosen[request_id]
         for k in [k for k, r in self._owner.items() if r == replica_id]:
             del self._owner[k]

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -86,20 +87,22 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(cluster: Any) -
     pids = engine_pids()
     assert len(pids) == 2
     results: list[str | BaseException] = []
+    started = threading.Semaphore(0)
 
     def one(i: int) -> None:
         try:
-            # long enough to be cut (through Ray on 2 cores a replica streams ~10 tokens/s to each
-            # of three), short enough that the survivor ends its own while the killed one restarts
+            # long enough to be cut (at full speed a replica streams 120 tokens to each of three in
+            # ~3 s), short enough that the survivor ends its own while the killed one restarts
             results.append(chat(cluster.url, f"Write a long story about the number {i}.", max_tokens=120,
-                                timeout=90, ignore_eos=True))
+                                timeout=90, ignore_eos=True, on_first=started.release))
         except Exception as e:  # the client's error for a failed request
             results.append(e)
 
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(one, i) for i in range(6)]
-        time.sleep(2)
-        victim = busiest(pids)  # a replica that holds requests now
+        for _ in range(6):  # every request streaming: each replica holds its share now
+            assert started.acquire(timeout=60), "a request streamed nothing for 60 s"
+        victim = busiest(pids, 0.2)
         os.kill(victim, signal.SIGKILL)
         t0 = time.monotonic()
         for f in futures:

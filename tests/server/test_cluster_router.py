@@ -5,6 +5,7 @@ fewest requests in flight, and a replica no longer among the candidates is passe
 from __future__ import annotations
 
 import asyncio
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -22,8 +23,12 @@ def _router() -> PrefixAffinityRouter:
     return r
 
 
+_ids = itertools.count()
+
+
 def _pending(prompt: list[int]) -> SimpleNamespace:
-    return SimpleNamespace(args=[EngineRequest(prompt, SamplingParams(), "r")], kwargs={})
+    return SimpleNamespace(args=[EngineRequest(prompt, SamplingParams(), "r")], kwargs={},
+                           metadata=SimpleNamespace(internal_request_id=f"req-{next(_ids)}"))
 
 
 def test_prefix_keys_are_cumulative_whole_chunks() -> None:
@@ -40,15 +45,22 @@ def test_a_shared_long_prefix_prefers_its_replica() -> None:
     one, two = SimpleNamespace(replica_id="one"), SimpleNamespace(replica_id="two")
     shared = list(range(10 * CHUNK))
     r.on_request_routed(_pending(shared + [1, 2, 3]), "two", None)  # type: ignore[arg-type]
-    ranks = asyncio.run(r.choose_replicas([one, two], _pending(shared + [9])))  # type: ignore[arg-type,list-item]
-    assert ranks == [[two], [one]]
+    p = _pending(shared + [9])
+    assert asyncio.run(r.choose_replicas([one, two], p)) == [[two], [one]]  # type: ignore[arg-type,list-item]
+    r.on_request_routed(p, "two", None)  # type: ignore[arg-type]
     short = shared[: MIN_MATCH - 1] + [7] * CHUNK * 3  # shares less than MIN_MATCH tokens
-    # two holds one request in flight: anything without a long shared prefix prefers one
-    assert asyncio.run(r.choose_replicas([one, two], _pending(short))) == [[one], [two]]  # type: ignore[arg-type,list-item]
-    assert asyncio.run(r.choose_replicas([one], _pending(shared))) == [[one]]  # its replica is gone  # type: ignore[arg-type,list-item]
-    assert asyncio.run(r.choose_replicas([two, one], None)) == [[one], [two]]  # type: ignore[arg-type,list-item]
+    # two holds two requests in flight: anything without a long shared prefix prefers one
+    p = _pending(short)
+    assert asyncio.run(r.choose_replicas([one, two], p)) == [[one], [two]]  # type: ignore[arg-type,list-item]
+    r.on_request_routed(p, "one", None)  # type: ignore[arg-type]
+    p = _pending(shared)
+    assert asyncio.run(r.choose_replicas([one], p)) == [[one]]  # its replica is gone  # type: ignore[arg-type,list-item]
+    r.on_request_routed(p, "one", None)  # type: ignore[arg-type]
     r.on_request_completed("two", "x")  # type: ignore[arg-type]
-    assert asyncio.run(r.choose_replicas([two, one], None)) == [[two], [one]]  # type: ignore[arg-type,list-item]
+    assert asyncio.run(r.choose_replicas([one, two], None)) == [[two], [one]]  # type: ignore[arg-type,list-item]
+    for _ in range(2):
+        r.on_request_completed("one", "x")  # type: ignore[arg-type]
+    assert asyncio.run(r.choose_replicas([two, one], None)) == [[one], [two]]  # type: ignore[arg-type,list-item]
 
 
 def test_a_burst_without_shared_prefixes_spreads_over_the_replicas() -> None:
@@ -64,6 +76,21 @@ def test_a_burst_without_shared_prefixes_spreads_over_the_replicas() -> None:
     for _ in range(3):
         r.on_request_completed("c", "x")  # type: ignore[arg-type]
     assert asyncio.run(r.choose_replicas(replicas, _pending([5])))[0][0].replica_id == "c"  # type: ignore[arg-type]
+
+
+def test_a_burst_chosen_before_any_is_routed_spreads_over_the_replicas() -> None:
+    r = _router()
+    replicas = [SimpleNamespace(replica_id=n) for n in ("a", "b")]
+    burst = [_pending([2000 + i] * 5) for i in range(6)]
+    # Serve chooses for every request of a burst before it reports any of them routed
+    firsts = [asyncio.run(r.choose_replicas(replicas, p))[0][0].replica_id for p in burst]  # type: ignore[arg-type]
+    assert sorted(firsts) == ["a"] * 3 + ["b"] * 3
+    again = asyncio.run(r.choose_replicas(replicas, burst[0]))[0][0].replica_id  # type: ignore[arg-type]
+    assert again == firsts[0]  # a retry replaces its own earlier choice, it does not add to it
+    for p, first in zip(burst, firsts):
+        r.on_request_routed(p, first, None)  # type: ignore[arg-type]
+    assert not r._chosen  # reported: now counted as in flight, not as chosen
+    assert r._in_flight == {"a": 3, "b": 3}
 
 
 def test_deltas_rebuild_the_cumulative_outputs() -> None:

@@ -45,8 +45,9 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def chat(url: str, prompt: str, max_tokens: int = 12, stream: bool = True, timeout: float = 120,
-         ignore_eos: bool = False) -> str:
-    """The greedy reply to one user message (ignore_eos: exactly max_tokens of it)."""
+         ignore_eos: bool = False, on_first: Callable[[], None] | None = None) -> str:
+    """The greedy reply to one user message (ignore_eos: exactly max_tokens of it); a stream
+    calls on_first() when its first text arrives."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=timeout, max_retries=0)
     messages = [{"role": "user", "content": prompt}]
     extra = {"ignore_eos": True} if ignore_eos else None
@@ -58,5 +59,7 @@ def chat(url: str, prompt: str, max_tokens: int = 12, stream: bool = True, timeo
     for chunk in client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
                                                 temperature=0, stream=True, extra_body=extra):
         if chunk.choices and chunk.choices[0].delta.content:
+            if on_first is not None and not parts:
+                on_first()
             parts.append(chunk.choices[0].delta.content)
     return "".join(parts)
