@@ -94,16 +94,19 @@ def work_unit(nodeid: str) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     """With `-n N` (xdist's default `--dist load`): distribute by `work_unit`, in HEAVIEST_FIRST
-    order (pytest_xdist_make_scheduler), and give NumPy's BLAS (the float64 reference) one thread
-    per worker, whose second thread would spin-wait for a core the other worker holds (on 2 cores,
-    a float64 reference forward beside another worker took 18.9 s with the defaults, 12.6 s with
-    one BLAS thread and OpenMP passive). OpenMP's spin-waiting stays (OMP_WAIT_POLICY unset): our
-    kernels and llama.cpp meet at a barrier per operation, and with OMP_WAIT_POLICY=PASSIVE the
-    whole suite took 2x as long. Server processes the tests start inherit the setting."""
+    order (pytest_xdist_make_scheduler), and run each worker's kernels on one thread (numba's, and
+    NumPy's BLAS for the float64 reference). Two workers on two cores each with two OpenMP threads
+    convoy: a thread spin-waits at a barrier for a core the other worker holds. The structured-output
+    server tests took 12 s alone and 50 s beside a 2-thread engine (18 s with one thread each;
+    OMP_WAIT_POLICY=PASSIVE helps there but doubled the suite, whose kernels meet at a barrier per
+    operation). Kernels split their work by the n_threads they are given, not by the threads numba
+    runs, so batch and thread invariance are still tested. Server processes the tests start
+    inherit the setting."""
     if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
         config.option.dist = "edge-infer-units"  # a name no xdist scheduler answers to
         config.option.loadscopereorder = False  # xdist would sort the units by test count
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the aarch64 job runs without

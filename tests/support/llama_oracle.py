@@ -4,6 +4,7 @@ buffers, with a warning to build the fair baseline (benchmarks/llama_cpp_build.p
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,9 @@ class LlamaCpp:
         assert self.model, f"llama.cpp could not load {path}"
         cp = lc.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
-        cp.n_threads = cp.n_threads_batch = 2
+        # two threads, or the one per worker tests/conftest.py gives numba under xdist: llama.cpp's
+        # OpenMP threads spin-wait like numba's
+        cp.n_threads = cp.n_threads_batch = int(os.environ.get("NUMBA_NUM_THREADS", "2"))
         if pooling is not None:
             cp.embeddings, cp.pooling_type = True, pooling
         self.ctx = lc.llama_init_from_model(self.model, cp)
