@@ -14,11 +14,12 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edge_infer.errors import EdgeInferError
+from edge_infer.errors import EdgeInferError, UnsupportedTensorType
 from edge_infer.formats.gguf import TensorInfo
 from edge_infer.formats.kscales import k4_scale_min
 from edge_infer.formats.quantizers import QUANTIZERS
 from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS, element_weights
+from edge_infer.formats.quants_iq import DEQUANT_IQ
 from edge_infer.formats.weight_types import QK, QK_K, TYPES, WeightType, weight_type
 
 __all__ = [
@@ -163,6 +164,7 @@ _DEQUANT: dict[T, Callable[[np.ndarray, np.ndarray], None]] = {
     T.Q5_K: _dq_q5_k,
     T.Q6_K: _dq_q6_k,
     T.Q8_K: _dq_q8_k,
+    **{T(k): fn for k, fn in DEQUANT_IQ.items()},
 }
 
 
@@ -217,6 +219,10 @@ def quantize(x: np.ndarray, qtype: T | int, importance: np.ndarray | None = None
     have a weighted form; the others ignore it.
     """
     lay = weight_type(qtype, "quantize")
+    if not lay.quantizer:
+        raise UnsupportedTensorType(
+            f"quantize to {lay.name}: edge-infer reads and computes {lay.name} but does not write it yet; "
+            f"llama.cpp's llama-quantize does")
     if importance is not None and lay.weighted:
         return _quantize_weighted(x, lay, importance)
     x = np.ascontiguousarray(x, dtype=np.float32)

@@ -17,9 +17,10 @@ import numpy as np
 from edge_infer.errors import UnsupportedTensorType
 
 __all__ = [
-    "BF16", "F16", "F32", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K",
-    "Q8_0", "Q8_K", "QK", "QK_K", "TYPES", "CudaForm", "I8Form", "KForm", "WeightType", "by_name",
-    "weight_type",
+    "BF16", "F16", "F32", "IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL",
+    "IQ4_XS", "MXFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0",
+    "Q8_K", "QK", "QK_K", "TQ1_0", "TQ2_0", "TYPES", "CudaForm", "I8Form", "KForm", "WeightType",
+    "by_name", "weight_type",
 ]
 
 QK = 32  # elements per block of the "legacy" types
@@ -28,6 +29,8 @@ QK_K = 256  # elements per super-block of the K-quants
 # GGML type ids (gguf.GGMLQuantizationType values)
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, BF16 = 10, 11, 12, 13, 14, 15, 30
+IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS = 16, 17, 18, 19, 20, 21, 22, 23
+IQ1_M, TQ1_0, TQ2_0, MXFP4 = 29, 34, 35, 39
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +184,43 @@ TYPES: tuple[WeightType, ...] = (
     # d: f32 | qs: 256 x i8 | bsums: 16 x i16 (sum of each 16 quants, for dot products); x = d * q
     WeightType(Q8_K, "Q8_K", QK_K, 292,
                _blk(("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)), "k"),
+    # The non-linear and codebook types (formats/quants_iq.py decodes them; the float path
+    # computes them). d: f16 | qs: 16 x u8 (as Q4_0); x = d * IQ4_VALUES[q]
+    WeightType(IQ4_NL, "IQ4_NL", QK, 18, _blk(("d", "<f2"), ("qs", "u1", 16)), "legacy", quantizer=False),
+    # d: f16 | scales_h: u16 (2 high bits of 8 6-bit scales) | scales_l: 4 x u8 (their low
+    # nibbles) | qs: 128 x u8 (per 32: as IQ4_NL); x = (d * (sc - 32)) * IQ4_VALUES[q]
+    WeightType(IQ4_XS, "IQ4_XS", QK_K, 136,
+               _blk(("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", 4), ("qs", "u1", 128)), "k",
+               quantizer=False),
+    # d: f16 | qs: 32 x u16 (per 32 values: 4 grid-row bytes, then a u32 of 4 x 7 sign bits and
+    # a 4-bit scale); x = ((d * (0.5 + s)) * 0.25) * +-grid
+    WeightType(IQ2_XXS, "IQ2_XXS", QK_K, 66, _blk(("d", "<f2"), ("qs", "<u2", 32)), "k", quantizer=False),
+    # d: f16 | qs: 32 x u16 (9-bit grid row, 7 sign bits) | scales: 8 x u8 (two 4-bit scales)
+    WeightType(IQ2_XS, "IQ2_XS", QK_K, 74, _blk(("d", "<f2"), ("qs", "<u2", 32), ("scales", "u1", 8)), "k",
+               quantizer=False),
+    # d: f16 | qs: 32 grid-row bytes + 32 sign bytes | qh: 8 x u8 (2 high row bits) | scales: 8
+    WeightType(IQ2_S, "IQ2_S", QK_K, 82,
+               _blk(("d", "<f2"), ("qs", "u1", 64), ("qh", "u1", 8), ("scales", "u1", 8)), "k", quantizer=False),
+    # d: f16 | qs: 64 bytes of 4-wide grid rows, then 8 x u32 (4 x 7 sign bits, a 4-bit scale)
+    WeightType(IQ3_XXS, "IQ3_XXS", QK_K, 98, _blk(("d", "<f2"), ("qs", "u1", 96)), "k", quantizer=False),
+    # d: f16 | qs: 64 | qh: 8 (bit 8 of each row) | signs: 32 | scales: 4 (x = d * (1 + 2s) * +-grid)
+    WeightType(IQ3_S, "IQ3_S", QK_K, 110,
+               _blk(("d", "<f2"), ("qs", "u1", 64), ("qh", "u1", 8), ("signs", "u1", 32), ("scales", "u1", 4)),
+               "k", quantizer=False),
+    # d: f16 | qs: 32 | qh: 8 x u16 (4 x 3 high row bits, a 3-bit scale, the delta's sign);
+    # x = (d * (2s + 1)) * (grid + +-0.125), grid values -1, 0, 1
+    WeightType(IQ1_S, "IQ1_S", QK_K, 50, _blk(("d", "<f2"), ("qs", "u1", 32), ("qh", "<u2", 8)), "k",
+               quantizer=False),
+    # qs: 32 | qh: 16 | scales: 8 (3-bit scales; the f16 d in the top nibbles of the 4 u16)
+    WeightType(IQ1_M, "IQ1_M", QK_K, 56, _blk(("qs", "u1", 32), ("qh", "u1", 16), ("scales", "u1", 8)), "k",
+               quantizer=False),
+    # qs: 48 x u8 (5 base-3 digits each) | qh: 4 x u8 (4 digits each) | d: f16; x = (t - 1) * d
+    WeightType(TQ1_0, "TQ1_0", QK_K, 54, _blk(("qs", "u1", 48), ("qh", "u1", 4), ("d", "<f2")), "k",
+               quantizer=False),
+    # qs: 64 x u8 (4 two-bit digits each) | d: f16; x = (q - 1) * d
+    WeightType(TQ2_0, "TQ2_0", QK_K, 66, _blk(("qs", "u1", 64), ("d", "<f2")), "k", quantizer=False),
+    # e: E8M0 scale | qs: 16 x u8 (E2M1 codes, as Q4_0); x = MXFP4_VALUES[q] * 2^(e - 128)
+    WeightType(MXFP4, "MXFP4", QK, 17, _blk(("e", "u1"), ("qs", "u1", 16)), "legacy", quantizer=False),
 )
 _BY_ID = {t.id: t for t in TYPES}
 _BY_NAME = {t.name: t for t in TYPES}

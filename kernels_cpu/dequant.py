@@ -19,6 +19,16 @@ from edge_infer.formats.weight_types import (
     BF16,
     F16,
     F32,
+    IQ1_M,
+    IQ1_S,
+    IQ2_S,
+    IQ2_XS,
+    IQ2_XXS,
+    IQ3_S,
+    IQ3_XXS,
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
     Q2_K,
     Q3_K,
     Q4_0,
@@ -30,10 +40,26 @@ from edge_infer.formats.weight_types import (
     Q6_K,
     Q8_0,
     Q8_K,
+    TQ1_0,
+    TQ2_0,
     TYPES,
 )
 
 from ._jit import bf16_to_f32, bit_at, f16_to_f32, kernel
+from .dequant_iq import (
+    decode_iq1_m,
+    decode_iq1_s,
+    decode_iq2_s,
+    decode_iq2_xs,
+    decode_iq2_xxs,
+    decode_iq3_s,
+    decode_iq3_xxs,
+    decode_iq4_nl,
+    decode_iq4_xs,
+    decode_mxfp4,
+    decode_tq1_0,
+    decode_tq2_0,
+)
 
 # The GGML type ids above (formats.weight_types' records, re-exported here for the kernels and
 # their callers): decode_rows takes every one of them.
@@ -296,6 +322,37 @@ def decode_rows(qtype, w, r, out, i):
         decode_f16(w, r, out, i)
     elif qtype == BF16:
         decode_bf16(w, r, out, i)
+    else:
+        decode_iq_rows(qtype, w, r, out, i)
+
+
+@kernel
+def decode_iq_rows(qtype, w, r, out, i):
+    """decode_rows for the non-linear and codebook types (kernels_cpu.dequant_iq)."""
+    if qtype == IQ4_XS:
+        decode_iq4_xs(w, r, out, i)
+    elif qtype == IQ4_NL:
+        decode_iq4_nl(w, r, out, i)
+    elif qtype == IQ2_XXS:
+        decode_iq2_xxs(w, r, out, i)
+    elif qtype == IQ2_XS:
+        decode_iq2_xs(w, r, out, i)
+    elif qtype == IQ2_S:
+        decode_iq2_s(w, r, out, i)
+    elif qtype == IQ3_XXS:
+        decode_iq3_xxs(w, r, out, i)
+    elif qtype == IQ3_S:
+        decode_iq3_s(w, r, out, i)
+    elif qtype == IQ1_S:
+        decode_iq1_s(w, r, out, i)
+    elif qtype == IQ1_M:
+        decode_iq1_m(w, r, out, i)
+    elif qtype == TQ1_0:
+        decode_tq1_0(w, r, out, i)
+    elif qtype == TQ2_0:
+        decode_tq2_0(w, r, out, i)
+    elif qtype == MXFP4:
+        decode_mxfp4(w, r, out, i)
     else:
         raise ValueError("decode_rows: unsupported GGML type")
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+from support.quant_helpers import random_blocks
 
 from edge_infer.errors import UnsupportedTensorType
 from edge_infer.formats import quant_policy, quants, weight_types
@@ -66,8 +67,8 @@ def test_records_are_consistent() -> None:
 
 
 def test_lookup_errors_name_the_type() -> None:
-    with pytest.raises(UnsupportedTensorType, match=r"load: type IQ2_XXS is not supported \(supported: F32"):
-        weight_type(T.IQ2_XXS, "load")
+    with pytest.raises(UnsupportedTensorType, match=r"load: type NVFP4 is not supported \(supported: F32"):
+        weight_type(T.NVFP4, "load")
     with pytest.raises(UnsupportedTensorType, match="9999 \\(unknown\\)"):
         weight_type(9999)
     with pytest.raises(UnsupportedTensorType, match="'Q9_9'"):
@@ -107,10 +108,13 @@ def test_derived_tables_agree() -> None:
 
 # -- the forms round-trip ----------------------------------------------------------------------
 def _data(t: WeightType) -> tuple[np.ndarray, np.ndarray]:
-    """A matrix quantized by the reference quantizer (uint8 [ROWS, row_bytes]) and its reference
-    dequantization (float32 [ROWS, COLS])."""
-    x = (np.random.default_rng(t.id).standard_t(5, (ROWS, COLS)) * 0.05).astype(np.float32)
-    raw = quants.quantize(x, T(t.id))
+    """A matrix quantized by the reference quantizer (uint8 [ROWS, row_bytes]; random codes for
+    a type read but not written) and its reference dequantization (float32 [ROWS, COLS])."""
+    rng = np.random.default_rng(t.id)
+    if t.quantizer:
+        raw = quants.quantize((rng.standard_t(5, (ROWS, COLS)) * 0.05).astype(np.float32), T(t.id))
+    else:
+        raw = random_blocks(rng, t.id, ROWS * COLS // t.block_size).reshape(ROWS, -1)
     return raw, quants.dequantize_blocks(raw, T(t.id), ROWS * COLS).reshape(ROWS, COLS)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from quant_helpers import random_blocks
 
+from edge_infer.formats.weight_types import weight_type
 from edge_infer.kernels_cpu import dequant as dq
 
 # byte offsets of the fp16 scale fields inside one block
@@ -25,6 +27,8 @@ def random_rows(qtype: int, rows: int, cols: int, rng: np.random.Generator, edge
     if qtype == dq.BF16:
         bits = rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16
         return bits.astype(np.uint16).view(np.uint8)
+    if not weight_type(qtype).quantizer:  # the codebook types: their scales sit in odd places
+        return random_blocks(rng, qtype, nblk).reshape(rows, -1)
     raw = rng.integers(0, 256, (nblk, tb), dtype=np.uint8)
     if qtype == dq.Q8_K:
         raw[:, 0:4] = rng.uniform(-0.05, 0.05, (nblk, 1)).astype(np.float32).view(np.uint8)

@@ -52,3 +52,25 @@ def ggml_base() -> ctypes.CDLL | None:
         if p.exists():
             return ctypes.CDLL(str(p))
     return None
+
+
+def random_blocks(rng: np.random.Generator, qtype: int, n_blocks: int) -> np.ndarray:
+    """n_blocks of GGML type qtype (uint8, n_blocks * type_size): random codes, finite scales
+    (every f16 field ~N(0, 0.05); MXFP4's exponent near 2^-7; IQ1_M's f16 scattered over the top
+    nibbles of its four scale words). For the types edge-infer reads but does not write."""
+    from edge_infer.formats.weight_types import IQ1_M, MXFP4, weight_type
+
+    t = weight_type(qtype)
+    raw = rng.integers(0, 256, n_blocks * t.type_size, dtype=np.uint8)
+    b = raw.view(t.dtype)
+    d = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16)
+    if "d" in (t.dtype.names or ()):
+        b["d"] = d
+    if qtype == MXFP4:
+        b["e"] = rng.integers(115, 125, n_blocks)
+    if qtype == IQ1_M:
+        words = np.ascontiguousarray(b["scales"]).view(np.uint16).reshape(n_blocks, 4)
+        bits = d.view(np.uint16)[:, None]
+        words = (words & 0x0FFF) | (((bits >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12)
+        b["scales"] = words.astype(np.uint16).view(np.uint8).reshape(n_blocks, 8)
+    return raw
