@@ -7,8 +7,8 @@
 (a) Read bandwidth: a numba prange sum over a float32 array larger than twice the last-level
     cache, with each thread count: what GEMV, which reads every weight byte once, can reach.
 (b) GEMV (T=1, K=4096): the path the CPU backend takes for the type (column "path": the int8
-    kernel for Q4_0..Q5_1, the K-quant int8 kernel for Q4_K/Q5_K/Q6_K, activation quantization
-    included; the float kernel otherwise; --float forces the float kernel) on a ~64 MB weight
+    kernel for Q4_0..Q8_0, IQ4_NL and MXFP4, the K-quant int8 kernel for Q4_K/Q5_K/Q6_K and
+    IQ4_XS, activation quantization included; the float kernel otherwise (the codebook types); --float forces the float kernel) on a ~64 MB weight
     matrix per call; the calls rotate over slices of a buffer of the same footprint as (a), so
     the weights come from memory, not L3. Reported as GB/s of the weight bytes it streams (the
     file's bytes; the repacked copy is no larger), the fraction of (a) at the same thread count,
@@ -35,6 +35,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from edge_infer.formats.weight_types import weight_type
 from edge_infer.kernels_cpu import dequant as dq
 from edge_infer.kernels_cpu.backend import I8_TYPES, K_TYPES
 from edge_infer.kernels_cpu.matmul import matmul_kernel
@@ -49,21 +50,17 @@ TYPES = {
     "Q4_1": dq.Q4_1,
     "Q5_0": dq.Q5_0,
     "Q8_0": dq.Q8_0,
+    "IQ4_NL": dq.IQ4_NL,
+    "MXFP4": dq.MXFP4,
     "Q4_K": dq.Q4_K,
     "Q5_K": dq.Q5_K,
     "Q6_K": dq.Q6_K,
+    "IQ4_XS": dq.IQ4_XS,
+    "IQ3_S": dq.IQ3_S,
+    "IQ2_XS": dq.IQ2_XS,
+    "TQ2_0": dq.TQ2_0,
     "F16": dq.F16,
     "F32": dq.F32,
-}
-# byte offsets of the fp16 scales in a block (random bytes there could be inf/nan)
-F16_SCALES = {
-    dq.Q4_0: (0,),
-    dq.Q4_1: (0, 2),
-    dq.Q5_0: (0,),
-    dq.Q8_0: (0,),
-    dq.Q4_K: (0, 2),
-    dq.Q5_K: (0, 2),
-    dq.Q6_K: (208,),
 }
 MB = 1 << 20
 
@@ -101,13 +98,15 @@ def random_weights(qtype: int, rows: int, cols: int, rng: np.random.Generator) -
         return rng.standard_normal((rows, cols), np.float32).view(np.uint8)
     if qtype == dq.F16:
         return rng.standard_normal((rows, cols), np.float32).astype(np.float16).view(np.uint8)
-    bs, tb = dq.BLOCK_SHAPE[qtype]
-    nblk = rows * cols // bs
-    raw = rng.integers(0, 256, (nblk, tb), dtype=np.uint8)
-    for off in F16_SCALES[qtype]:
-        raw[:, off : off + 2] = (
-            rng.uniform(-0.05, 0.05, nblk).astype(np.float16).view(np.uint8).reshape(nblk, 2)
-        )
+    t = weight_type(qtype)
+    nblk = rows * cols // t.block_size
+    raw = rng.integers(0, 256, (nblk, t.type_size), dtype=np.uint8)
+    blocks = raw.view(t.dtype).reshape(nblk)
+    for field in ("d", "dmin", "m"):  # f16 scales: random bytes there could be inf/nan
+        if field in (t.dtype.names or ()):
+            blocks[field] = rng.uniform(-0.05, 0.05, nblk).astype(np.float16)
+    if qtype == dq.MXFP4:  # E8M0 scales near 2^-7
+        blocks["e"] = rng.integers(115, 125, nblk)
     return raw.reshape(rows, -1)
 
 
@@ -146,9 +145,10 @@ def prepared_matmul(qtype: int, w: np.ndarray, tokens: int, path: str) -> Callab
         iw = repack(w, qtype, rows, k)
         bufs = (np.empty((tokens, k // 4), np.int32), np.empty((tokens, k // 32), np.float32),
                 np.empty((tokens, k // 32), np.int32))
-        none8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0)
-        return lambda x, out, n: matmul3_i8_kernel(x, *bufs, iw.wi, iw.wd, iw.wm, iw.offset, out, *none8, no_out,
-                                                   *none8, no_out, n)
+        assert iw is not None  # scales a random MXFP4 matrix keeps within f16
+        none8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0,
+                 4)
+        return lambda x, out, n: matmul3_i8_kernel(x, *bufs, *iw.args, out, *none8, no_out, *none8, no_out, n)
     return lambda x, out, n: matmul_kernel(x, w, qtype, out, n)
 
 
@@ -285,12 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         f"read bandwidth over {m['footprint_mb']:.0f} MB (LLC {m['last_level_cache_mb']:.0f} MB): "
         + ", ".join(f"{n} thread{'s' if n > 1 else ''} {v:.1f} GB/s" for n, v in bw.items())
     )
-    hdr = f"{'type':<5} {'path':<6} {'thr':>3} {'GEMV GB/s':>9} {'of BW':>6} {'GMAC/s':>7} {'ms':>7}  {'T=64 GMAC/s':>11} {'T=512 GMAC/s':>12}"
+    hdr = f"{'type':<6} {'path':<6} {'thr':>3} {'GEMV GB/s':>9} {'of BW':>6} {'GMAC/s':>7} {'ms':>7}  {'T=64 GMAC/s':>11} {'T=512 GMAC/s':>12}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(
-            f"{r['type']:<5} {r['path']:<6} {r['threads']:>3} {r['gemv_gbps']:>9.2f} {r['gemv_frac_bw']:>6.0%} "
+            f"{r['type']:<6} {r['path']:<6} {r['threads']:>3} {r['gemv_gbps']:>9.2f} {r['gemv_frac_bw']:>6.0%} "
             f"{r['gemv_gmacs']:>7.2f} {r['gemv_ms']:>7.2f}  {r['gemm64_gmacs']:>11.2f} {r['gemm512_gmacs']:>12.2f}"
         )
     print(

@@ -1,7 +1,7 @@
 """Requantize a GGUF file with llama.cpp's own quantizer (llama-cpp-python's
 `llama_model_quantize`), for benchmarking other weight types on the same model.
 
-    python benchmarks/requantize.py [-m qwen2.5-coder-1.5b] [--type Q6_K|Q8_0] [--threads 2]
+    python benchmarks/requantize.py [-m qwen2.5-coder-1.5b] [--type Q6_K|Q8_0|IQ4_XS|...] [--threads 2]
 
 Writes `<cache>/models/derived/<model>-<TYPE>.gguf` (beside, then renamed: an interrupted run
 leaves no half-written file) unless it exists, and prints its path. `pure` is set, so every
@@ -20,7 +20,8 @@ from pathlib import Path
 from edge_infer import hub
 
 FTYPES = {"Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_K": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
-          "Q5_K": "LLAMA_FTYPE_MOSTLY_Q5_K_M"}
+          "Q5_K": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "IQ4_XS": "LLAMA_FTYPE_MOSTLY_IQ4_XS",
+          "IQ4_NL": "LLAMA_FTYPE_MOSTLY_IQ4_NL"}
 
 
 def requantize(model: str, qtype: str, threads: int) -> Path:

@@ -36,6 +36,8 @@ PLAIN: dict[str, tuple[T, FT]] = {
     "q4_0": (T.Q4_0, FT.MOSTLY_Q4_0),
     "q3_k": (T.Q3_K, FT.MOSTLY_Q3_K_S),
     "q2_k": (T.Q2_K, FT.MOSTLY_Q2_K),
+    "iq4_xs": (T.IQ4_XS, FT.MOSTLY_IQ4_XS),
+    "iq4_nl": (T.IQ4_NL, FT.MOSTLY_IQ4_NL),
 }
 # the mixes: name -> (base type, file type); their per-tensor rules are in _mix_type
 MIXES: dict[str, tuple[T, FT]] = {

@@ -17,12 +17,12 @@ from gguf import GGMLQuantizationType as T
 
 from edge_infer.formats.kpack import pack_k_scales, pack_q2_k, pack_q3_k, pack_q4_k, pack_q5_k, pack_q6_k
 from edge_infer.formats.kscales import k4_scale_min
+from edge_infer.formats.quant_round import GROUP_MAX_EPS, first_absmax, nearest_int, seq_sum
+from edge_infer.formats.quantizers_iq4 import quantize_iq4_nl, quantize_iq4_xs
 
 __all__ = ["QUANTIZERS"]
 
 F32 = np.float32
-_MAGIC = F32(12582912.0)  # 1.5 * 2**23: adding it leaves round-to-nearest-even of x in the low bits
-GROUP_MAX_EPS = F32(1e-15)
 
 
 # -- F32, F16, BF16 and the 32-element types (gguf-py's and ggml's code agree on these) -------
@@ -114,30 +114,6 @@ def _q_bf16(x: np.ndarray) -> np.ndarray:
 
 
 # -- K-quants --------------------------------------------------------------------------------
-def _nearest_int(v: np.ndarray) -> np.ndarray:
-    """ggml's nearest_int, bit for bit (round half to even for |v| < 2**22), as int32."""
-    return ((np.asarray(v, F32) + _MAGIC).view(np.int32) & 0x007FFFFF) - 0x00400000
-
-
-def _seq_sum(p: np.ndarray) -> np.ndarray:
-    """(n, rows) -> (rows,): `s = 0; for i: s += p[i]`, in float32, in that order."""
-    acc = np.zeros(p.shape[1:], F32)
-    for row in p:
-        acc += row
-    return acc
-
-
-def _first_absmax(s: np.ndarray, axis: int) -> np.ndarray:
-    """Along `axis`, the first value of largest magnitude, sign kept, as the C loop
-    `if (fabsf(v) > amax) { amax = fabsf(v); max = v; }` from amax = max = 0 finds it
-    (so NaN never wins, and an all-zero run gives +0)."""
-    a = np.abs(s)
-    a = np.where(np.isnan(a), F32(0), a)
-    idx = np.expand_dims(a.argmax(axis=axis), axis)
-    best = np.take_along_axis(s, idx, axis=axis)
-    return np.where(np.take_along_axis(a, idx, axis=axis) > 0, best, F32(0)).squeeze(axis)
-
-
 def _pos_max(s: np.ndarray) -> np.ndarray:
     """Row max of (blocks, k), floored at 0 and skipping NaN, as `if (v > m) m = v` from m = 0."""
     return np.where(s > 0, s, F32(0)).max(axis=1, keepdims=True)
@@ -152,13 +128,13 @@ def _f16_round(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric search with weights x*x (ggml make_qx_quants, rmse_type 1).
     x: (n, rows) -> (scale (rows,), L (n, rows) int32 in [0, 2*nmax))."""
-    mx = _first_absmax(x, 0)
+    mx = first_absmax(x, 0)
     w = x * x
 
     def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        lv = np.clip(_nearest_int(iscale * x), -nmax, nmax - 1)
+        lv = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
         lf = lv.astype(F32)
-        return lv + nmax, _seq_sum(w * x * lf), _seq_sum(w * lf * lf)
+        return lv + nmax, seq_sum(w * x * lf), seq_sum(w * lf * lf)
 
     L, sumlx, suml2 = fit(F32(-nmax) / mx)
     scale = np.where(suml2 != 0, sumlx / suml2, F32(0))
@@ -178,11 +154,11 @@ def _make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
 def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric fit refined one quant at a time (ggml make_q3_quants, do_rmse).
     x: (n, rows) -> (scale (rows,), L (n, rows) int32 in [0, 2*nmax))."""
-    mx = _first_absmax(x, 0)
+    mx = first_absmax(x, 0)
     w = x * x
-    L = np.clip(_nearest_int((F32(-nmax) / mx) * x), -nmax, nmax - 1)
+    L = np.clip(nearest_int((F32(-nmax) / mx) * x), -nmax, nmax - 1)
     lf = L.astype(F32)
-    sumlx, suml2 = _seq_sum(w * x * lf), _seq_sum(w * lf * lf)
+    sumlx, suml2 = seq_sum(w * x * lf), seq_sum(w * lf * lf)
     # A row that changed nothing in a pass would change nothing in the next one either, so
     # running every row for all 5 passes equals the C loop's early exit.
     for _ in range(5):
@@ -190,7 +166,7 @@ def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
             wi, xi, li = w[i], x[i], L[i].astype(F32)
             slx = sumlx - wi * xi * li
             sl2 = suml2 - wi * li * li
-            new = np.clip(_nearest_int(xi * sl2 / slx), -nmax, nmax - 1)
+            new = np.clip(nearest_int(xi * sl2 / slx), -nmax, nmax - 1)
             nf = new.astype(F32)
             slx2 = slx + wi * xi * nf
             sl22 = sl2 + wi * nf * nf
@@ -210,15 +186,15 @@ def _make_qkx2_quants(
     (scale (rows,), L (n, rows) int32 in [0, nmax], the_min (rows,), to be subtracted)."""
     mn0 = np.minimum(x.min(axis=0), F32(0))
     mx = x.max(axis=0)
-    sum_w = _seq_sum(w)
-    sum_x = _seq_sum(w * x)
+    sum_w = seq_sum(w)
+    sum_x = seq_sum(w * x)
 
     def quant(iscale: np.ndarray, mn: np.ndarray) -> np.ndarray:
-        return np.clip(_nearest_int(iscale * (x - mn)), 0, nmax)
+        return np.clip(nearest_int(iscale * (x - mn)), 0, nmax)
 
     def error(scale: np.ndarray, mn: np.ndarray, lf: np.ndarray) -> np.ndarray:
         diff = scale * lf + mn - x
-        return _seq_sum(w * (np.abs(diff) if use_mad else diff * diff))
+        return seq_sum(w * (np.abs(diff) if use_mad else diff * diff))
 
     iscale = F32(nmax) / (mx - mn0)
     scale, mn = F32(1) / iscale, mn0
@@ -229,7 +205,7 @@ def _make_qkx2_quants(
         La = quant((F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / (mx - mn), mn)
         lf = La.astype(F32)
         wl = w * lf
-        sum_l, sum_l2, sum_xl = _seq_sum(wl), _seq_sum(wl * lf), _seq_sum(wl * x)
+        sum_l, sum_l2, sum_xl = seq_sum(wl), seq_sum(wl * lf), seq_sum(wl * x)
         D = sum_w * sum_l2 - sum_l * sum_l
         this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
         this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
@@ -251,7 +227,7 @@ def _requant(
 ) -> np.ndarray:
     """Quants again against the stored (rounded) scales: L = clamp(round((x + dm) / d)) + offset;
     sub-blocks whose scale rounded to 0 keep their search result. x, L: (n, rows); d, dm: (rows,)."""
-    Ln = np.clip(_nearest_int((x if dm is None else x + dm) / d), lo, hi) + offset
+    Ln = np.clip(nearest_int((x if dm is None else x + dm) / d), lo, hi) + offset
     return np.where(d == 0, L, Ln)
 
 
@@ -267,10 +243,10 @@ def _rows(L: np.ndarray, nb: int) -> np.ndarray:
 
 def _q_q8_k(x: np.ndarray) -> np.ndarray:
     nb = len(x)
-    mx = _first_absmax(x, 1)
+    mx = first_absmax(x, 1)
     zero = mx == 0
     iscale = F32(-127) / np.where(zero, F32(1), mx)
-    q = np.minimum(_nearest_int(iscale[:, None] * x), 127).astype(np.int8)
+    q = np.minimum(nearest_int(iscale[:, None] * x), 127).astype(np.int8)
     q[zero] = 0
     d = np.where(zero, F32(0), F32(1) / iscale).astype("<f4")
     bsums = q.reshape(nb, 16, 16).sum(axis=2, dtype=np.int32).astype("<i2")
@@ -282,11 +258,11 @@ def _q_q6_k(x: np.ndarray) -> np.ndarray:
     xs = _cols(x, 16)
     scales, L = _make_qx_quants(xs, 32)
     scales = scales.reshape(nb, 16)
-    max_scale = _first_absmax(scales, 1)[:, None]
+    max_scale = first_absmax(scales, 1)[:, None]
     zero = (np.abs(max_scale) < GROUP_MAX_EPS)[:, 0]
     iscale = F32(-128) / np.where(zero[:, None], F32(1), max_scale)
     dh, d = _f16_round(F32(1) / iscale)
-    sc = np.minimum(127, _nearest_int(iscale * scales)).astype(np.int8)
+    sc = np.minimum(127, nearest_int(iscale * scales)).astype(np.int8)
     L = _rows(_requant(xs, L, (d * sc.astype(F32)).reshape(-1), None, -32, 31, 32), nb)
     out = pack_q6_k(sc, L, dh)
     out[zero] = 0
@@ -298,8 +274,8 @@ def _k_scales(scales: np.ndarray, mins: np.ndarray) -> tuple[np.ndarray, np.ndar
     max_scale, max_min = _pos_max(scales), _pos_max(mins)
     inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
     inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
-    ls = np.minimum(_nearest_int(inv_scale * scales) & 0xFF, 63).astype(np.uint8)
-    lm = np.minimum(_nearest_int(inv_min * mins) & 0xFF, 63).astype(np.uint8)
+    ls = np.minimum(nearest_int(inv_scale * scales) & 0xFF, 63).astype(np.uint8)
+    lm = np.minimum(nearest_int(inv_min * mins) & 0xFF, 63).astype(np.uint8)
     return pack_k_scales(ls, lm), (max_scale / F32(63)).astype(np.float16), (max_min / F32(63)).astype(np.float16)
 
 
@@ -307,7 +283,7 @@ def _q_k45(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarra
     """Shared by Q4_K and Q5_K: -> (d, dmin (blocks, 1) f16, scales (blocks, 12) u8, L (blocks, 256) u8)."""
     nb = len(x)
     xs = _cols(x, 32)
-    av_x = np.sqrt(_seq_sum(xs * xs) / F32(32))
+    av_x = np.sqrt(seq_sum(xs * xs) / F32(32))
     scales, L, mins = _make_qkx2_quants(xs, av_x + np.abs(xs), nmax, rmin, 0.1, nstep, False)
     packed, dh, mh = _k_scales(scales.reshape(nb, 8), mins.reshape(nb, 8))
     sc, m = k4_scale_min(packed)
@@ -331,8 +307,8 @@ def _q_q2_k(x: np.ndarray) -> np.ndarray:
     scales, mins = scales.reshape(nb, 16), mins.reshape(nb, 16)
     max_scale, max_min = _pos_max(scales), _pos_max(mins)
     has_s, has_m = max_scale > 0, max_min > 0
-    lo = np.where(has_s, _nearest_int((F32(15) / max_scale) * scales), 0) & 0xFF
-    hi = np.where(has_m, _nearest_int((F32(15) / max_min) * mins) << 4, 0) & 0xFF
+    lo = np.where(has_s, nearest_int((F32(15) / max_scale) * scales), 0) & 0xFF
+    hi = np.where(has_m, nearest_int((F32(15) / max_min) * mins) << 4, 0) & 0xFF
     packed = (lo | hi).astype(np.uint8)
     dh = np.where(has_s, max_scale / F32(15), F32(0)).astype(np.float16)
     mh = np.where(has_m, max_min / F32(15), F32(0)).astype(np.float16)
@@ -346,10 +322,10 @@ def _q_q3_k(x: np.ndarray) -> np.ndarray:
     xs = _cols(x, 16)
     scales, L = _make_q3_quants(xs, 4)
     scales = scales.reshape(nb, 16)
-    max_scale = _first_absmax(scales, 1)[:, None]
+    max_scale = first_absmax(scales, 1)[:, None]
     has = max_scale != 0
     iscale = F32(-32) / np.where(has, max_scale, F32(1))
-    ls = ((_nearest_int(iscale * scales) + 128) & 0xFF) - 128  # the C code stores it in an int8 first
+    ls = ((nearest_int(iscale * scales) + 128) & 0xFF) - 128  # the C code stores it in an int8 first
     ls = np.where(has, np.clip(ls, -32, 31) + 32, 0).astype(np.uint8)  # (nb, 16), 6 bits each
     dh, d = _f16_round(np.where(has, F32(1) / iscale, F32(0)))
     dl = (d * (ls.astype(F32) - F32(32))).reshape(-1)
@@ -373,4 +349,6 @@ QUANTIZERS: dict[T, Callable[[np.ndarray], np.ndarray]] = {
     T.Q5_K: _q_q5_k,
     T.Q6_K: _q_q6_k,
     T.Q8_K: _q_q8_k,
+    T.IQ4_NL: quantize_iq4_nl,
+    T.IQ4_XS: quantize_iq4_xs,
 }

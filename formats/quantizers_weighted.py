@@ -27,6 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edge_infer.formats.kpack import pack_k_scales, pack_q2_k, pack_q3_k, pack_q4_k, pack_q5_k, pack_q6_k
+from edge_infer.formats.quantizers_iq4 import quantize_iq4_nl, quantize_iq4_xs
 
 __all__ = ["WEIGHTED_QUANTIZERS", "element_weights"]
 
@@ -293,4 +294,7 @@ WEIGHTED_QUANTIZERS: dict[T, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     T.Q4_K: _q4_k,
     T.Q5_K: _q5_k,
     T.Q6_K: _q6_k,
+    # llama.cpp's own search, under these element weights (quantizers_iq4)
+    T.IQ4_NL: quantize_iq4_nl,
+    T.IQ4_XS: quantize_iq4_xs,
 }

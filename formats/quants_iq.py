@@ -15,10 +15,10 @@ from functools import cache
 
 import numpy as np
 
-# the 16 non-linear 4-bit values of IQ4_NL / IQ4_XS (ggml's kvalues_iq4nl)
-IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
-# E2M1 (MXFP4's element format) doubled: the block scale carries the 0.5 (ggml's kvalues_mxfp4)
-MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+from edge_infer.formats.weight_types import IQ4_TABLE, MXFP4_TABLE
+
+IQ4_VALUES = np.array(IQ4_TABLE, np.int8)  # weight_types' tables as arrays
+MXFP4_VALUES = np.array(MXFP4_TABLE, np.int8)
 IQ1_DELTA = np.float32(0.125)  # IQ1_S / IQ1_M: each grid value is shifted by +-delta
 # a sign bit -> the factor ggml multiplies by (a multiply, not a negation: a NaN keeps its sign)
 _PLUS_MINUS = np.array([1, -1], np.float32)

@@ -19,9 +19,14 @@ from edge_infer.errors import UnsupportedTensorType
 __all__ = [
     "BF16", "F16", "F32", "IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL",
     "IQ4_XS", "MXFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0",
-    "Q8_K", "QK", "QK_K", "TQ1_0", "TQ2_0", "TYPES", "CudaForm", "I8Form", "KForm", "WeightType",
+    "Q8_K", "QK", "QK_K", "IQ4_TABLE", "MXFP4_TABLE", "TQ1_0", "TQ2_0", "TYPES", "CudaForm", "I8Form", "KForm", "WeightType",
     "by_name", "weight_type",
 ]
+
+# the 16 non-linear 4-bit values of IQ4_NL / IQ4_XS (ggml's kvalues_iq4nl)
+IQ4_TABLE = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+# E2M1 (MXFP4's element format) doubled: the block scale carries the 0.5 (ggml's kvalues_mxfp4)
+MXFP4_TABLE = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 QK = 32  # elements per block of the "legacy" types
 QK_K = 256  # elements per super-block of the K-quants
@@ -40,13 +45,15 @@ class I8Form:
     or None for signed codes (Q8_0: stored as q + 128; which offset the dot products then use
     depends on the CPU, kernels_cpu.repack_i8 decides). has_min: a float min per block (x = d*q
     + m); fifth_bit: a fifth code bit per column (qh). roles: the matrices the backend takes it
-    for ("layer", "output")."""
+    for ("layer", "output"). table: the 16 int8 weights a 4-bit code stands for (IQ4_NL, MXFP4),
+    or None: the kernel reads the 4-bit codes through it into signed 8-bit codes (zero None)."""
 
     block_bytes: int
     zero: int | None
     has_min: bool
     fifth_bit: bool
     roles: tuple[str, ...] = ("layer",)
+    table: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +62,14 @@ class KForm:
     16-row group and 256-column super-block one record of `record_bytes` (16 rows of the file's
     bytes): `header_bytes` of scales (d, [dmin], packed sub-block scales [and mins]), then 8
     blocks of 32 columns in the `bits`-bit code format (64 * bits bytes each). has_min: codes
-    are unsigned with a min per sub-block (x = d*sc*q - dmin*m), else x = d*sc*(q - 32)."""
+    are unsigned with a min per sub-block (x = d*sc*q - dmin*m), else x = d*sc*(q - 32); table:
+    as I8Form's (IQ4_XS: x = d*sc*table[q], int8 scales sc per 32 in the header)."""
 
     record_bytes: int
     bits: int
     header_bytes: int
     has_min: bool
+    table: tuple[int, ...] | None = None
 
     @property
     def block_bytes(self) -> int:
@@ -186,12 +195,19 @@ TYPES: tuple[WeightType, ...] = (
                _blk(("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)), "k"),
     # The non-linear and codebook types (formats/quants_iq.py decodes them; the float path
     # computes them). d: f16 | qs: 16 x u8 (as Q4_0); x = d * IQ4_VALUES[q]
-    WeightType(IQ4_NL, "IQ4_NL", QK, 18, _blk(("d", "<f2"), ("qs", "u1", 16)), "legacy", quantizer=False),
+    # (int8 kernel: the nibbles as Q4_0's, read through the table: 4-bit bytes, 8-bit arithmetic)
+    WeightType(IQ4_NL, "IQ4_NL", QK, 18, _blk(("d", "<f2"), ("qs", "u1", 16)), "legacy",
+               i8=I8Form(256, zero=None, has_min=False, fifth_bit=False, roles=("layer", "output"),
+                         table=IQ4_TABLE),
+               cuda=_CODES, weighted=True),
     # d: f16 | scales_h: u16 (2 high bits of 8 6-bit scales) | scales_l: 4 x u8 (their low
     # nibbles) | qs: 128 x u8 (per 32: as IQ4_NL); x = (d * (sc - 32)) * IQ4_VALUES[q]
+    # (K-quant kernel: d f16 [16] | sc - 32 as int8, byte-major [8][16] | 8 blocks of nibbles
+    # read through the table; 2208 bytes per record, the file's 2176 + 1.5%)
     WeightType(IQ4_XS, "IQ4_XS", QK_K, 136,
                _blk(("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", 4), ("qs", "u1", 128)), "k",
-               quantizer=False),
+               k=KForm(2208, bits=4, header_bytes=160, has_min=False, table=IQ4_TABLE),
+               cuda=_CODES, fallback=IQ4_NL, weighted=True),
     # d: f16 | qs: 32 x u16 (per 32 values: 4 grid-row bytes, then a u32 of 4 x 7 sign bits and
     # a 4-bit scale); x = ((d * (0.5 + s)) * 0.25) * +-grid
     WeightType(IQ2_XXS, "IQ2_XXS", QK_K, 66, _blk(("d", "<f2"), ("qs", "<u2", 32)), "k", quantizer=False),
@@ -220,7 +236,11 @@ TYPES: tuple[WeightType, ...] = (
     # qs: 64 x u8 (4 two-bit digits each) | d: f16; x = (q - 1) * d
     WeightType(TQ2_0, "TQ2_0", QK_K, 66, _blk(("qs", "u1", 64), ("d", "<f2")), "k", quantizer=False),
     # e: E8M0 scale | qs: 16 x u8 (E2M1 codes, as Q4_0); x = MXFP4_VALUES[q] * 2^(e - 128)
-    WeightType(MXFP4, "MXFP4", QK, 17, _blk(("e", "u1"), ("qs", "u1", 16)), "legacy", quantizer=False),
+    # (int8 kernel: as IQ4_NL, the scale as f16 where one holds it: kernels_cpu.repack_i8)
+    WeightType(MXFP4, "MXFP4", QK, 17, _blk(("e", "u1"), ("qs", "u1", 16)), "legacy",
+               i8=I8Form(256, zero=None, has_min=False, fifth_bit=False, roles=("layer", "output"),
+                         table=MXFP4_TABLE),
+               quantizer=False),
 )
 _BY_ID = {t.id: t for t in TYPES}
 _BY_NAME = {t.name: t for t in TYPES}

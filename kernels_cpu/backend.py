@@ -34,12 +34,12 @@ KV_DTYPES = {"f16": np.uint16, "f32": np.float32, "q8_0": np.int8}
 KVLayer = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # k_cache, k_scale, v_cache, v_scale
 
 _NO_ROWS = np.empty((0, 1), np.uint8)  # an unused matrix slot of a three-matmul launch
-_NO_I8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0)
+_NO_I8 = (np.empty((0, 1, 256), np.uint8), np.empty((0, 1, 16), np.uint16), np.empty((0, 0, 0), np.uint16), 0, 4)
 _NO_K = KWeights(np.empty((0, 1, 1), np.uint8), Q4_K).args  # zero groups: nothing is read
 # an unused second matrix of an expert launch (zero groups or rows per expert)
 _NO_EXPERT_K = KWeights(np.empty((1, 0, 1, 1), np.uint8), Q4_K).args
 _NO_EXPERT_I8 = (np.empty((1, 0, 1, 256), np.uint8), np.empty((1, 0, 1, 16), np.uint16),
-                 np.empty((1, 0, 0, 0), np.uint16), 0)
+                 np.empty((1, 0, 0, 0), np.uint16), 0, 4)
 _NO_EXPERT_ROWS = (np.empty((1, 0, 1), np.uint8), 0)
 _NO_ROUTER = np.empty((0, 1), np.float32)  # logits given: the routing kernel multiplies nothing
 
@@ -50,7 +50,8 @@ def _stack_experts(packed: I8Weights | KWeights, n_exp: int) -> I8Weights | KWei
         return KWeights(packed.wk.reshape(n_exp, -1, *packed.wk.shape[1:]), packed.qtype)
     wi, wd, wm = packed.wi, packed.wd, packed.wm
     wm = wm.reshape(n_exp, -1, *wm.shape[1:]) if wm.size else np.empty((n_exp, 0, 0, 0), np.uint16)
-    return I8Weights(wi.reshape(n_exp, -1, *wi.shape[1:]), wd.reshape(n_exp, -1, *wd.shape[1:]), wm, packed.offset)
+    return I8Weights(wi.reshape(n_exp, -1, *wi.shape[1:]), wd.reshape(n_exp, -1, *wd.shape[1:]), wm, packed.offset,
+                      packed.fmt)
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -87,7 +88,7 @@ class CpuBackend:
             if n_exp and w.rows % GROUP:
                 pass  # groups would straddle two experts: the float path
             elif w.qtype in I8_TYPES[role] and w.cols % 32 == 0:
-                packed = repack(flat, w.qtype, flat.shape[0], w.cols)
+                packed = repack(flat, w.qtype, flat.shape[0], w.cols)  # None: scales it cannot hold
             elif w.qtype in K_TYPES and w.cols % 256 == 0:
                 packed = repack_k(flat, w.qtype, flat.shape[0], w.cols)
             if packed is not None and n_exp:
@@ -167,7 +168,7 @@ class CpuBackend:
         if i8:
             args: list[object] = [x, *i8_views(work, n, x.shape[1])]
             for iw, o in i8:
-                args += [iw.wi, iw.wd, iw.wm, iw.offset, o]
+                args += [*iw.args, o]
             for _ in range(3 - len(i8)):
                 args += [*_NO_I8, work.no_out[:n]]
             matmul_i8.matmul3_i8_kernel(*args, self.n_threads)
@@ -215,7 +216,7 @@ class CpuBackend:
         if i8:
             args: list[object] = [x, *i8_views(m, n, width), m.offsets]
             for iw, o in i8:
-                args += [iw.wi, iw.wd, iw.wm, iw.offset, o]
+                args += [*iw.args, o]
             if len(i8) == 1:
                 args += [*_NO_EXPERT_I8, m.y[:n, :0]]
             matmul_experts.expert_matmul2_i8_kernel(*args, self.n_threads)

@@ -87,11 +87,11 @@ def expert_matmul2_k_kernel(x, xq4, xd, xs16, offsets, wka, qa, ba, ha, outa, wk
 
 
 @kernel(parallel=True)
-def expert_matmul2_i8_kernel(x, xq4, xd, xsum, offsets, wia, wda, wma, offa, outa, wib, wdb, wmb, offb, outb,
-                             n_threads):
+def expert_matmul2_i8_kernel(x, xq4, xd, xsum, offsets, wia, wda, wma, offa, fa, outa, wib, wdb, wmb, offb, fb,
+                             outb, n_threads):
     """4/5/8-bit experts: as expert_matmul2_k_kernel with matmul_i8's layout per expert (wi
     uint8 [E, G, nb, bb], wd uint16 [E, G, nb, 16], wm uint16 [E, G, nb, 16] or [E, 0, 0, 0],
-    off the u8 code of zero) and its activations (sums per 32)."""
+    off the u8 code of zero, f the format) and its activations (sums per 32)."""
     quantize_rows_q8(x, xq4, xd, xsum)
     ga, gb = wia.shape[1], wib.shape[1]
     for tid in numba.prange(n_threads):
@@ -102,10 +102,10 @@ def expert_matmul2_i8_kernel(x, xq4, xd, xsum, offsets, wia, wda, wma, offa, out
             e, j0, j1 = plan[i, 0], plan[i, 1], plan[i, 2]
             o0, o1 = offsets[e], offsets[e + 1]
             if j0 < min(j1, ga):
-                _i8_groups(xq4[o0:o1], xd[o0:o1], xsum[o0:o1], wia[e], wda[e], wma[e], offa, outa[o0:o1],
+                _i8_groups(xq4[o0:o1], xd[o0:o1], xsum[o0:o1], wia[e], wda[e], wma[e], offa, fa, outa[o0:o1],
                            j0, min(j1, ga), iacc, facc)
             if j1 > ga:
-                _i8_groups(xq4[o0:o1], xd[o0:o1], xsum[o0:o1], wib[e], wdb[e], wmb[e], offb, outb[o0:o1],
+                _i8_groups(xq4[o0:o1], xd[o0:o1], xsum[o0:o1], wib[e], wdb[e], wmb[e], offb, fb, outb[o0:o1],
                            max(j0, ga) - ga, j1 - ga, iacc, facc)
 
 

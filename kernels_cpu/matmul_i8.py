@@ -11,7 +11,9 @@ formats:
 - 4-bit (Q4_0, Q4_1): 256 bytes per block, quads 0-3 in the low nibbles, 4-7 in the high ones
   (u8 = q, 0..15; offset 8 for Q4_0, a float min per (row, block) for Q4_1);
 - 5-bit (Q5_0, Q5_1): the 4-bit bytes plus 64 bytes of fifth bits, one 64-bit mask per quad
-  (u8 = q, 0..31; offset 16 for Q5_0, a float min for Q5_1).
+  (u8 = q, 0..31; offset 16 for Q5_0, a float min for Q5_1);
+- a table format (IQ4_NL): the 4-bit bytes, each code read through the type's 16 int8 values
+  in registers into the 8-bit format's u8 = v + 128 (offset 128; v itself on sdot, offset 0).
 Per row lane and block, with xq the token's int8 block, dx its scale:
     isum = sum(u8 * xq) - offset * sum(xq)                       (exact integers)
     acc += float(isum) * (d_w * dx) [+ m_w * (dx * sum(xq))]     (blocks in order)
@@ -83,12 +85,12 @@ def quantize_rows_q8(x, xq4, xd, xsum):
 
 
 @kernel
-def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):
+def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc):
     """Row groups g0..g1-1 of one matrix for every token (see matmul_i8_kernel); iacc: int32
     [TOKEN_TILE * GROUP], facc: float32 [TOKEN_TILE, GROUP] scratch of the calling thread."""
     T, R = out.shape
     nb, bb = wi.shape[1], wi.shape[2]
-    bits = 8 if bb == 512 else (5 if bb == 320 else 4)
+    bits = fmt
     with_min = wm.shape[0] > 0
     k4 = xq4.shape[1]
     wflat = wi.reshape(-1)  # flat views: offsets instead of a row view per block
@@ -139,11 +141,11 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, g0, g1, iacc, facc):
 
 
 @kernel(parallel=True)
-def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):
+def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, n_threads):
     """out[t, r] for r < out.shape[1]: xq4/xd/xsum from quantize_rows_q8; wi: uint8 [G, nb,
     512 | 256 | 320] (8-, 4- or 5-bit format); wd: uint16 [G, nb, 16] block scales (f16 bits);
     wm: uint16 [G, nb, 16] block mins, or empty [0, 0, 0]; w_offset: int, the u8 value of a zero
-    weight (rows past R are padding). Tokens go TOKEN_TILE at a time (each weight quad loaded
+    weight; fmt: the format (I8Weights.fmt; rows past R are padding). Tokens go TOKEN_TILE at a time (each weight quad loaded
     once for all of them), the rest one by one; both give the same integers and the same float
     epilogue, so the same bits."""
     G = wi.shape[0]
@@ -151,17 +153,17 @@ def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, out, n_threads):
     for tid in numba.prange(n_threads):
         iacc = np.zeros(TOKEN_TILE * GROUP, np.int32)
         facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
-        _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, out, tid * per, min(G, (tid + 1) * per), iacc, facc)
+        _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, tid * per, min(G, (tid + 1) * per), iacc, facc)
 
 
 @kernel(parallel=True)
-def matmul3_i8_kernel(x, xq4, xd, xsum, wia, wda, wma, offa, outa, wib, wdb, wmb, offb, outb,
-                      wic, wdc, wmc, offc, outc, n_threads):
+def matmul3_i8_kernel(x, xq4, xd, xsum, wia, wda, wma, offa, fa, outa, wib, wdb, wmb, offb, fb, outb,
+                      wic, wdc, wmc, offc, fc, outc, n_threads):
     """Up to three int8 matmuls of the same float input x [T, K] in one launch (Q, K and V; gate
     and up; or one matrix): x is quantized into xq4/xd/xsum (as by quantize_rows_q8), then the
     row groups of all the matrices are split evenly over n_threads, each computed exactly as by
     matmul_i8_kernel. A matrix with zero groups is skipped. Per matrix m: wi_m, wd_m, wm_m,
-    off_m, out_m as matmul_i8_kernel's wi, wd, wm, w_offset, out."""
+    off_m, f_m, out_m as matmul_i8_kernel's wi, wd, wm, w_offset, fmt, out (I8Weights.args, out)."""
     quantize_rows_q8(x, xq4, xd, xsum)  # serially when small: no second launch
     na, nb, nc = wia.shape[0], wib.shape[0], wic.shape[0]
     total = na + nb + nc
@@ -171,8 +173,8 @@ def matmul3_i8_kernel(x, xq4, xd, xsum, wia, wda, wma, offa, outa, wib, wdb, wmb
         facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
         lo, hi = tid * per, min(total, (tid + 1) * per)
         if lo < na:
-            _i8_groups(xq4, xd, xsum, wia, wda, wma, offa, outa, lo, min(hi, na), iacc, facc)
+            _i8_groups(xq4, xd, xsum, wia, wda, wma, offa, fa, outa, lo, min(hi, na), iacc, facc)
         if hi > na and lo < na + nb:
-            _i8_groups(xq4, xd, xsum, wib, wdb, wmb, offb, outb, max(lo, na) - na, min(hi, na + nb) - na, iacc, facc)
+            _i8_groups(xq4, xd, xsum, wib, wdb, wmb, offb, fb, outb, max(lo, na) - na, min(hi, na + nb) - na, iacc, facc)
         if hi > na + nb:
-            _i8_groups(xq4, xd, xsum, wic, wdc, wmc, offc, outc, max(lo, na + nb) - na - nb, hi - na - nb, iacc, facc)
+            _i8_groups(xq4, xd, xsum, wic, wdc, wmc, offc, fc, outc, max(lo, na + nb) - na - nb, hi - na - nb, iacc, facc)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge_infer.formats.quants import dequantize_blocks
+from edge_infer.formats.quants_iq import e8m0_half
 from edge_infer.formats.weight_types import weight_type
 
 
@@ -108,14 +109,21 @@ def i8_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndar
         at = t.offset(field)
         return blk[:, :, at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
-    if form.zero is None:  # signed 8-bit codes
+    if form.zero is None and form.table is None:  # signed 8-bit codes
         return blk[:, :, t.offset("qs") :].view(np.int8).astype(np.int64) + 128, half("d"), None, 128
     qs = blk[:, :, t.offset("qs") :].astype(np.int64)
     codes = np.concatenate([qs & 15, qs >> 4], axis=-1)
+    if form.table is not None:  # 4-bit codes standing for the table's signed values
+        if "e" in (t.dtype.names or ()):  # MXFP4: the E8M0 scale 2^(e - 128)
+            d = e8m0_half(blk[:, :, t.offset("e")])
+        else:
+            d = half("d")
+        return np.array(form.table, np.int64)[codes] + 128, d, None, 128
     if form.fifth_bit:
         at = t.offset("qh")
         qh = blk[:, :, at : at + 4].copy().view(np.uint32)[..., 0].astype(np.int64)
         codes = codes | (((qh[..., None] >> np.arange(32)) & 1) << 4)
+    assert form.zero is not None  # unsigned codes: the signed ones returned above
     return codes, half("d"), half("m") if form.has_min else None, form.zero
 
 
@@ -139,8 +147,9 @@ def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """The integer view of a matrix of a type with a K-quant form (Q4_K, Q5_K, Q6_K; from its
     GGUF bytes) the K-quant kernel computes with: unsigned codes int64 [R, K] in column order,
     sub-block scales int64 [R, S, 8] (Q6_K: [R, S, 16], signed), mins int64 [R, S, 8] or None, d
-    and dmin float32 [R, S] (dmin None for Q6_K). Weight = d * sc * code - dmin * m (Q4_K, Q5_K),
-    d * sc * (code - 32) (Q6_K)."""
+    and dmin float32 [R, S] (dmin None for Q6_K, IQ4_XS). Weight = d * sc * code - dmin * m (Q4_K,
+    Q5_K), d * sc * (code - 32) (Q6_K), d * sc * (code - 128) (IQ4_XS: codes are its table's
+    values + 128, sc = the 6-bit scale - 32)."""
     t = weight_type(qtype)
     assert t.k is not None, f"{t.name} has no K-quant form"
     rows = w.shape[0]
@@ -152,6 +161,14 @@ def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     def f16(name: str) -> np.ndarray:
         return field(name, 2).copy().view(np.float16)[..., 0].astype(np.float32)
 
+    if t.k.table is not None:  # IQ4_XS
+        sh = field("scales_h", 2).copy().view(np.uint16)[..., 0].astype(np.int64)
+        sl = field("scales_l", 4).astype(np.int64)
+        ib = np.arange(8)
+        sc = ((sl[..., ib // 2] >> (4 * (ib % 2))) & 15) | (((sh[..., None] >> (2 * ib)) & 3) << 4)
+        qs = field("qs", 128).astype(np.int64).reshape(rows, -1, 8, 16)
+        nib = np.concatenate([qs & 15, qs >> 4], axis=-1)  # [R, S, 8, 32] in column order
+        return np.array(t.k.table, np.int64)[nib].reshape(rows, -1) + 128, sc - 32, None, f16("d"), None
     if t.k.has_min:
         q = field("scales", 12).astype(np.int64)
         sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], -1)
@@ -188,8 +205,11 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
     """The K-quant kernel's exact arithmetic (kernels_cpu.matmul_k): per 32-column block in
     order, exact integer sums, then Q4_K / Q5_K: acc += float32(isum) * ((d * sc) * dx) +
     (-(dmin * m)) * (dx * float32(xsum)); Q6_K: acc += float32(isum) * (d * dx), isum combining
-    the two 16-column halves with their scales in integers."""
+    the two 16-column halves with their scales in integers; IQ4_XS: acc += float32(isum - 128 *
+    xsum) * ((d * sc) * dx)."""
     codes, sc, mn, d, dmin = k_codes(w, qtype)
+    form = weight_type(qtype).k
+    table = form is not None and form.table is not None
     rows = d.shape[0]
     acc = np.zeros((xq.shape[0], rows), np.float32)
     x64 = xq.astype(np.int64)
@@ -197,7 +217,12 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
         s, j = divmod(blk, 8)
         dx = xd[:, blk : blk + 1]
         lo, hi = xs16[:, 2 * blk : 2 * blk + 1], xs16[:, 2 * blk + 1 : 2 * blk + 2]
-        if mn is None:
+        if table:
+            c = slice(blk * 32, blk * 32 + 32)
+            isum = x64[:, c] @ codes[:, c].T - 128 * (lo + hi)
+            ds = sc[:, s, j].astype(np.float32) * d[:, s]
+            acc = acc + isum.astype(np.float32) * (ds[None, :] * dx)
+        elif mn is None:
             c = slice(blk * 32, blk * 32 + 16)
             c2 = slice(blk * 32 + 16, blk * 32 + 32)
             isum = (x64[:, c] @ codes[:, c].T - 32 * lo) * sc[None, :, s, 2 * j]

@@ -1,5 +1,5 @@
-"""One-time repacking of K-quant rows (Q4_K, Q5_K, Q6_K: 256-column super-blocks) into the
-K-quant int8 kernel's layout (kernels_cpu.matmul_k), exactly the file's size.
+"""One-time repacking of K-quant rows (Q4_K, Q5_K, Q6_K, IQ4_XS: 256-column super-blocks) into
+the K-quant int8 kernel's layout (kernels_cpu.matmul_k), exactly the file's size (IQ4_XS: +1.5%).
 
 Per group of 16 rows and super-block, one contiguous record of B bytes (one stream to read):
 - Q4_K, B = 2304 = 16 x 144: d f16 [16] | dmin f16 [16] | the 12 packed 6-bit scale/min bytes,
@@ -7,7 +7,10 @@ Per group of 16 rows and super-block, one contiguous record of B bytes (one stre
 - Q5_K, B = 2816 = 16 x 176: the same header, sub-blocks in the 5-bit format (320 bytes);
 - Q6_K, B = 3360 = 16 x 210: d f16 [16] | int8 scales per 16 columns, byte-major [16][16] | 8
   blocks of 32 columns in the 6-bit format (384 bytes: the 4-bit nibbles, then a 64-bit mask
-  per quad of the fifth bits and one of the sixth).
+  per quad of the fifth bits and one of the sixth);
+- IQ4_XS, B = 2208 (the file's 16 x 136 + 32): d f16 [16] | sc - 32 as int8 per 32 columns,
+  byte-major [8][16] (unpacked from the file's 6-bit scales) | 8 blocks of the 4-bit format,
+  whose codes index IQ4_NL's table (the kernel's table format).
 Codes are the file's unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, whose weight is
 d * sc * (code - 32)); scales and mins stay packed (unpacked per super-block by the kernel).
 """
@@ -19,9 +22,10 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from edge_infer.formats.weight_types import Q4_K, Q5_K, Q6_K, TYPES, KForm, weight_type
+from edge_infer.formats.weight_types import IQ4_XS, Q4_K, Q5_K, Q6_K, TYPES, KForm, weight_type
 
 from ._jit import kernel
+from .simd_dot import table_format
 from .simd_i8 import GROUP
 
 # qtype -> (record bytes per group and super-block, code bits, header bytes), from
@@ -53,15 +57,22 @@ class KWeights:
 
     @property
     def args(self) -> tuple[np.ndarray, int, int, int]:
-        """The matrix's arguments to matmul_k's kernels: (wk, qtype, code bits, header bytes)."""
+        """The matrix's arguments to matmul_k's kernels: (wk, qtype, code format (bits or a
+        table format, simd_i8), header bytes)."""
         form = k_form(self.qtype)
-        return self.wk, self.qtype, form.bits, form.header_bytes
+        return self.wk, self.qtype, table_format(form.bits, form.table), form.header_bytes
 
 
 @kernel(inline=True)
 def _row_codes(w, r, o, qtype, codes):
     """The 256 unsigned codes of row r's super-block at byte o, in column order."""
-    if qtype == Q4_K:
+    if qtype == IQ4_XS:  # per 32 columns 16 bytes (as IQ4_NL): lo = column j, hi = j + 16
+        for ib in range(8):
+            for j in range(16):
+                q = w[r, o + 8 + 16 * ib + j]
+                codes[32 * ib + j] = q & 15
+                codes[32 * ib + 16 + j] = q >> 4
+    elif qtype == Q4_K:
         for c in range(4):
             for j in range(32):
                 q = w[r, o + 16 + 32 * c + j]
@@ -115,7 +126,13 @@ def repack_k_kernel(w, qtype, fb, bits, head, wk):
             for s in range(S):
                 o = s * fb
                 dst = wk[g, s]
-                if qtype == Q6_K:
+                if qtype == IQ4_XS:  # scale ib: low nibble of scales_l, 2 bits of scales_h
+                    dst[2 * ln], dst[2 * ln + 1] = w[r, o], w[r, o + 1]
+                    sh = np.int32(w[r, o + 2]) | (np.int32(w[r, o + 3]) << 8)
+                    for ib in range(8):
+                        ls = ((np.int32(w[r, o + 4 + ib // 2]) >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4)
+                        dst[32 + 16 * ib + ln] = np.uint8((ls - 32) & 255)
+                elif qtype == Q6_K:
                     dst[2 * ln], dst[2 * ln + 1] = w[r, o + 208], w[r, o + 209]
                     for j in range(16):
                         dst[32 + 16 * j + ln] = w[r, o + 192 + j]

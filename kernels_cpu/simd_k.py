@@ -67,23 +67,25 @@ def unpack_scales_q4k(typingctx, sc, mn, src, off):
 
 
 @intrinsic
-def widen_scales_q6k(typingctx, sc, src, off):
-    """Q6_K: the 16 int8 sub-block scales of 16 rows, byte-major (scale j of lane l at src[off +
-    16 j + l], uint8 holding the int8 bits) -> sc[16 j + l] int32, sign-extended."""
-    if not _arrays(sc, src):
+def widen_scales(typingctx, sc, src, off, n):
+    """Q6_K, IQ4_XS: the n (a literal int: 16, 8) int8 sub-block scales of 16 rows, byte-major
+    (scale j of lane l at src[off + 16 j + l], uint8 holding the int8 bits) -> sc[16 j + l]
+    int32, sign-extended."""
+    if not _arrays(sc, src) or not isinstance(n, types.IntegerLiteral):
         return None
+    count = n.literal_value
 
     def codegen(context, builder, signature, args):
         base = _ptr(context, builder, signature, args, 1, 2, ir.IntType(8))
         sa = context.make_array(signature.args[0])(context, builder, value=args[0])
-        for j in range(16):
+        for j in range(count):
             at = ir.Constant(ir.IntType(64), 16 * j)
             v = builder.load(builder.bitcast(builder.gep(base, [at]), _V16I8.as_pointer()), align=1)
             builder.store(builder.sext(v, _V16I32), builder.bitcast(builder.gep(sa.data, [at]), _V16I32.as_pointer()),
                           align=4)
         return context.get_dummy_value()
 
-    return types.void(sc, src, off), codegen
+    return types.void(sc, src, off, n), codegen
 
 
 def _imul_codegen(accumulate):

@@ -66,8 +66,12 @@ def unpack_nibbles(q: np.ndarray, off: int) -> np.ndarray:
 def _codes_chunk(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GGUF rows uint8 [r, row_bytes] -> (codes int8 [r, K], s, o float32 [r, K/16])."""
     r = w.shape[0]
-    if weight_type(qtype).k is not None:
+    form = weight_type(qtype).k
+    if form is not None:
         codes, sc, mn, d, dmin = k_codes(w, qtype)
+        if form.table is not None:  # IQ4_XS: the table's values, a scale per 32
+            s32 = (sc.astype(np.float32) * d[:, :, None]).reshape(r, -1)  # (d * sc), as the CPU kernel
+            return (codes - 128).astype(np.int8), np.repeat(s32, 2, axis=1), np.zeros((r, s32.shape[1] * 2), np.float32)
         if mn is None:  # Q6_K: weight = d * sc * (code - 32), a scale per 16
             s = (sc.astype(np.float32) * d[:, :, None]).reshape(r, -1)
             return (codes - 32).astype(np.int8), s, np.zeros_like(s)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Greedy generation of tiny llama models, one per int8 weight path (Q8_0 and Q4_0: the int8
-kernel; Q4_K: the K-quant kernel), to compare an aarch64 run with the x86 one token for token.
+kernel; Q4_K: the K-quant kernel; IQ4_NL and IQ4_XS: their table formats), to compare an aarch64 run with the x86 one token for token.
 
     python scripts/arm_parity.py --write expected.json     # on the x86 host
     DIR/py scripts/arm_parity.py --check expected.json     # under qemu (scripts/arm_check.sh)
@@ -25,7 +25,7 @@ from tiny_models import write_tiny_llama  # noqa: E402
 from edge_infer import LLM, SamplingParams  # noqa: E402
 from edge_infer.kernels_cpu import target  # noqa: E402
 
-TYPES = ("Q8_0", "Q4_0", "Q4_K")
+TYPES = ("Q8_0", "Q4_0", "Q4_K", "IQ4_NL", "IQ4_XS")
 PROMPT = [1, 17, 42, 99, 7, 123, 55, 8, 200, 31]
 
 

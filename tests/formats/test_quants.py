@@ -60,10 +60,22 @@ def _c_name(qtype: T) -> str:
     return qtype.name.lower().replace("_k", "_K")  # q4_0, q4_K
 
 
+# types whose `quantize_row_*_ref` is not what llama-quantize writes (IQ4_NL's tries no other
+# scales): these compare with ggml_quantize_chunk without an importance matrix, its path
+CHUNK_QUANTIZED = (T.IQ4_NL, T.IQ4_XS)
+
+
 def c_quantize(lib: ctypes.CDLL, x: np.ndarray, qtype: T) -> np.ndarray:
     lay = BLOCK_LAYOUTS[qtype]
     x = np.ascontiguousarray(x, np.float32).reshape(-1)
     out = np.zeros(x.size // lay.block_size * lay.type_size, np.uint8)  # Q8_K leaves bsums unset on 0 blocks
+    if qtype in CHUNK_QUANTIZED:
+        chunk = lib.ggml_quantize_chunk
+        chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_int64, ctypes.c_void_p]
+        chunk.restype = ctypes.c_size_t
+        chunk(int(qtype), x.ctypes.data, out.ctypes.data, 0, 1, x.size, None)
+        return out
     fn = getattr(lib, f"quantize_row_{_c_name(qtype)}_ref")
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
     fn(x.ctypes.data, out.ctypes.data, x.size)
@@ -275,6 +287,8 @@ ROUND_TRIP_BOUNDS = {
     T.Q4_K: (0.09, 0.11),
     T.Q5_K: (0.05, 0.056),
     T.Q6_K: (0.02, 0.03),
+    T.IQ4_NL: (0.12, 0.11),
+    T.IQ4_XS: (0.32, 0.11),  # a block far below its super-block's largest gets a coarse 6-bit scale
 }
 
 

@@ -16,7 +16,7 @@ from edge_infer.formats import quant_policy, quants, weight_types
 from edge_infer.formats.quantizers import QUANTIZERS
 from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS
 from edge_infer.formats.weight_types import TYPES, WeightType, by_name, weight_type
-from edge_infer.kernels_cpu import backend, dequant, reference, repack_i8, repack_k, target
+from edge_infer.kernels_cpu import backend, dequant, reference, repack_i8, repack_k, simd_dot, target
 from edge_infer.kernels_cuda import layout
 
 ROWS, COLS = 19, 512  # a short 16-row group; two super-blocks, sixteen 32-blocks per row
@@ -45,13 +45,20 @@ def test_record_matches_gguf(t: WeightType) -> None:
 def test_records_are_consistent() -> None:
     assert len({t.id for t in TYPES}) == len({t.name for t in TYPES}) == len(TYPES)
     for t in TYPES:
-        if t.i8 is not None:  # 16 rows x 32 columns of 8-bit, 4-bit or 5-bit codes
-            nbits = 8 if t.i8.zero is None else 4 + t.i8.fifth_bit
+        if t.i8 is not None:  # 16 rows x 32 columns of 8-bit, 4-bit or 5-bit codes (a table's: 4-bit)
+            nbits = 8 if t.i8.zero is None and t.i8.table is None else 4 + t.i8.fifth_bit
             assert t.family == "legacy" and t.i8.block_bytes == 16 * 32 * nbits // 8, t.name
             assert t.i8.has_min == ("m" in t.dtype.names) and t.i8.fifth_bit == ("qh" in t.dtype.names)
             assert set(t.i8.roles) <= {"layer", "output"}
-        if t.k is not None:  # the file's bytes of 16 rows, as header + 8 blocks of codes
-            assert t.family == "k" and t.k.record_bytes == 16 * t.type_size
+        for table in (t.i8 and t.i8.table, t.k and t.k.table):  # 16 int8 values of 4-bit codes
+            assert table is None or (len(table) == 16 and all(-128 <= v <= 127 for v in table)), t.name
+        if t.i8 is not None and t.i8.table is not None:  # read as signed codes, no min, no fifth bit
+            assert t.i8.zero is None and not t.i8.has_min and not t.i8.fifth_bit
+        if t.k is not None and t.k.table is not None:
+            assert t.k.bits == 4 and not t.k.has_min
+        if t.k is not None:  # the file's bytes of 16 rows (+ a table type's int8 scales), as header + 8 blocks
+            extra = 16 * 8 - 16 * 6 if t.k.table is not None else 0  # IQ4_XS: 8 scales per row, not 6 packed bytes
+            assert t.family == "k" and t.k.record_bytes == 16 * t.type_size + extra
             assert t.k.block_bytes == 16 * 32 * t.k.bits // 8
             assert t.k.record_bytes == t.k.header_bytes + 8 * t.k.block_bytes
             assert t.k.has_min == ("dmin" in t.dtype.names)
@@ -169,7 +176,10 @@ def test_int8_form_round_trips(t: WeightType) -> None:
     raw, want = _data(t)
     codes, d, m, offset = reference.i8_codes(raw, t.id)
     iw = repack_i8.repack(raw, t.id, ROWS, COLS)
-    assert np.array_equal(_unpack_i8(iw, t.i8.fifth_bit), codes)
+    got_codes = _unpack_i8(iw, t.i8.fifth_bit)
+    if t.i8.table is not None:  # the kernel reads the 4-bit codes through the table, as signed codes
+        got_codes = np.array(t.i8.table, np.int64)[got_codes] + 128
+    assert np.array_equal(got_codes, codes)
     assert np.array_equal(rows(iw.wd, 2)[..., 0], f16_bits(d))
     assert (m is not None) == t.i8.has_min == (iw.wm.size > 0)
     if m is not None:
@@ -205,23 +215,31 @@ def test_k_form_round_trips(t: WeightType) -> None:
     raw, want = _data(t)
     codes, sc, mn, d, dmin = reference.k_codes(raw, t.id)
     kw = repack_k.repack_k(raw, t.id, ROWS, COLS)
-    assert kw.wk.shape[2] == t.k.record_bytes and kw.args[1:] == (t.id, t.k.bits, t.k.header_bytes)
+    fmt = t.k.bits if t.k.table is None else simd_dot.table_format(t.k.bits, t.k.table)
+    assert kw.wk.shape[2] == t.k.record_bytes and kw.args[1:] == (t.id, fmt, t.k.header_bytes)
     got_codes, hdr = _unpack_k(kw, t)
+    if t.k.table is not None:  # read through the table, as signed codes
+        got_codes = np.array(t.k.table, np.int64)[got_codes] + 128
     assert np.array_equal(got_codes, codes)
     blk = raw.reshape(ROWS, -1, t.type_size)
     g, s = kw.wk.shape[:2]
-    sc_at = t.offset("scales")
-    if t.k.has_min:  # d, dmin as [16] f16 each (two bytes per lane), then the 12 packed bytes [12][16]
+    sc_at = t.offset("scales") if "scales" in t.dtype.names else -1
+    if t.k.table is not None:  # IQ4_XS: d [16] f16, then the 8 scales - 32 as int8 [8][16]
+        assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), blk[:, :, 0:2])
+        assert np.array_equal(hdr[:, :, 2:].view(np.int8).astype(np.int64), sc)
+    elif t.k.has_min:  # d, dmin as [16] f16 each (two bytes per lane), then the 12 packed bytes [12][16]
         assert np.array_equal(rows(kw.wk[:, :, :64].reshape(g, s, 2, 16, 2), 3), blk[:, :, :4])
         assert np.array_equal(hdr[:, :, 4:], blk[:, :, sc_at : sc_at + 12])
     else:  # d [16] f16, then the 16 int8 scales [16][16]
         d_at = t.offset("d")
         assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), blk[:, :, d_at : d_at + 2])
         assert np.array_equal(hdr[:, :, 2:], blk[:, :, sc_at : sc_at + 16])
-    width = 32 if t.k.has_min else 16  # columns per sub-block scale
+    width = 32 if t.k.has_min or t.k.table is not None else 16  # columns per sub-block scale
     dl = (d[:, :, None] * sc.astype(np.float32)).reshape(ROWS, -1)  # d * sc, rounded once as ggml does
     q = codes.astype(np.float32).reshape(ROWS, -1, width)
-    if mn is None:
+    if t.k.table is not None:
+        got = dl[:, :, None] * (q - np.float32(128))
+    elif mn is None:
         got = dl[:, :, None] * (q - np.float32(32))
     else:
         assert dmin is not None

@@ -91,8 +91,8 @@ def _to_f16(x):  # type: ignore[no-untyped-def]
 # The signatures of matmul_i8._i8_groups and matmul_k._k_groups, whose asm the int8 tests read.
 _I32_1, _I32_2 = nt.Array(nt.int32, 1, "C"), nt.Array(nt.int32, 2, "C")
 _F32_1, _F32_2, _U16_3 = nt.Array(nt.float32, 1, "C"), nt.Array(nt.float32, 2, "C"), nt.Array(nt.uint16, 3, "C")
-I8_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), _U16_3, _U16_3, nt.int64, _F32_2, nt.int64,
-                 nt.int64, _I32_1, _F32_2)
+I8_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), _U16_3, _U16_3, nt.int64, nt.int64, _F32_2,
+                 nt.int64, nt.int64, _I32_1, _F32_2)
 K_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, nt.int64, nt.int64, _F32_2, nt.int64,
                 nt.int64, _I32_1, _I32_1, _I32_1, _I32_1, _F32_1, _F32_1, _F32_1, _F32_1, _F32_1)
 
@@ -110,25 +110,28 @@ def test_f16_conversions_are_single_instructions() -> None:
 
 @pytest.mark.skipif("+avx512vnni" not in HOST, reason="no AVX-512 VNNI")
 def test_int8_matmul_uses_vpdpbusd() -> None:
-    """Both weight formats (8-bit and 4-bit) reach the kernel's dot products as zmm vpdpbusd,
+    """Every weight format (8-, 4-, 5-bit, the two table formats) reaches the kernel's dot
+    products as zmm vpdpbusd, the tables as zmm vpshufb (one per 64 code bytes, never a gather),
     and the per-block float epilogue is vector code that converts the f16 scales 16 at once."""
     from edge_infer.kernels_cpu import matmul_i8 as m8
 
     asm = asm_of(m8._i8_groups, I8_GROUPS_SIG)
-    assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 4 * 8, "fewer vpdpbusd than one block of each path"
+    assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 6 * 8, "fewer vpdpbusd than one block of each path"
+    assert len(re.findall(r"vpshufb\s[^\n]*zmm", asm)) >= 2 * 8, "fewer vpshufb than one block of each table"
     assert uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
     assert "gather" not in asm
 
 
 @pytest.mark.skipif("+avx512vnni" not in HOST, reason="no AVX-512 VNNI")
 def test_k_quant_matmul_uses_vpdpbusd() -> None:
-    """The K-quant kernel's three formats (4-, 5-, 6-bit) reach zmm vpdpbusd, one and four tokens
-    each (6 * 8 quads at least); scales are unpacked and applied as zmm vector code (integer
-    multiplies for Q6_K, conversions to float); no gathers."""
+    """The K-quant kernel's formats (4-, 5-, 6-bit, IQ4_XS's table) reach zmm vpdpbusd, one and
+    four tokens each (8 * 8 quads at least), the table as zmm vpshufb; scales are unpacked and
+    applied as zmm vector code (integer multiplies for Q6_K, conversions to float); no gathers."""
     from edge_infer.kernels_cpu import matmul_k as mk
 
     asm = asm_of(mk._k_groups, K_GROUPS_SIG)
-    assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 6 * 8, "fewer vpdpbusd than one block of each path"
+    assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 8 * 8, "fewer vpdpbusd than one block of each path"
+    assert len(re.findall(r"vpshufb\s[^\n]*zmm", asm)) >= 4, "fewer vpshufb than one block of the table"
     assert uses(asm, "vpmulld", "zmm") and uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
     assert "gather" not in asm
 
@@ -136,7 +139,8 @@ def test_k_quant_matmul_uses_vpdpbusd() -> None:
 @pytest.mark.skipif("+avx512vnni" in HOST or "+avx2" not in HOST or OVERRIDDEN, reason="not an AVX2 host without VNNI")
 def test_int8_matmuls_use_vpmaddubsw_on_avx2() -> None:
     """Without VNNI, the dot products of both int8 kernels (legacy and K-quant formats) are
-    vpmaddubsw + vpmaddwd on ymm registers (simd_i8._maddubs_ir), not widened multiplies."""
+    vpmaddubsw + vpmaddwd on ymm registers (simd_dot._maddubs_ir), not widened multiplies, and
+    the table formats' lookups ymm vpshufb."""
     from edge_infer.kernels_cpu import matmul_i8 as m8
     from edge_infer.kernels_cpu import matmul_k as mk
 
@@ -144,6 +148,7 @@ def test_int8_matmuls_use_vpmaddubsw_on_avx2() -> None:
         asm = asm_of(fn, sig)
         assert len(re.findall(r"vpmaddubsw\s[^\n]*ymm", asm)) >= blocks * 8, fn
         assert len(re.findall(r"vpmaddwd\s[^\n]*ymm", asm)) >= blocks * 8, fn
+        assert len(re.findall(r"vpshufb\s[^\n]*ymm", asm)) >= 4, fn
         assert "gather" not in asm
 
 

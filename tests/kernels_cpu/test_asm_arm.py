@@ -17,7 +17,7 @@ from numba import types as nt
 
 from edge_infer.kernels_cpu import dequant as dq
 from edge_infer.kernels_cpu import matmul as mm
-from edge_infer.kernels_cpu import simd_i8, target
+from edge_infer.kernels_cpu import simd_dot, simd_i8, target
 
 pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("aarch64", "arm64"), reason="aarch64 only")
 
@@ -32,13 +32,19 @@ def _one_block_q4(iacc, w, x4):  # type: ignore[no-untyped-def]
     simd_i8.dot_block_q4(iacc, w, 0, x4, 0)
 
 
+def _one_block_iq4(iacc, w, x4):  # type: ignore[no-untyped-def]
+    simd_i8.dot_block_iq4(iacc, w, 0, x4, 0)
+
+
 @pytest.mark.skipif(not simd_i8.HAS_SDOT, reason="this CPU has no dot-product extension")
-@pytest.mark.parametrize("fn", [_one_block, _one_block_q4], ids=["q8", "q4"])
+@pytest.mark.parametrize("fn", [_one_block, _one_block_q4, _one_block_iq4], ids=["q8", "q4", "iq4"])
 def test_int8_block_is_sdot(fn) -> None:  # type: ignore[no-untyped-def]
     print(f"LLVM CPU {target.cpu_name()}: int8 path {target.int8_isa()}")
     asm = numba.njit((I32, U8, I32), no_cpython_wrapper=True)(fn).inspect_asm((I32, U8, I32))
     n_sdot = len(re.findall(r"\bsdot\b", asm))
     assert n_sdot >= 32, n_sdot  # 8 quads x 4 sdot of 16 bytes for one 16 x 32 block
+    if fn is _one_block_iq4:  # the table in a register: tbl, 4 per 64 code bytes
+        assert len(re.findall(r"\btbl\b", asm)) >= 16
     assert not re.search(r"\b[su]mull2?\b|\b[su]addlp\b", asm)  # no widening multiply / pairwise-add chain
     assert target.int8_isa() == "NEON sdot"
 
@@ -53,6 +59,10 @@ def test_sdot_sums_equal_the_integer_definition() -> None:
     q = (w.astype(np.int32) - 128).reshape(8, 16, 4)  # [quad, row lane, byte]
     xs = x4.view(np.int8).astype(np.int32).reshape(8, 4)
     np.testing.assert_array_equal(iacc, np.einsum("qlk,qk->l", q, xs))  # sdot reads q: offset 0
+    numba.njit(_one_block_iq4)(iacc, w[:256], x4)  # 4-bit codes: quads 0-3 low nibbles, 4-7 high
+    nib = np.concatenate([w[:256] & 15, w[:256] >> 4]).astype(np.int64).reshape(8, 16, 4)
+    q = np.array(simd_dot.TABLES[simd_dot.FMT_IQ4])[nib]  # the table's values, signed: offset 0 on sdot
+    np.testing.assert_array_equal(iacc, np.einsum("qlk,qk->l", q, xs))
 
 
 def test_float_path_is_neon_vector_code() -> None:

@@ -113,7 +113,8 @@ def _expert(stack: QMatrix, e: int) -> QMatrix:
     if isinstance(pk, KWeights):
         pk = KWeights(pk.wk[e], pk.qtype)
     elif isinstance(pk, I8Weights):
-        pk = I8Weights(pk.wi[e], pk.wd[e], pk.wm[e] if pk.wm.shape[1] else np.empty((0, 0, 0), np.uint16), pk.offset)
+        pk = I8Weights(pk.wi[e], pk.wd[e], pk.wm[e] if pk.wm.shape[1] else np.empty((0, 0, 0), np.uint16), pk.offset,
+                       pk.fmt)
     return QMatrix(stack.name, stack.data[e], stack.qtype, stack.rows, stack.cols, pk)
 
 

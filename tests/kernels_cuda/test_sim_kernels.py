@@ -36,7 +36,8 @@ def test_quantize_matches_the_cpu_quantizer() -> None:
     assert np.array_equal(xd, d) and np.array_equal(xs16, s16)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.F32])
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.F16,
+                                   T.F32])
 def test_matmul_matches_its_twin_and_is_batch_invariant(qtype: T) -> None:
     rows, cols = 5, 256
     w = RNG.standard_normal((rows, cols)).astype(np.float32)

@@ -28,7 +28,7 @@ def run(prep: tuple, rows: int, threads: int, t: slice | None = None) -> np.ndar
         xq4, xd, xsum = xq4[t], xd[t], xsum[t]
     out = np.full((xq4.shape[0], rows), np.nan, np.float32)
     m8.matmul_i8_kernel(np.ascontiguousarray(xq4), np.ascontiguousarray(xd), np.ascontiguousarray(xsum),
-                        iw.wi, iw.wd, iw.wm, iw.offset, out, threads)
+                        *iw.args, out, threads)
     return out
 
 

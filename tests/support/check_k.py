@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from kernel_data import random_rows
 
-from edge_infer.formats.weight_types import TYPES
+from edge_infer.formats.weight_types import TYPES, weight_type
 from edge_infer.kernels_cpu import matmul_k as mk
 from edge_infer.kernels_cpu import reference as ref
 from edge_infer.kernels_cpu.backend import quantize_rows
@@ -53,11 +53,15 @@ def check_k(rng: np.random.Generator) -> None:
     for qtype in K_TYPES:
         w = random_rows(qtype, rows, k, rng, edge=False)
         kw = repack_k(w, qtype, rows, k)
-        assert kw.wk.shape[2] == 16 * FILE_BYTES[qtype] == K_FORMATS[qtype][0]
+        table = weight_type(qtype).k.table  # type: ignore[union-attr]
+        # the file's bytes per 16 rows (IQ4_XS: + its unpacked 8-bit scales)
+        assert kw.wk.shape[2] == 16 * FILE_BYTES[qtype] + (32 if table else 0) == K_FORMATS[qtype][0]
         codes, sc, mn, d, dmin = ref.k_codes(w, qtype)
-        width = 16 if mn is None else 32
+        width = 16 if mn is None and not table else 32
         scale = np.repeat(sc, width, axis=-1).reshape(rows, k).astype(np.float64) * np.repeat(d, 256, axis=1)
-        if mn is None:
+        if table:
+            values = scale * (codes - 128)
+        elif mn is None:
             values = scale * (codes - 32)
         else:
             values = scale * codes - np.repeat(mn, 32, axis=-1).reshape(rows, k) * np.repeat(dmin, 256, axis=1)
@@ -74,11 +78,12 @@ def check_k(rng: np.random.Generator) -> None:
             np.testing.assert_array_equal(run(kw, act, rows, 1, slice(t, t + 1))[0], got[t])
             np.testing.assert_array_equal(run(kw, act, rows, 3, slice(t, t + 1))[0], got[t])
         mats.append((kw, got))
-    outs = [np.full((n, rows), np.nan, np.float32) for _ in mats]
-    xbuf = tuple(np.empty_like(a) for a in act)
-    args: list[object] = [x, *xbuf]
-    for (kw, _), o in zip(mats, outs):
-        args += [*kw.args, o]
-    mk.matmul3_k_kernel(*args, 2)
-    for (_, want), o in zip(mats, outs):
-        np.testing.assert_array_equal(o, want)
+    for fused in (mats[:3], mats[-3:]):  # three matrices per launch
+        outs = [np.full((n, rows), np.nan, np.float32) for _ in fused]
+        xbuf = tuple(np.empty_like(a) for a in act)
+        args: list[object] = [x, *xbuf]
+        for (kw, _), o in zip(fused, outs):
+            args += [*kw.args, o]
+        mk.matmul3_k_kernel(*args, 2)
+        for (_, want), o in zip(fused, outs):
+            np.testing.assert_array_equal(o, want)

@@ -12,6 +12,7 @@ from edge_infer.kernels_cpu import dequant as dq
 F16_SCALE_OFFSETS = {
     dq.Q4_0: (0,), dq.Q4_1: (0, 2), dq.Q5_0: (0,), dq.Q5_1: (0, 2), dq.Q8_0: (0,),
     dq.Q2_K: (80, 82), dq.Q3_K: (108,), dq.Q4_K: (0, 2), dq.Q5_K: (0, 2), dq.Q6_K: (208,),
+    dq.IQ4_NL: (0,), dq.IQ4_XS: (0,),
 }
 EDGE_F16 = np.array([0.0, -0.0, 1.0, -1.0, 65504.0, -65504.0, 6.1e-5, 6e-8, 0.01, -0.03], np.float16)
 
