@@ -21,7 +21,8 @@ from edge_infer import hub
 
 FTYPES = {"Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_K": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
           "Q5_K": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "IQ4_XS": "LLAMA_FTYPE_MOSTLY_IQ4_XS",
-          "IQ4_NL": "LLAMA_FTYPE_MOSTLY_IQ4_NL"}
+          "IQ4_NL": "LLAMA_FTYPE_MOSTLY_IQ4_NL", "TQ2_0": "LLAMA_FTYPE_MOSTLY_TQ2_0",
+          "TQ1_0": "LLAMA_FTYPE_MOSTLY_TQ1_0"}
 
 
 def requantize(model: str, qtype: str, threads: int) -> Path:

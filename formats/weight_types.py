@@ -63,7 +63,8 @@ class KForm:
     bytes): `header_bytes` of scales (d, [dmin], packed sub-block scales [and mins]), then 8
     blocks of 32 columns in the `bits`-bit code format (64 * bits bytes each). has_min: codes
     are unsigned with a min per sub-block (x = d*sc*q - dmin*m), else x = d*sc*(q - 32); table:
-    as I8Form's (IQ4_XS: x = d*sc*table[q], int8 scales sc per 32 in the header)."""
+    as I8Form's (IQ4_XS: x = d*sc*table[q], int8 scales sc per 32 in the header); bits 2: the
+    ternary types, x = d*(q - 1), no sub-block scales."""
 
     record_bytes: int
     bits: int
@@ -231,10 +232,14 @@ TYPES: tuple[WeightType, ...] = (
     WeightType(IQ1_M, "IQ1_M", QK_K, 56, _blk(("qs", "u1", 32), ("qh", "u1", 16), ("scales", "u1", 8)), "k",
                quantizer=False),
     # qs: 48 x u8 (5 base-3 digits each) | qh: 4 x u8 (4 digits each) | d: f16; x = (t - 1) * d
+    # (K-quant kernel: d f16 [16] | 8 blocks of 2-bit codes t; the file's 1.69 bits per weight
+    # unpacked to 2: 1056 bytes per record, the file's 864 + 22%)
     WeightType(TQ1_0, "TQ1_0", QK_K, 54, _blk(("qs", "u1", 48), ("qh", "u1", 4), ("d", "<f2")), "k",
-               quantizer=False),
+               k=KForm(1056, bits=2, header_bytes=32, has_min=False), quantizer=False),
     # qs: 64 x u8 (4 two-bit digits each) | d: f16; x = (q - 1) * d
-    WeightType(TQ2_0, "TQ2_0", QK_K, 66, _blk(("qs", "u1", 64), ("d", "<f2")), "k", quantizer=False),
+    # (K-quant kernel: d f16 [16] | 8 blocks of the 2-bit codes q: the file's bytes)
+    WeightType(TQ2_0, "TQ2_0", QK_K, 66, _blk(("qs", "u1", 64), ("d", "<f2")), "k",
+               k=KForm(1056, bits=2, header_bytes=32, has_min=False), quantizer=False),
     # e: E8M0 scale | qs: 16 x u8 (E2M1 codes, as Q4_0); x = MXFP4_VALUES[q] * 2^(e - 128)
     # (int8 kernel: as IQ4_NL, the scale as f16 where one holds it: kernels_cpu.repack_i8)
     WeightType(MXFP4, "MXFP4", QK, 17, _blk(("e", "u1"), ("qs", "u1", 16)), "legacy",

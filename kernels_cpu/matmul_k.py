@@ -1,4 +1,4 @@
-"""Integer matmul for the K-quants (Q4_K, Q5_K, Q6_K) and IQ4_XS: activations quantized per 32 values as
+"""Integer matmul for the K-quants (Q4_K, Q5_K, Q6_K), IQ4_XS, TQ1_0 and TQ2_0: activations quantized per 32 values as
 for the other int8 matrices (int8 codes, a float scale per 32; plus sums per 16), u8 x s8 dot
 products per 32-column block (the vpdpbusd code of kernels_cpu.simd_i8), a float epilogue per
 block with the block's weight scale.
@@ -11,7 +11,8 @@ per 16 xs, sum per 32 xsum = xs_2b + xs_2b+1):
     Q6_K:         isum = sc_2b * (dot_lo - 32 * xs_2b) + sc_2b+1 * (dot_hi - 32 * xs_2b+1)   (exact int32)
                   acc += float(isum) * (d * dx)
     IQ4_XS:       acc += float(dot(table code_b, xq_b) - offset * xsum) * ((d * sc_b) * dx)
-                  (codes read through IQ4_NL's table as the 8-bit format's bytes; simd_i8)
+                  (codes read through IQ4_NL's table as the 8-bit format's bytes; simd_dot)
+    TQ1_0, TQ2_0: acc += float(dot(code_b, xq_b) - xsum) * (d * dx)   (2-bit codes 0..2)
 A per-256 activation scale (llama.cpp's Q8_K, which would let the scales combine in integers)
 was tried first: on gemma3 it doubled the mean KL against exact math (0.0015 -> 0.0055). Every
 token runs the same sequence whatever the batch (four share each weight load in the GEMM path),
@@ -25,7 +26,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from edge_infer.formats.weight_types import IQ4_XS, Q6_K
+from edge_infer.formats.weight_types import IQ4_XS, Q6_K, TQ1_0, TQ2_0
 
 from ._jit import kernel
 from .matmul_i8 import TOKEN_TILE, quantize_rows_q8, token_chunk
@@ -53,6 +54,7 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
     S, B = wk.shape[1], wk.shape[2]
     q6 = qtype == Q6_K  # int8 scales per 16 columns, no mins (else Q4_K / Q5_K packed scales and mins)
     iq4 = qtype == IQ4_XS  # int8 scales per 32 columns, table codes, no mins
+    tq = qtype == TQ1_0 or qtype == TQ2_0  # one scale d per row, codes t of d * (t - 1)
     blk = block_bytes(bits)  # one 32-column block of 16 rows in the format
     k4 = xq4.shape[1]
     wflat = wk.reshape(-1)
@@ -75,7 +77,7 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
                     elif iq4:
                         widen_scales(isc, wflat, base + 32, 8)
                         scale_rows(ds, isc, 8, dtmp, False)
-                    else:
+                    elif not tq:
                         block_scales(w16, base // 2 + GROUP, mtmp)
                         unpack_scales_q4k(isc, imn, wflat, base + 64)
                         scale_rows(ds, isc, 8, dtmp, False)
@@ -96,6 +98,8 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
                                 imul_set(ai, u * GROUP, iacc, 2 * u * GROUP, isc, 2 * b * GROUP, np.int32(32) * lo)
                                 imadd(ai, u * GROUP, iacc, (2 * u + 1) * GROUP, isc, (2 * b + 1) * GROUP, np.int32(32) * hi)
                                 scale_accumulate(facc, u * GROUP, ai, u * GROUP, np.int32(0), dtmp, 0, dx)
+                            elif tq:
+                                scale_accumulate(facc, u * GROUP, iacc, u * GROUP, lo + hi, dtmp, 0, dx)
                             elif iq4:
                                 scale_accumulate(facc, u * GROUP, iacc, u * GROUP, np.int32(TABLE_OFFSET) * (lo + hi), ds,
                                                  b * GROUP, dx)

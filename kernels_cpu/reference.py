@@ -149,7 +149,7 @@ def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     sub-block scales int64 [R, S, 8] (Q6_K: [R, S, 16], signed), mins int64 [R, S, 8] or None, d
     and dmin float32 [R, S] (dmin None for Q6_K, IQ4_XS). Weight = d * sc * code - dmin * m (Q4_K,
     Q5_K), d * sc * (code - 32) (Q6_K), d * sc * (code - 128) (IQ4_XS: codes are its table's
-    values + 128, sc = the 6-bit scale - 32)."""
+    values + 128, sc = the 6-bit scale - 32), d * (code - 1) (TQ1_0, TQ2_0: sc = 1)."""
     t = weight_type(qtype)
     assert t.k is not None, f"{t.name} has no K-quant form"
     rows = w.shape[0]
@@ -161,6 +161,19 @@ def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     def f16(name: str) -> np.ndarray:
         return field(name, 2).copy().view(np.float16)[..., 0].astype(np.float32)
 
+    if t.k.bits == 2:  # TQ1_0, TQ2_0: the ternary digits t (weight d * (t - 1)), sc = 1
+        if "qh" in (t.dtype.names or ()):  # TQ1_0: digit n of byte v = ((v * 3^n) & 255) * 3 >> 8
+            def digits(v: np.ndarray, n: int) -> np.ndarray:
+                p3 = 3 ** np.arange(n, dtype=np.int64)[:, None]
+                return (((v[..., None, :] * p3) & 255) * 3) >> 8  # [R, S, n, bytes]
+
+            qs, qh = field("qs", 48).astype(np.int64), field("qh", 4).astype(np.int64)
+            parts = [digits(qs[..., :32], 5), digits(qs[..., 32:], 5), digits(qh, 4)]
+            codes = np.concatenate([p.reshape(rows, -1, p.shape[-1] * p.shape[-2]) for p in parts], -1)
+        else:  # TQ2_0: column 128j + 32l + m in bits 2l of qs[32j + m]
+            qs = field("qs", 64).astype(np.int64).reshape(rows, -1, 2, 1, 32)
+            codes = (qs >> (2 * np.arange(4))[:, None]) & 3
+        return codes.reshape(rows, -1), np.ones((rows, blk.shape[1], 8), np.int64), None, f16("d"), None
     if t.k.table is not None:  # IQ4_XS
         sh = field("scales_h", 2).copy().view(np.uint16)[..., 0].astype(np.int64)
         sl = field("scales_l", 4).astype(np.int64)
@@ -206,10 +219,11 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
     order, exact integer sums, then Q4_K / Q5_K: acc += float32(isum) * ((d * sc) * dx) +
     (-(dmin * m)) * (dx * float32(xsum)); Q6_K: acc += float32(isum) * (d * dx), isum combining
     the two 16-column halves with their scales in integers; IQ4_XS: acc += float32(isum - 128 *
-    xsum) * ((d * sc) * dx)."""
+    xsum) * ((d * sc) * dx); TQ1_0 / TQ2_0 the same with 1 for 128 and sc = 1."""
     codes, sc, mn, d, dmin = k_codes(w, qtype)
     form = weight_type(qtype).k
     table = form is not None and form.table is not None
+    ternary = form is not None and form.bits == 2
     rows = d.shape[0]
     acc = np.zeros((xq.shape[0], rows), np.float32)
     x64 = xq.astype(np.int64)
@@ -217,9 +231,9 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
         s, j = divmod(blk, 8)
         dx = xd[:, blk : blk + 1]
         lo, hi = xs16[:, 2 * blk : 2 * blk + 1], xs16[:, 2 * blk + 1 : 2 * blk + 2]
-        if table:
+        if table or ternary:  # codes less 128 (the table's values) or 1 (the digits)
             c = slice(blk * 32, blk * 32 + 32)
-            isum = x64[:, c] @ codes[:, c].T - 128 * (lo + hi)
+            isum = x64[:, c] @ codes[:, c].T - (128 if table else 1) * (lo + hi)
             ds = sc[:, s, j].astype(np.float32) * d[:, s]
             acc = acc + isum.astype(np.float32) * (ds[None, :] * dx)
         elif mn is None:

@@ -10,7 +10,10 @@ Per group of 16 rows and super-block, one contiguous record of B bytes (one stre
   per quad of the fifth bits and one of the sixth);
 - IQ4_XS, B = 2208 (the file's 16 x 136 + 32): d f16 [16] | sc - 32 as int8 per 32 columns,
   byte-major [8][16] (unpacked from the file's 6-bit scales) | 8 blocks of the 4-bit format,
-  whose codes index IQ4_NL's table (the kernel's table format).
+  whose codes index IQ4_NL's table (the kernel's table format);
+- TQ2_0 and TQ1_0, B = 1056 (TQ2_0's 16 x 66; TQ1_0's 16 x 54 + 22%): d f16 [16] | 8 blocks
+  of 2-bit codes (128 bytes: quad q in bits 2(q % 4).. of the 64 bytes at 64 (q // 4)), the
+  ternary digit t of weight d * (t - 1) (TQ1_0's base-3 digits unpacked).
 Codes are the file's unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, whose weight is
 d * sc * (code - 32)); scales and mins stay packed (unpacked per super-block by the kernel).
 """
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from edge_infer.formats.weight_types import IQ4_XS, Q4_K, Q5_K, Q6_K, TYPES, KForm, weight_type
+from edge_infer.formats.weight_types import IQ4_XS, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0, TYPES, KForm, weight_type
 
 from ._jit import kernel
 from .simd_dot import table_format
@@ -66,7 +69,23 @@ class KWeights:
 @kernel(inline=True)
 def _row_codes(w, r, o, qtype, codes):
     """The 256 unsigned codes of row r's super-block at byte o, in column order."""
-    if qtype == IQ4_XS:  # per 32 columns 16 bytes (as IQ4_NL): lo = column j, hi = j + 16
+    if qtype == TQ2_0:  # column 128j + 32l + m: bits 2l..2l+1 of qs[32j + m]
+        for j in range(2):
+            for sh in range(4):
+                for m in range(32):
+                    codes[128 * j + 32 * sh + m] = (w[r, o + 32 * j + m] >> (2 * sh)) & 3
+    elif qtype == TQ1_0:  # base-3 digits: digit n of byte v is (uint8(v * 3^n) * 3) >> 8
+        for n in range(5):
+            p3 = 3**n
+            for m in range(32):
+                codes[32 * n + m] = ((np.uint32(w[r, o + m]) * p3 & 255) * 3) >> 8
+            for m in range(16):
+                codes[160 + 16 * n + m] = ((np.uint32(w[r, o + 32 + m]) * p3 & 255) * 3) >> 8
+        for n in range(4):
+            p3 = 3**n
+            for j in range(4):
+                codes[240 + 4 * n + j] = ((np.uint32(w[r, o + 48 + j]) * p3 & 255) * 3) >> 8
+    elif qtype == IQ4_XS:  # per 32 columns 16 bytes (as IQ4_NL): lo = column j, hi = j + 16
         for ib in range(8):
             for j in range(16):
                 q = w[r, o + 8 + 16 * ib + j]
@@ -99,7 +118,14 @@ def _row_codes(w, r, o, qtype, codes):
 def _pack_block(codes, c0, ln, bits, dst, at):
     """Row lane ln's 32 codes codes[c0:c0 + 32] into the block at dst[at:] (4/5/6-bit format):
     quad byte (q, ln, k) = code 4q + k | code 16 + 4q + k << 4; the fifth (sixth) bits of quad
-    q's 4 codes are bits 4 ln .. 4 ln + 3 of its 64-bit mask at 256 (320) + 8q."""
+    q's 4 codes are bits 4 ln .. 4 ln + 3 of its 64-bit mask at 256 (320) + 8q. 2-bit format:
+    byte 64 (q // 4) + 4 ln + k holds code 4q + k in bits 2 (q % 4), 2 (q % 4) + 1."""
+    if bits == 2:
+        for q in range(8):
+            for k in range(4):
+                b = at + 64 * (q // 4) + ln * 4 + k
+                dst[b] = dst[b] | np.uint8((codes[c0 + 4 * q + k] & 3) << (2 * (q % 4)))
+        return
     for q in range(4):
         for k in range(4):
             dst[at + q * 64 + ln * 4 + k] = (codes[c0 + 4 * q + k] & 15) | ((codes[c0 + 16 + 4 * q + k] & 15) << 4)
@@ -126,7 +152,9 @@ def repack_k_kernel(w, qtype, fb, bits, head, wk):
             for s in range(S):
                 o = s * fb
                 dst = wk[g, s]
-                if qtype == IQ4_XS:  # scale ib: low nibble of scales_l, 2 bits of scales_h
+                if qtype == TQ1_0 or qtype == TQ2_0:  # d, the last two bytes
+                    dst[2 * ln], dst[2 * ln + 1] = w[r, o + fb - 2], w[r, o + fb - 1]
+                elif qtype == IQ4_XS:  # scale ib: low nibble of scales_l, 2 bits of scales_h
                     dst[2 * ln], dst[2 * ln + 1] = w[r, o], w[r, o + 1]
                     sh = np.int32(w[r, o + 2]) | (np.int32(w[r, o + 3]) << 8)
                     for ib in range(8):

@@ -59,7 +59,7 @@ FMT_IQ4, FMT_MXFP4 = 9, 10
 TABLES = {FMT_IQ4: IQ4_TABLE, FMT_MXFP4: MXFP4_TABLE}
 # the u8 code of a zero weight in the table formats' bytes (signed values + 128; sdot reads q)
 TABLE_OFFSET = 0 if HAS_SDOT else 128
-BLOCK_BYTES = {8: 512, 4: 256, 5: 320, 6: 384, FMT_IQ4: 256, FMT_MXFP4: 256}  # one 16-row x 32-column block
+BLOCK_BYTES = {8: 512, 4: 256, 5: 320, 6: 384, 2: 128, FMT_IQ4: 256, FMT_MXFP4: 256}  # one 16-row x 32-column block
 
 
 def table_format(bits: int, table: tuple[int, ...] | None) -> int:
@@ -150,8 +150,9 @@ def dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=Fal
     64-bit mask of the sixth bits at 320 + 8q, adding 32). split: two sums per token, quads
     0-3 (columns 0-15) and 4-7 (columns 16-31), for weights with a scale per 16 columns (Q6_K).
     A table format (TABLES): the 4-bit format's bytes, each nibble read through the table into
-    the 8-bit format's byte, which the dot products then take as the 8-bit format's."""
-    nibbles = bits != 8
+    the 8-bit format's byte, which the dot products then take as the 8-bit format's. 2 (the
+    ternary types): two 64-byte loads, quad q in bits 2(q % 4)..2(q % 4) + 1 of load q // 4."""
+    nibbles = bits not in (8, 2)
     table = TABLES.get(bits)
     eight = bits == 8 or table is not None  # 8-bit bytes at the dot product
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -170,8 +171,14 @@ def dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=Fal
         v4, v16i8 = ir.VectorType(i32, 4), ir.VectorType(i8, 16)
         fn = builder.module.declare_intrinsic("llvm.aarch64.neon.sdot.v4i32.v16i8", fnty=ir.FunctionType(v4, [v4, v16i8, v16i8]))
     high: list = []
+    crumbs = None
     for q in range(8):
-        if nibbles and q >= 4:
+        if bits == 2:
+            if q % 4 == 0:
+                crumbs = builder.load(builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * (q // 4))]),
+                                                      v64i8.as_pointer()), align=1)
+            wb = builder.and_(builder.lshr(crumbs, ir.Constant(v64i8, [2 * (q % 4)] * 64)), ir.Constant(v64i8, [3] * 64))
+        elif nibbles and q >= 4:
             wb = high[q - 4]
         else:
             wp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * q)]), v64i8.as_pointer())

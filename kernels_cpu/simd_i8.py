@@ -70,6 +70,8 @@ dot_block4_q5 = _dot4(5, "5-bit format, four tokens")
 # 6-bit format, split in halves: iacc[32u:32u+16] columns 0-15, iacc[32u+16:32u+32] 16-31 of token u
 dot_block_q6 = _dot1(6, "6-bit format, one token, two half-block sums", split=True)
 dot_block4_q6 = _dot4(6, "6-bit format, four tokens, two half-block sums each", split=True)
+dot_block_q2 = _dot1(2, "2-bit format, one token")
+dot_block4_q2 = _dot4(2, "2-bit format, four tokens")
 dot_block_iq4 = _dot1(FMT_IQ4, "4-bit codes through IQ4_NL's table, one token")
 dot_block4_iq4 = _dot4(FMT_IQ4, "4-bit codes through IQ4_NL's table, four tokens")
 dot_block_fp4 = _dot1(FMT_MXFP4, "4-bit codes through MXFP4's table, one token")
@@ -92,6 +94,8 @@ def dot_tile4(bits, iacc, w, wo, x4, xa, xb, xc, xd):
         dot_block4_q4(iacc, w, wo, x4, xa, xb, xc, xd)
     elif bits == 5:
         dot_block4_q5(iacc, w, wo, x4, xa, xb, xc, xd)
+    elif bits == 2:
+        dot_block4_q2(iacc, w, wo, x4, xa, xb, xc, xd)
     elif bits == FMT_IQ4:
         dot_block4_iq4(iacc, w, wo, x4, xa, xb, xc, xd)
     elif bits == FMT_MXFP4:
@@ -103,8 +107,8 @@ def dot_tile4(bits, iacc, w, wo, x4, xa, xb, xc, xd):
 @kernel(inline=True)
 def dot_tile(n, bits, iacc, w, wo, x4, x0, k4):
     """The block's dot products for n tokens (n = 4: the tokens at x0, x0 + k4, ..., one weight
-    load each; otherwise the one at x0), in the format of `bits` (8, 4, 5, 6 split, or a table
-    format)."""
+    load each; otherwise the one at x0), in the format of `bits` (8, 4, 5, 6 split, 2, or a
+    table format)."""
     if n == 4:
         dot_tile4(bits, iacc, w, wo, x4, x0, x0 + k4, x0 + 2 * k4, x0 + 3 * k4)
     elif bits == 8:
@@ -113,6 +117,8 @@ def dot_tile(n, bits, iacc, w, wo, x4, x0, k4):
         dot_block_q4(iacc, w, wo, x4, x0)
     elif bits == 5:
         dot_block_q5(iacc, w, wo, x4, x0)
+    elif bits == 2:
+        dot_block_q2(iacc, w, wo, x4, x0)
     elif bits == FMT_IQ4:
         dot_block_iq4(iacc, w, wo, x4, x0)
     elif bits == FMT_MXFP4:

@@ -56,8 +56,9 @@ def test_records_are_consistent() -> None:
             assert t.i8.zero is None and not t.i8.has_min and not t.i8.fifth_bit
         if t.k is not None and t.k.table is not None:
             assert t.k.bits == 4 and not t.k.has_min
-        if t.k is not None:  # the file's bytes of 16 rows (+ a table type's int8 scales), as header + 8 blocks
-            extra = 16 * 8 - 16 * 6 if t.k.table is not None else 0  # IQ4_XS: 8 scales per row, not 6 packed bytes
+        if t.k is not None:  # the file's bytes of 16 rows, as header + 8 blocks (IQ4_XS: + its 8-bit scales,
+            # 8 per row for 6 packed bytes; TQ1_0: its base-3 digits as 2 bits)
+            extra = {weight_types.IQ4_XS: 16 * 8 - 16 * 6, weight_types.TQ1_0: 16 * 64 - 16 * 52}.get(t.id, 0)
             assert t.family == "k" and t.k.record_bytes == 16 * t.type_size + extra
             assert t.k.block_bytes == 16 * 32 * t.k.bits // 8
             assert t.k.record_bytes == t.k.header_bytes + 8 * t.k.block_bytes
@@ -196,6 +197,11 @@ def _unpack_k(kw: repack_k.KWeights, t: WeightType) -> tuple[np.ndarray, np.ndar
     g, s, _ = kw.wk.shape
     head, blk = t.k.header_bytes, t.k.block_bytes
     blocks = kw.wk[:, :, head:].reshape(g, s, 8, blk)
+    if t.k.bits == 2:  # quad q in bits 2 (q % 4) of the 64 bytes at 64 (q // 4)
+        byte = blocks.reshape(g, s, 8, 2, 1, 16, 4).astype(np.int64)  # [g, s, b, q // 4, -, lane, k]
+        crumbs = (byte >> (2 * np.arange(4))[:, None, None]) & 3  # [g, s, b, q // 4, q % 4, lane, k]
+        codes2 = crumbs.transpose(0, 5, 1, 2, 3, 4, 6).reshape(g * 16, -1)
+        return codes2[:ROWS], rows(kw.wk[:, :, :head].reshape(g, s, -1, 16), 3)
     byte = blocks[..., :256].reshape(g, s, 8, 4, 16, 4)  # [g, s, b, quad, lane, k]
     byte = byte.transpose(0, 4, 1, 2, 3, 5).reshape(g * 16, s, 8, 16).astype(np.int64)
     codes = np.concatenate([byte & 15, byte >> 4], axis=-1)  # [row, s, b, 32]
@@ -224,7 +230,10 @@ def test_k_form_round_trips(t: WeightType) -> None:
     blk = raw.reshape(ROWS, -1, t.type_size)
     g, s = kw.wk.shape[:2]
     sc_at = t.offset("scales") if "scales" in t.dtype.names else -1
-    if t.k.table is not None:  # IQ4_XS: d [16] f16, then the 8 scales - 32 as int8 [8][16]
+    if t.k.bits == 2:  # TQ1_0, TQ2_0: d [16] f16 only
+        d_at = t.offset("d")
+        assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), blk[:, :, d_at : d_at + 2])
+    elif t.k.table is not None:  # IQ4_XS: d [16] f16, then the 8 scales - 32 as int8 [8][16]
         assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), blk[:, :, 0:2])
         assert np.array_equal(hdr[:, :, 2:].view(np.int8).astype(np.int64), sc)
     elif t.k.has_min:  # d, dmin as [16] f16 each (two bytes per lane), then the 12 packed bytes [12][16]
@@ -234,10 +243,12 @@ def test_k_form_round_trips(t: WeightType) -> None:
         d_at = t.offset("d")
         assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), blk[:, :, d_at : d_at + 2])
         assert np.array_equal(hdr[:, :, 2:], blk[:, :, sc_at : sc_at + 16])
-    width = 32 if t.k.has_min or t.k.table is not None else 16  # columns per sub-block scale
+    width = 32 if t.k.has_min or t.k.table is not None or t.k.bits == 2 else 16  # columns per sub-block scale
     dl = (d[:, :, None] * sc.astype(np.float32)).reshape(ROWS, -1)  # d * sc, rounded once as ggml does
     q = codes.astype(np.float32).reshape(ROWS, -1, width)
-    if t.k.table is not None:
+    if t.k.bits == 2:
+        got = (q - np.float32(1)) * dl[:, :, None]  # ggml's (t - 1) * d
+    elif t.k.table is not None:
         got = dl[:, :, None] * (q - np.float32(128))
     elif mn is None:
         got = dl[:, :, None] * (q - np.float32(32))

@@ -36,8 +36,12 @@ def _one_block_iq4(iacc, w, x4):  # type: ignore[no-untyped-def]
     simd_i8.dot_block_iq4(iacc, w, 0, x4, 0)
 
 
+def _one_block_q2(iacc, w, x4):  # type: ignore[no-untyped-def]
+    simd_i8.dot_block_q2(iacc, w, 0, x4, 0)
+
+
 @pytest.mark.skipif(not simd_i8.HAS_SDOT, reason="this CPU has no dot-product extension")
-@pytest.mark.parametrize("fn", [_one_block, _one_block_q4, _one_block_iq4], ids=["q8", "q4", "iq4"])
+@pytest.mark.parametrize("fn", [_one_block, _one_block_q4, _one_block_iq4, _one_block_q2], ids=["q8", "q4", "iq4", "q2"])
 def test_int8_block_is_sdot(fn) -> None:  # type: ignore[no-untyped-def]
     print(f"LLVM CPU {target.cpu_name()}: int8 path {target.int8_isa()}")
     asm = numba.njit((I32, U8, I32), no_cpython_wrapper=True)(fn).inspect_asm((I32, U8, I32))

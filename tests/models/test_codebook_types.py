@@ -39,6 +39,21 @@ LLAMA_CPP_KL = 0.01  # vs llama.cpp, unless llama.cpp is the further from exact 
 INT8_VS_LLAMA_CPP = 1.25  # int8 path: KL to exact math at most this times llama.cpp's (IQ4_NL: 0.0132 vs 0.0131)
 
 
+def _kls(path: Path, ids: list[int], ours: np.ndarray, exact: np.ndarray, label: str) -> tuple[float, float, float]:
+    """llama.cpp's logits on the same file, then the mean KLs (exact || ours), (exact ||
+    llama.cpp's), (llama.cpp's || ours), printed."""
+    m = LlamaCpp(path, len(ids))
+    try:
+        theirs = m.logits(ids)
+    finally:
+        m.close()
+    to_exact, to_llama_cpp = float(kl_rows(exact, ours).mean()), float(kl_rows(theirs, ours).mean())
+    theirs_to_exact = float(kl_rows(exact, theirs).mean())
+    print(f"\n{label}: mean KL vs exact: ours {to_exact:.3g}, llama.cpp's {theirs_to_exact:.3g}; "
+          f"ours vs llama.cpp {to_llama_cpp:.3g}")
+    return to_exact, theirs_to_exact, to_llama_cpp
+
+
 @pytest.fixture(scope="module")
 def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("codebook")
@@ -59,16 +74,7 @@ def test_llama_cpp_s_file_computes_like_exact_math_and_llama_cpp(src: Path, name
         assert llm.plan is not None
         ours = llm.prompt_logits(ids)
     llm_int8 = None if target.matrix_path(qtype, 256) == target.FLOAT_PATH else target.matrix_path(qtype, 256)
-    exact = reference_logits(path, ids)
-    m = LlamaCpp(path, len(ids))
-    try:
-        theirs = m.logits(ids)
-    finally:
-        m.close()
-    to_exact, to_llama_cpp = float(kl_rows(exact, ours).mean()), float(kl_rows(theirs, ours).mean())
-    theirs_to_exact = float(kl_rows(exact, theirs).mean())
-    print(f"\n{name}: mean KL vs exact: ours {to_exact:.3g}, llama.cpp's {theirs_to_exact:.3g}; "
-          f"ours vs llama.cpp {to_llama_cpp:.3g}")
+    to_exact, theirs_to_exact, to_llama_cpp = _kls(path, ids, ours, reference_logits(path, ids), name)
     bound = EXACT_KL if llm_int8 is None else INT8_VS_LLAMA_CPP * theirs_to_exact
     assert to_exact <= bound, f"{name}: mean KL(exact || ours) {to_exact:.3g} ({llm_int8 or 'float path'})"
     assert to_llama_cpp <= LLAMA_CPP_KL or to_exact < theirs_to_exact, (
@@ -118,13 +124,5 @@ def test_mxfp4_experts_compute_like_llama_cpp(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(backend, "I8_TYPES", no_mxfp4)
     with LLM(str(path), n_threads=2, kv_cache_memory="16MiB") as llm:
         exact = llm.prompt_logits(ids)  # the experts on the float path
-    m = LlamaCpp(path, len(ids))
-    try:
-        theirs = m.logits(ids)
-    finally:
-        m.close()
-    to_exact, to_llama_cpp = float(kl_rows(exact, ours).mean()), float(kl_rows(theirs, ours).mean())
-    theirs_to_exact = float(kl_rows(exact, theirs).mean())
-    print(f"\nMXFP4 experts: mean KL vs the float path: ours {to_exact:.3g}, llama.cpp's {theirs_to_exact:.3g}; "
-          f"ours vs llama.cpp {to_llama_cpp:.3g}")
+    to_exact, theirs_to_exact, to_llama_cpp = _kls(path, ids, ours, exact, "MXFP4 experts (exact: the float path)")
     assert to_llama_cpp <= LLAMA_CPP_KL and to_exact <= INT8_VS_LLAMA_CPP * theirs_to_exact

@@ -53,14 +53,16 @@ def check_k(rng: np.random.Generator) -> None:
     for qtype in K_TYPES:
         w = random_rows(qtype, rows, k, rng, edge=False)
         kw = repack_k(w, qtype, rows, k)
-        table = weight_type(qtype).k.table  # type: ignore[union-attr]
-        # the file's bytes per 16 rows (IQ4_XS: + its unpacked 8-bit scales)
-        assert kw.wk.shape[2] == 16 * FILE_BYTES[qtype] + (32 if table else 0) == K_FORMATS[qtype][0]
+        form = weight_type(qtype).k
+        assert form is not None
+        table, ternary = form.table, form.bits == 2
+        # the file's bytes per 16 rows (IQ4_XS: + its unpacked 8-bit scales; TQ1_0: base-3 digits as 2 bits)
+        assert kw.wk.shape[2] == K_FORMATS[qtype][0] and 16 * FILE_BYTES[qtype] <= kw.wk.shape[2] <= 20 * FILE_BYTES[qtype]
         codes, sc, mn, d, dmin = ref.k_codes(w, qtype)
-        width = 16 if mn is None and not table else 32
+        width = 16 if mn is None and not (table or ternary) else 32
         scale = np.repeat(sc, width, axis=-1).reshape(rows, k).astype(np.float64) * np.repeat(d, 256, axis=1)
-        if table:
-            values = scale * (codes - 128)
+        if table or ternary:
+            values = scale * (codes - (128 if table else 1))
         elif mn is None:
             values = scale * (codes - 32)
         else:
