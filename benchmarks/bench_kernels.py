@@ -8,7 +8,8 @@
     cache, with each thread count: what GEMV, which reads every weight byte once, can reach.
 (b) GEMV (T=1, K=4096): the path the CPU backend takes for the type (column "path": the int8
     kernel for Q4_0..Q8_0, IQ4_NL and MXFP4, the K-quant int8 kernel for Q4_K/Q5_K/Q6_K,
-    IQ4_XS, TQ1_0 and TQ2_0, activation quantization included; the float kernel otherwise (the codebook types); --float forces the float kernel) on a ~64 MB weight
+    IQ4_XS, the IQ2/IQ3 grid types, TQ1_0 and TQ2_0, activation quantization included; the
+    float kernel otherwise (IQ1_S, IQ1_M); --float forces the float kernel) on a ~64 MB weight
     matrix per call; the calls rotate over slices of a buffer of the same footprint as (a), so
     the weights come from memory, not L3. Reported as GB/s of the weight bytes it streams (the
     file's bytes; the repacked copy is no larger), the fraction of (a) at the same thread count,
@@ -57,7 +58,11 @@ TYPES = {
     "Q6_K": dq.Q6_K,
     "IQ4_XS": dq.IQ4_XS,
     "IQ3_S": dq.IQ3_S,
+    "IQ3_XXS": dq.IQ3_XXS,
+    "IQ2_S": dq.IQ2_S,
     "IQ2_XS": dq.IQ2_XS,
+    "IQ2_XXS": dq.IQ2_XXS,
+    "IQ1_S": dq.IQ1_S,
     "TQ2_0": dq.TQ2_0,
     "TQ1_0": dq.TQ1_0,
     "F16": dq.F16,

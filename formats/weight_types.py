@@ -19,7 +19,8 @@ from edge_infer.errors import UnsupportedTensorType
 __all__ = [
     "BF16", "F16", "F32", "IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL",
     "IQ4_XS", "MXFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0",
-    "Q8_K", "QK", "QK_K", "IQ4_TABLE", "MXFP4_TABLE", "TQ1_0", "TQ2_0", "TYPES", "CudaForm", "I8Form", "KForm", "WeightType",
+    "Q8_K", "QK", "QK_K", "IQ4_TABLE", "MXFP4_TABLE", "TQ1_0", "TQ2_0", "TYPES", "CudaForm", "GridCodes", "I8Form",
+    "KForm", "WeightType",
     "by_name", "weight_type",
 ]
 
@@ -57,6 +58,26 @@ class I8Form:
 
 
 @dataclass(frozen=True, slots=True)
+class GridCodes:
+    """A codebook type's codes in the K-quant kernel: per `width` columns (8, or 4 for IQ3) an
+    index of `index_bits` into grid `name` (formats.quants_iq.grid), per column a sign bit; per
+    `scale_cols` columns (16 or 32) a 4-bit s, weight = (d * d_factor) * (2s + 1) * +-grid.
+    A 32-column block of 16 rows: the index's low bytes, [32 / width][16]; its high bits as
+    16-bit row masks, [index_bits - 8][32 / width]; per quad a 64-bit mask of the signs."""
+
+    name: str
+    width: int
+    index_bits: int
+    scale_cols: int
+    d_factor: float
+
+    @property
+    def block_bytes(self) -> int:
+        n = 32 // self.width
+        return 16 * n + 2 * (self.index_bits - 8) * n + 64
+
+
+@dataclass(frozen=True, slots=True)
 class KForm:
     """The K-quant int8 kernel's form (kernels_cpu.repack_k, matmul_k), for every role: per
     16-row group and 256-column super-block one record of `record_bytes` (16 rows of the file's
@@ -64,18 +85,21 @@ class KForm:
     blocks of 32 columns in the `bits`-bit code format (64 * bits bytes each). has_min: codes
     are unsigned with a min per sub-block (x = d*sc*q - dmin*m), else x = d*sc*(q - 32); table:
     as I8Form's (IQ4_XS: x = d*sc*table[q], int8 scales sc per 32 in the header); bits 2: the
-    ternary types, x = d*(q - 1), no sub-block scales."""
+    ternary types, x = d*(q - 1), no sub-block scales; grid: the codebook types' codes
+    (GridCodes; bits 8: the dot products' bytes), d f16 [16] and their s two per byte in the
+    header."""
 
     record_bytes: int
     bits: int
     header_bytes: int
     has_min: bool
     table: tuple[int, ...] | None = None
+    grid: GridCodes | None = None
 
     @property
     def block_bytes(self) -> int:
         """Bytes of one 32-column block of 16 rows in the code format."""
-        return 64 * self.bits
+        return self.grid.block_bytes if self.grid is not None else 64 * self.bits
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,19 +235,31 @@ TYPES: tuple[WeightType, ...] = (
                cuda=_CODES, fallback=IQ4_NL, weighted=True),
     # d: f16 | qs: 32 x u16 (per 32 values: 4 grid-row bytes, then a u32 of 4 x 7 sign bits and
     # a 4-bit scale); x = ((d * (0.5 + s)) * 0.25) * +-grid
-    WeightType(IQ2_XXS, "IQ2_XXS", QK_K, 66, _blk(("d", "<f2"), ("qs", "<u2", 32)), "k", quantizer=False),
+    # (K-quant kernel, as all the IQ2 / IQ3 types: GridCodes; 1120 bytes per record, the file's
+    # 1056 + 6%: a sign bit per column)
+    WeightType(IQ2_XXS, "IQ2_XXS", QK_K, 66, _blk(("d", "<f2"), ("qs", "<u2", 32)), "k",
+               k=KForm(1120, bits=8, header_bytes=96, has_min=False, grid=GridCodes("IQ2_XXS", 8, 8, 32, 0.125)),
+               quantizer=False),
     # d: f16 | qs: 32 x u16 (9-bit grid row, 7 sign bits) | scales: 8 x u8 (two 4-bit scales)
+    # (1248 bytes per record, the file's 1184 + 5.4%)
     WeightType(IQ2_XS, "IQ2_XS", QK_K, 74, _blk(("d", "<f2"), ("qs", "<u2", 32), ("scales", "u1", 8)), "k",
+               k=KForm(1248, bits=8, header_bytes=160, has_min=False, grid=GridCodes("IQ2_XS", 8, 9, 16, 0.125)),
                quantizer=False),
     # d: f16 | qs: 32 grid-row bytes + 32 sign bytes | qh: 8 x u8 (2 high row bits) | scales: 8
     WeightType(IQ2_S, "IQ2_S", QK_K, 82,
-               _blk(("d", "<f2"), ("qs", "u1", 64), ("qh", "u1", 8), ("scales", "u1", 8)), "k", quantizer=False),
+               _blk(("d", "<f2"), ("qs", "u1", 64), ("qh", "u1", 8), ("scales", "u1", 8)), "k",
+               k=KForm(1312, bits=8, header_bytes=160, has_min=False, grid=GridCodes("IQ2_S", 8, 10, 16, 0.125)),
+               quantizer=False),
     # d: f16 | qs: 64 bytes of 4-wide grid rows, then 8 x u32 (4 x 7 sign bits, a 4-bit scale)
-    WeightType(IQ3_XXS, "IQ3_XXS", QK_K, 98, _blk(("d", "<f2"), ("qs", "u1", 96)), "k", quantizer=False),
+    # (1632 bytes per record, the file's 1568 + 4%)
+    WeightType(IQ3_XXS, "IQ3_XXS", QK_K, 98, _blk(("d", "<f2"), ("qs", "u1", 96)), "k",
+               k=KForm(1632, bits=8, header_bytes=96, has_min=False, grid=GridCodes("IQ3_XXS", 4, 8, 32, 0.25)),
+               quantizer=False),
     # d: f16 | qs: 64 | qh: 8 (bit 8 of each row) | signs: 32 | scales: 4 (x = d * (1 + 2s) * +-grid)
     WeightType(IQ3_S, "IQ3_S", QK_K, 110,
                _blk(("d", "<f2"), ("qs", "u1", 64), ("qh", "u1", 8), ("signs", "u1", 32), ("scales", "u1", 4)),
-               "k", quantizer=False),
+               "k", k=KForm(1760, bits=8, header_bytes=96, has_min=False, grid=GridCodes("IQ3_S", 4, 9, 32, 1.0)),
+               quantizer=False),
     # d: f16 | qs: 32 | qh: 8 x u16 (4 x 3 high row bits, a 3-bit scale, the delta's sign);
     # x = (d * (2s + 1)) * (grid + +-0.125), grid values -1, 0, 1
     WeightType(IQ1_S, "IQ1_S", QK_K, 50, _blk(("d", "<f2"), ("qs", "u1", 32), ("qh", "<u2", 8)), "k",

@@ -275,3 +275,23 @@ HAS_F16C = _target_has_f16c()
 f16_to_f32 = _hw_f16_to_f32 if HAS_F16C else _soft_f16_to_f32
 f32_to_f16 = _hw_f32_to_f16 if HAS_F16C else _soft_f32_to_f16
 
+
+
+# Little-endian fields of a row of GGUF bytes w (uint8 [R, row_bytes]), row r, byte o: the
+# decoders' and repacks' one reader.
+@kernel(inline=True)
+def u16_at(w, r, o):
+    """The uint16 at bytes o, o + 1 of row r (an f16 scale's bits, as stored)."""
+    return np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8))
+
+
+@kernel(inline=True)
+def u32_at(w, r, o):
+    """The uint32 at bytes o..o + 3 of row r."""
+    return np.uint32(u16_at(w, r, o)) | (np.uint32(u16_at(w, r, o + 2)) << np.uint32(16))
+
+
+@kernel(inline=True)
+def half_at(w, r, o):
+    """The f16 at bytes o, o + 1 of row r, as float32."""
+    return f16_to_f32(u16_at(w, r, o))

@@ -45,7 +45,7 @@ from edge_infer.formats.weight_types import (
     TYPES,
 )
 
-from ._jit import bf16_to_f32, bit_at, f16_to_f32, kernel
+from ._jit import bf16_to_f32, bit_at, f16_to_f32, half_at, kernel, u16_at
 from .dequant_iq import (
     decode_iq1_m,
     decode_iq1_s,
@@ -67,17 +67,6 @@ KERNEL_TYPES = tuple(t.id for t in TYPES)
 BLOCK_SHAPE = {t.id: (t.block_size, t.type_size) for t in TYPES}  # (elements per block, bytes per block)
 
 
-@kernel(inline=True)
-def u16_at(w, r, o):
-    """The little-endian uint16 at bytes o, o + 1 of row r (an f16 scale's bits, as stored)."""
-    return np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8))
-
-
-@kernel(inline=True)
-def _half(w, r, o):
-    return f16_to_f32(u16_at(w, r, o))
-
-
 @kernel
 def decode_f32(w, r, out, i):
     v = w[r].view(np.float32)
@@ -90,7 +79,7 @@ def decode_f16(w, r, out, i):
     # the two bytes combined by hand: a per-row `w[r].view(np.uint16)` cost more than the
     # conversion itself (LLVM folds this back into one 16-bit load per element)
     for k in range(out.shape[1]):
-        out[i, k] = f16_to_f32(np.uint16(w[r, 2 * k]) | (np.uint16(w[r, 2 * k + 1]) << np.uint16(8)))
+        out[i, k] = f16_to_f32(u16_at(w, r, 2 * k))
 
 
 @kernel
@@ -104,7 +93,7 @@ def decode_bf16(w, r, out, i):
 def decode_q4_0(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 18
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         for j in range(16):
             q = np.int32(w[r, o + 2 + j])
             out[i, b * 32 + j] = d * np.float32(np.int32((q & 15) - 8))
@@ -115,8 +104,8 @@ def decode_q4_0(w, r, out, i):
 def decode_q4_1(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 20
-        d = _half(w, r, o)
-        m = _half(w, r, o + 2)
+        d = half_at(w, r, o)
+        m = half_at(w, r, o + 2)
         for j in range(16):
             q = np.int32(w[r, o + 4 + j])
             out[i, b * 32 + j] = d * np.float32(np.int32(q & 15)) + m
@@ -133,7 +122,7 @@ def _qh32(w, r, o):
 def decode_q5_0(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 22
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         qh = _qh32(w, r, o + 2)
         for j in range(16):
             q = np.int32(w[r, o + 6 + j])
@@ -147,8 +136,8 @@ def decode_q5_0(w, r, out, i):
 def decode_q5_1(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 24
-        d = _half(w, r, o)
-        m = _half(w, r, o + 2)
+        d = half_at(w, r, o)
+        m = half_at(w, r, o + 2)
         qh = _qh32(w, r, o + 4)
         for j in range(16):
             q = np.int32(w[r, o + 8 + j])
@@ -162,7 +151,7 @@ def decode_q5_1(w, r, out, i):
 def decode_q8_0(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 34
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         for j in range(32):
             out[i, b * 32 + j] = np.float32(np.int8(w[r, o + 2 + j])) * d
 
@@ -172,8 +161,8 @@ def decode_q2_k(w, r, out, i):
     # scales[16] | qs[64] | d | dmin
     for b in range(out.shape[1] // 256):
         o = b * 84
-        d = _half(w, r, o + 80)
-        dmin = _half(w, r, o + 82)
+        d = half_at(w, r, o + 80)
+        dmin = half_at(w, r, o + 82)
         for s in range(16):  # sub-blocks of 16: half h, shift pair sh, 16-wide slice
             sc = np.int32(w[r, o + s])
             dl = d * np.float32(np.int32(sc & 15))
@@ -209,7 +198,7 @@ def decode_q3_k(w, r, out, i):
     # hmask[32] | qs[64] | scales[12] | d
     for b in range(out.shape[1] // 256):
         o = b * 110
-        d = _half(w, r, o + 108)
+        d = half_at(w, r, o + 108)
         for s in range(16):
             if s < 8:
                 lo = np.int32(w[r, o + 96 + s]) & 15
@@ -231,8 +220,8 @@ def decode_q4_k(w, r, out, i):
     # d | dmin | scales[12] | qs[128]
     for b in range(out.shape[1] // 256):
         o = b * 144
-        d = _half(w, r, o)
-        dmin = _half(w, r, o + 2)
+        d = half_at(w, r, o)
+        dmin = half_at(w, r, o + 2)
         for c in range(4):
             sc0, m0, sc1, m1 = _k_scales(w, r, o + 4, c)
             d0, dm0 = d * np.float32(sc0), dmin * np.float32(m0)
@@ -248,8 +237,8 @@ def decode_q5_k(w, r, out, i):
     # d | dmin | scales[12] | qh[32] | qs[128]
     for b in range(out.shape[1] // 256):
         o = b * 176
-        d = _half(w, r, o)
-        dmin = _half(w, r, o + 2)
+        d = half_at(w, r, o)
+        dmin = half_at(w, r, o + 2)
         for c in range(4):
             sc0, m0, sc1, m1 = _k_scales(w, r, o + 4, c)
             d0, dm0 = d * np.float32(sc0), dmin * np.float32(m0)
@@ -268,7 +257,7 @@ def decode_q6_k(w, r, out, i):
     # ql[128] | qh[64] | scales[16] (int8) | d
     for b in range(out.shape[1] // 256):
         o = b * 210
-        d = _half(w, r, o + 208)
+        d = half_at(w, r, o + 208)
         for h in range(2):  # halves of 128 elements
             for s in range(4):  # 32-element slices: low/high nibble of ql, qh bit pair s
                 for g in range(2):  # 16-element sub-blocks with their own scale

@@ -14,7 +14,7 @@ import numpy as np
 
 from edge_infer.formats.quants_iq import IQ1_DELTA, IQ4_VALUES, MXFP4_VALUES, e8m0_half, grid, sign_patterns
 
-from ._jit import f16_to_f32, kernel
+from ._jit import f16_to_f32, half_at, kernel, u16_at, u32_at
 
 GRID_IQ2_XXS = grid("IQ2_XXS")  # (256, 8) float32
 GRID_IQ2_XS = grid("IQ2_XS")  # (512, 8)
@@ -32,17 +32,7 @@ E8M0_HALF = e8m0_half(np.arange(256, dtype=np.uint8))  # MXFP4's scale byte -> f
 
 @kernel(inline=True)
 def _u16(w, r, o):
-    return np.uint32(w[r, o]) | (np.uint32(w[r, o + 1]) << np.uint32(8))
-
-
-@kernel(inline=True)
-def _u32(w, r, o):
-    return _u16(w, r, o) | (_u16(w, r, o + 2) << np.uint32(16))
-
-
-@kernel(inline=True)
-def _half(w, r, o):
-    return f16_to_f32(np.uint16(_u16(w, r, o)))
+    return np.uint32(u16_at(w, r, o))  # widened: the decoders shift it within 32 bits
 
 
 @kernel(inline=True)
@@ -56,9 +46,9 @@ def decode_iq2_xxs(w, r, out, i):
     # d | qs: per 32 values a u32 of four grid rows, a u32 of 4 x 7 sign bits and a 4-bit scale
     for b in range(out.shape[1] // 256):
         o = b * 66
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         for g in range(8):
-            aux = _u32(w, r, o + 2 + 8 * g + 4)
+            aux = u32_at(w, r, o + 2 + 8 * g + 4)
             db = _scale_half(d, aux >> np.uint32(28), np.float32(0.25))
             for gr in range(4):
                 row = w[r, o + 2 + 8 * g + gr]
@@ -72,7 +62,7 @@ def decode_iq2_xs(w, r, out, i):
     # d | qs: 32 x u16 (9-bit grid row, 7 sign bits) | scales: 8 x u8 (two 4-bit scales)
     for b in range(out.shape[1] // 256):
         o = b * 74
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         for g in range(8):
             sc = np.uint32(w[r, o + 66 + g])
             for gr in range(4):
@@ -88,7 +78,7 @@ def decode_iq2_s(w, r, out, i):
     # d | qs: 32 grid-row bytes, then 32 sign bytes | qh: 8 (2 high row bits each) | scales: 8
     for b in range(out.shape[1] // 256):
         o = b * 82
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         for g in range(8):
             sc = np.uint32(w[r, o + 74 + g])
             qh = np.uint32(w[r, o + 66 + g])
@@ -106,9 +96,9 @@ def decode_iq3_xxs(w, r, out, i):
     # d | qs: 64 bytes of 4-wide grid rows | 8 x u32 (4 x 7 sign bits, a 4-bit scale)
     for b in range(out.shape[1] // 256):
         o = b * 98
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         for g in range(8):
-            aux = _u32(w, r, o + 66 + 4 * g)
+            aux = u32_at(w, r, o + 66 + 4 * g)
             db = _scale_half(d, aux >> np.uint32(28), np.float32(0.5))
             for gr in range(4):
                 s = (aux >> np.uint32(7 * gr)) & np.uint32(127)
@@ -123,7 +113,7 @@ def decode_iq3_s(w, r, out, i):
     # d | qs: 64 | qh: 8 (bit k: bit 8 of row k) | signs: 32 | scales: 4 (two 4-bit scales each)
     for b in range(out.shape[1] // 256):
         o = b * 110
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         for g in range(8):
             sc = (np.int32(w[r, o + 106 + g // 2]) >> np.int32(4 * (g % 2))) & np.int32(15)
             db = d * np.float32(np.int32(1 + 2 * sc))
@@ -141,7 +131,7 @@ def decode_iq1_s(w, r, out, i):
     # d | qs: 32 (grid row low bytes) | qh: 8 x u16 (4 x 3 high row bits, 3-bit scale, sign)
     for b in range(out.shape[1] // 256):
         o = b * 50
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         for g in range(8):
             qh = _u16(w, r, o + 34 + 2 * g)
             dl = d * np.float32(np.int32(2 * ((qh >> np.uint32(12)) & np.uint32(7)) + 1))
@@ -178,7 +168,7 @@ def decode_iq1_m(w, r, out, i):
 def decode_iq4_nl(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 18
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         for j in range(16):
             q = w[r, o + 2 + j]
             out[i, b * 32 + j] = d * KV_IQ4[q & 15]
@@ -190,7 +180,7 @@ def decode_iq4_xs(w, r, out, i):
     # d | scales_h: u16 | scales_l: 4 | qs: 128
     for b in range(out.shape[1] // 256):
         o = b * 136
-        d = _half(w, r, o)
+        d = half_at(w, r, o)
         sh = _u16(w, r, o + 2)
         for g in range(8):
             lo = (np.int32(w[r, o + 4 + g // 2]) >> np.int32(4 * (g % 2))) & np.int32(15)
@@ -213,7 +203,7 @@ def decode_tq1_0(w, r, out, i):
     # qs: 48 (5 trits a byte) | qh: 4 (4 trits a byte) | d
     for b in range(out.shape[1] // 256):
         o = b * 54
-        d = _half(w, r, o + 52)
+        d = half_at(w, r, o + 52)
         k = b * 256
         p = 1
         for n in range(5):
@@ -232,7 +222,7 @@ def decode_tq2_0(w, r, out, i):
     # qs: 64 (4 crumbs a byte) | d
     for b in range(out.shape[1] // 256):
         o = b * 66
-        d = _half(w, r, o + 64)
+        d = half_at(w, r, o + 64)
         for h in range(2):
             for gr in range(4):
                 for m in range(32):

@@ -1,4 +1,4 @@
-"""Integer matmul for the K-quants (Q4_K, Q5_K, Q6_K), IQ4_XS, TQ1_0 and TQ2_0: activations quantized per 32 values as
+"""Integer matmul for the K-quants (Q4_K, Q5_K, Q6_K), IQ4_XS, the IQ2/IQ3 grids, TQ1_0 and TQ2_0: activations quantized per 32 values as
 for the other int8 matrices (int8 codes, a float scale per 32; plus sums per 16), u8 x s8 dot
 products per 32-column block (the vpdpbusd code of kernels_cpu.simd_i8), a float epilogue per
 block with the block's weight scale.
@@ -12,6 +12,10 @@ per 16 xs, sum per 32 xsum = xs_2b + xs_2b+1):
                   acc += float(isum) * (d * dx)
     IQ4_XS:       acc += float(dot(table code_b, xq_b) - offset * xsum) * ((d * sc_b) * dx)
                   (codes read through IQ4_NL's table as the 8-bit format's bytes; simd_dot)
+    IQ2/IQ3 grids: the same with sc_b = 2s + 1 and d times the type's factor (1/8 IQ2, 1/4
+                  IQ3_XXS), or per 16 columns as Q6_K with the offset for 32 (IQ2_XS, IQ2_S); the
+                  signed grid bytes + offset gathered per quad (simd_dot) into the 8-bit format
+                  (staged: a block at a time, or a GEMM's row group once per token chunk)
     TQ1_0, TQ2_0: acc += float(dot(code_b, xq_b) - xsum) * (d * dx)   (2-bit codes 0..2)
 A per-256 activation scale (llama.cpp's Q8_K, which would let the scales combine in integers)
 was tried first: on gemma3 it doubled the mean KL against exact math (0.0015 -> 0.0055). Every
@@ -30,31 +34,42 @@ from edge_infer.formats.weight_types import IQ4_XS, Q6_K, TQ1_0, TQ2_0
 
 from ._jit import kernel
 from .matmul_i8 import TOKEN_TILE, quantize_rows_q8, token_chunk
-from .simd_dot import TABLE_OFFSET
+from .simd_dot import FMT_GRID, GRIDS, SPLIT_FORMATS, TABLE_OFFSET
 from .simd_i8 import (
     GROUP,
     block_bytes,
     block_scales,
     dot_tile,
     dot_tile4,
+    grid_stage,
     scale_accumulate,
     scale_min_accumulate,
+    staged_tile,
 )
-from .simd_k import imadd, imul_set, scale_rows, unpack_scales_q4k, widen_scales
+from .simd_k import imadd, imul_set, scale_rows, unpack_scales_q4k, widen_odd_nibbles, widen_scales
+
+# per format code: the grid formats' factor of d (weight_types.GridCodes.d_factor), and whether
+# their scales are per 16 columns
+_D_FACTOR = tuple(GRIDS[f].d_factor if f in GRIDS else 1.0 for f in range(max(GRIDS) + 1))
+_SPLIT = tuple(f in SPLIT_FORMATS for f in range(max(GRIDS) + 1))
 
 
 @kernel
 def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn, ai, facc, dtmp, mtmp, ds,
-              ms):
+              ms, stage):
     """Row groups g0..g1-1 of one K-quant matrix for every token (see matmul_k_kernel). Scratch
     of the calling thread: iacc int32 [2 * TOKEN_TILE * GROUP]; isc, imn int32 [16 * GROUP];
     ai int32 and facc float32 [TOKEN_TILE * GROUP]; dtmp, mtmp float32 [GROUP]; ds, ms float32
-    [8 * GROUP]."""
+    [8 * GROUP]; stage uint8 (a grid format's blocks as 8-bit codes: 512 bytes, or S * 8 * 512 for
+    a GEMM's whole group) or empty."""
     T, R = out.shape
     S, B = wk.shape[1], wk.shape[2]
     q6 = qtype == Q6_K  # int8 scales per 16 columns, no mins (else Q4_K / Q5_K packed scales and mins)
     iq4 = qtype == IQ4_XS  # int8 scales per 32 columns, table codes, no mins
     tq = qtype == TQ1_0 or qtype == TQ2_0  # one scale d per row, codes t of d * (t - 1)
+    grid = bits >= FMT_GRID  # codebook codes, 4-bit scales 2s + 1 per 32 columns, or per 16 (half16)
+    half16 = grid and _SPLIT[bits]
+    dfac = np.float32(_D_FACTOR[bits])
     blk = block_bytes(bits)  # one 32-column block of 16 rows in the format
     k4 = xq4.shape[1]
     wflat = wk.reshape(-1)
@@ -64,6 +79,7 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
     for c0 in range(0, T, chunk):  # tokens in chunks whose activations stay in L2 over all the groups
         c1 = min(T, c0 + chunk)
         for g in range(g0, g1):
+            staged = grid and c1 - c0 > TOKEN_TILE  # a GEMM: the group's grid blocks decoded once for the chunk
             t = c0
             while t < c1:
                 n = min(TOKEN_TILE, c1 - t)  # tokens of this tile: 2..3 share a padded four-token tile
@@ -74,6 +90,14 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
                     block_scales(w16, base // 2, dtmp)
                     if q6:
                         widen_scales(isc, wflat, base + 32, 16)
+                    elif grid:
+                        for ln in range(GROUP):
+                            dtmp[ln] = dtmp[ln] * dfac
+                        if half16:
+                            widen_odd_nibbles(isc, wflat, base + 32, 16)
+                        else:
+                            widen_odd_nibbles(isc, wflat, base + 32, 8)
+                            scale_rows(ds, isc, 8, dtmp, False)
                     elif iq4:
                         widen_scales(isc, wflat, base + 32, 8)
                         scale_rows(ds, isc, 8, dtmp, False)
@@ -85,7 +109,12 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
                     for b in range(8):
                         wo = base + head + b * blk
                         x0 = t * k4 + s * 64 + b * 8
-                        if n > 1:
+                        if grid:  # staged as 8-bit codes: a block at a time, or a GEMM's whole group at its first tile
+                            so = 512 * (s * 8 + b) if staged else 0
+                            if not staged or t == c0:
+                                grid_stage(bits, stage, so, wflat, wo)
+                            staged_tile(n, half16, iacc, stage, so, xflat, x0, k4)
+                        elif n > 1:
                             dot_tile4(bits, iacc, wflat, wo, xflat, x0, x0 + k4, x0 + min(2, n - 1) * k4,
                                       x0 + min(3, n - 1) * k4)
                         else:
@@ -94,13 +123,14 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
                         for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
                             dx = xd[t + u, blk32]
                             lo, hi = xs16[t + u, 2 * blk32], xs16[t + u, 2 * blk32 + 1]
-                            if q6:
-                                imul_set(ai, u * GROUP, iacc, 2 * u * GROUP, isc, 2 * b * GROUP, np.int32(32) * lo)
-                                imadd(ai, u * GROUP, iacc, (2 * u + 1) * GROUP, isc, (2 * b + 1) * GROUP, np.int32(32) * hi)
+                            if q6 or half16:  # codes less 32 (Q6_K) or the offset, with the scales per 16, in int32
+                                off = np.int32(32) if q6 else np.int32(TABLE_OFFSET)
+                                imul_set(ai, u * GROUP, iacc, 2 * u * GROUP, isc, 2 * b * GROUP, off * lo)
+                                imadd(ai, u * GROUP, iacc, (2 * u + 1) * GROUP, isc, (2 * b + 1) * GROUP, off * hi)
                                 scale_accumulate(facc, u * GROUP, ai, u * GROUP, np.int32(0), dtmp, 0, dx)
                             elif tq:
                                 scale_accumulate(facc, u * GROUP, iacc, u * GROUP, lo + hi, dtmp, 0, dx)
-                            elif iq4:
+                            elif iq4 or grid:
                                 scale_accumulate(facc, u * GROUP, iacc, u * GROUP, np.int32(TABLE_OFFSET) * (lo + hi), ds,
                                                  b * GROUP, dx)
                             else:
@@ -125,7 +155,9 @@ def _k_range(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1):
     mtmp = np.empty(GROUP, np.float32)
     ds = np.empty(8 * GROUP, np.float32)
     ms = np.empty(8 * GROUP, np.float32)
-    _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn, ai, facc, dtmp, mtmp, ds, ms)
+    n_stage = 0 if bits < FMT_GRID else wk.shape[1] * 8 if xq4.shape[0] > TOKEN_TILE else 1  # blocks
+    stage = np.empty(512 * n_stage, np.uint8)
+    _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn, ai, facc, dtmp, mtmp, ds, ms, stage)
 
 
 @kernel(parallel=True)

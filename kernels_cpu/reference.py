@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge_infer.formats.quants import dequantize_blocks
-from edge_infer.formats.quants_iq import e8m0_half
+from edge_infer.formats.quants_iq import e8m0_half, grid, sign_patterns
 from edge_infer.formats.weight_types import weight_type
 
 
@@ -143,13 +143,60 @@ def matmul_i8(xq: np.ndarray, xd: np.ndarray, xsum: np.ndarray, w: np.ndarray, q
     return acc
 
 
+def _grid_codes(blk: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray]:
+    """A grid type's blocks uint8 [R, S, type_size] -> (signed grid values int64 [R, S * 256] in
+    column order, 4-bit scales s int64 [R, S, 8 or 16])."""
+    t = weight_type(qtype)
+    assert t.k is not None and t.k.grid is not None
+    g = t.k.grid
+    rows, n = blk.shape[0], blk.shape[1]
+
+    def u(lo: int, hi: int, dtype: str = "u1") -> np.ndarray:
+        return np.ascontiguousarray(blk[:, :, lo:hi]).view(dtype).astype(np.int64)
+
+    def seven(sign7: np.ndarray) -> np.ndarray:  # [..., groups] 7 sign bits -> [..., groups * 8] negative
+        return (sign_patterns()[sign7] < 0).reshape(*sign7.shape[:-1], -1)
+
+    def eight(b: np.ndarray) -> np.ndarray:
+        return (((b[..., None] >> np.arange(8)) & 1) == 1).reshape(*b.shape[:-1], -1)
+
+    def nibbles(b: np.ndarray) -> np.ndarray:
+        return np.stack([b & 15, b >> 4], axis=-1).reshape(rows, n, -1)
+
+    if t.name in ("IQ2_XXS", "IQ3_XXS"):
+        if t.name == "IQ2_XXS":
+            q = u(2, 66).reshape(rows, n, 8, 8)
+            idx = q[..., :4].reshape(rows, n, 32)
+            aux = np.ascontiguousarray(blk[:, :, 2:66]).view("<u4").astype(np.int64).reshape(rows, n, 8, 2)[..., 1]
+        else:
+            idx, aux = u(2, 66), u(66, 98, "<u4")
+        sc = aux >> 28
+        neg = seven(((aux[..., None] >> (7 * np.arange(4))) & 127).reshape(rows, n, 32))
+    elif t.name == "IQ2_XS":
+        q = u(2, 66, "<u2")
+        idx, neg, sc = q & 511, seven(q >> 9), nibbles(u(66, 74))
+    elif t.name == "IQ2_S":
+        qh = u(66, 74)
+        gi = np.arange(32)
+        idx = u(2, 34) | ((qh[..., gi // 4] << (8 - 2 * (gi % 4))) & 0x300)
+        neg, sc = eight(u(34, 66)), nibbles(u(74, 82))
+    else:  # IQ3_S
+        k = np.arange(64)
+        idx = u(2, 66) | (((u(66, 74)[..., k // 8] >> (k % 8)) & 1) << 8)
+        neg, sc = eight(u(74, 106)), nibbles(u(106, 110))
+    values = grid(g.name).astype(np.int64)[idx].reshape(rows, n, 256)
+    return np.where(neg, -values, values).reshape(rows, -1), sc
+
+
 def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
     """The integer view of a matrix of a type with a K-quant form (Q4_K, Q5_K, Q6_K; from its
     GGUF bytes) the K-quant kernel computes with: unsigned codes int64 [R, K] in column order,
     sub-block scales int64 [R, S, 8] (Q6_K: [R, S, 16], signed), mins int64 [R, S, 8] or None, d
     and dmin float32 [R, S] (dmin None for Q6_K, IQ4_XS). Weight = d * sc * code - dmin * m (Q4_K,
     Q5_K), d * sc * (code - 32) (Q6_K), d * sc * (code - 128) (IQ4_XS: codes are its table's
-    values + 128, sc = the 6-bit scale - 32), d * (code - 1) (TQ1_0, TQ2_0: sc = 1)."""
+    values + 128, sc = the 6-bit scale - 32), d * (code - 1) (TQ1_0, TQ2_0: sc = 1); the grid
+    types as IQ4_XS with their signed grid values, sc = 2s + 1 (per 16 columns: IQ2_XS, IQ2_S)
+    and d times the type's factor."""
     t = weight_type(qtype)
     assert t.k is not None, f"{t.name} has no K-quant form"
     rows = w.shape[0]
@@ -161,6 +208,9 @@ def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     def f16(name: str) -> np.ndarray:
         return field(name, 2).copy().view(np.float16)[..., 0].astype(np.float32)
 
+    if t.k.grid is not None:
+        values, s = _grid_codes(blk, qtype)
+        return values + 128, 2 * s + 1, None, f16("d") * np.float32(t.k.grid.d_factor), None
     if t.k.bits == 2:  # TQ1_0, TQ2_0: the ternary digits t (weight d * (t - 1)), sc = 1
         if "qh" in (t.dtype.names or ()):  # TQ1_0: digit n of byte v = ((v * 3^n) & 255) * 3 >> 8
             def digits(v: np.ndarray, n: int) -> np.ndarray:
@@ -219,11 +269,14 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
     order, exact integer sums, then Q4_K / Q5_K: acc += float32(isum) * ((d * sc) * dx) +
     (-(dmin * m)) * (dx * float32(xsum)); Q6_K: acc += float32(isum) * (d * dx), isum combining
     the two 16-column halves with their scales in integers; IQ4_XS: acc += float32(isum - 128 *
-    xsum) * ((d * sc) * dx); TQ1_0 / TQ2_0 the same with 1 for 128 and sc = 1."""
+    xsum) * ((d * sc) * dx); TQ1_0 / TQ2_0 the same with 1 for 128 and sc = 1; the grid types
+    as IQ4_XS, or per 16 columns (IQ2_XS, IQ2_S) as Q6_K with 128 for 32."""
     codes, sc, mn, d, dmin = k_codes(w, qtype)
     form = weight_type(qtype).k
-    table = form is not None and form.table is not None
-    ternary = form is not None and form.bits == 2
+    assert form is not None
+    per16 = form.grid is not None and form.grid.scale_cols == 16
+    table = form.table is not None or (form.grid is not None and not per16)
+    ternary = form.bits == 2
     rows = d.shape[0]
     acc = np.zeros((xq.shape[0], rows), np.float32)
     x64 = xq.astype(np.int64)
@@ -239,8 +292,9 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
         elif mn is None:
             c = slice(blk * 32, blk * 32 + 16)
             c2 = slice(blk * 32 + 16, blk * 32 + 32)
-            isum = (x64[:, c] @ codes[:, c].T - 32 * lo) * sc[None, :, s, 2 * j]
-            isum = isum + (x64[:, c2] @ codes[:, c2].T - 32 * hi) * sc[None, :, s, 2 * j + 1]
+            off = 128 if per16 else 32
+            isum = (x64[:, c] @ codes[:, c].T - off * lo) * sc[None, :, s, 2 * j]
+            isum = isum + (x64[:, c2] @ codes[:, c2].T - off * hi) * sc[None, :, s, 2 * j + 1]
             acc = acc + isum.astype(np.float32) * (d[None, :, s] * dx)
         else:
             assert dmin is not None  # Q4_K/Q5_K: k_codes gives dmin with the mins

@@ -21,8 +21,7 @@ import numpy as np
 
 from edge_infer.formats.weight_types import MXFP4, TYPES, I8Form, weight_type
 
-from ._jit import kernel
-from .dequant import u16_at
+from ._jit import kernel, u16_at
 from .simd_dot import HAS_SDOT, TABLE_OFFSET, table_format
 from .simd_i8 import GROUP
 

@@ -11,7 +11,21 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from ._jit import HAS_F16C, f16_to_f32, kernel
-from .simd_dot import FMT_IQ4, FMT_MXFP4, HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI, dot_block_ir
+from .simd_dot import (
+    BLOCK_BYTES,
+    FMT_IQ2_S,
+    FMT_IQ2_XS,
+    FMT_IQ2_XXS,
+    FMT_IQ3_S,
+    FMT_IQ3_XXS,
+    FMT_IQ4,
+    FMT_MXFP4,
+    HAS_AVX2_DOT,
+    HAS_SDOT,
+    HAS_VNNI,
+    dot_block_ir,
+    grid_quads_ir,
+)
 
 GROUP = 16  # rows per interleaved group (one 512-bit vector of int32 lanes)
 def _dot_codegen(n_tokens, bits, split=False):
@@ -76,12 +90,48 @@ dot_block_iq4 = _dot1(FMT_IQ4, "4-bit codes through IQ4_NL's table, one token")
 dot_block4_iq4 = _dot4(FMT_IQ4, "4-bit codes through IQ4_NL's table, four tokens")
 dot_block_fp4 = _dot1(FMT_MXFP4, "4-bit codes through MXFP4's table, one token")
 dot_block4_fp4 = _dot4(FMT_MXFP4, "4-bit codes through MXFP4's table, four tokens")
+# the 8-bit format split in halves: a grid format's block staged as 8-bit codes (grid_stage)
+dot_block_q8s = _dot1(8, "8-bit format, one token, two half-block sums", split=True)
+dot_block4_q8s = _dot4(8, "8-bit format, four tokens, two half-block sums each", split=True)
+
+
+def _stage(fmt, doc):
+    def stage(typingctx, dst, do, w, wo):
+        if not _arrays(dst, w):
+            return None
+
+        def codegen(context, builder, signature, args):
+            d = context.make_array(signature.args[0])(context, builder, value=args[0])
+            wa = context.make_array(signature.args[2])(context, builder, value=args[2])
+            dof, wof = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 3))
+            v64i8 = ir.VectorType(ir.IntType(8), 64)
+            base = builder.gep(d.data, [dof])
+            for q, wb in enumerate(grid_quads_ir(builder, builder.gep(wa.data, [wof]), fmt, False)):
+                at = builder.gep(base, [ir.Constant(ir.IntType(64), 64 * q)])
+                builder.store(wb, builder.bitcast(at, v64i8.as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return types.void(dst, do, w, wo), codegen
+
+    stage.__doc__ = doc
+    return intrinsic(stage)
+
+
+# stage_*(dst, do, w, wo): the grid block at w[wo...] as the 8-bit format's block (v + 128) at
+# dst[do:do + 512], which the 8-bit format's dot products then read: one token's or four's, or
+# a GEMM's whole chunk of tokens at one decode
+stage_iq2xxs = _stage(FMT_IQ2_XXS, "IQ2_XXS's block as 8-bit codes")
+stage_iq2xs = _stage(FMT_IQ2_XS, "IQ2_XS's block as 8-bit codes")
+stage_iq2s = _stage(FMT_IQ2_S, "IQ2_S's block as 8-bit codes")
+stage_iq3xxs = _stage(FMT_IQ3_XXS, "IQ3_XXS's block as 8-bit codes")
+stage_iq3s = _stage(FMT_IQ3_S, "IQ3_S's block as 8-bit codes")
+_BLOCK_BYTES = tuple(BLOCK_BYTES.get(f, 0) for f in range(max(BLOCK_BYTES) + 1))
 
 
 @kernel(inline=True)
 def block_bytes(fmt):
     """Bytes of one 16-row x 32-column block in format fmt (BLOCK_BYTES, inside kernels)."""
-    return 256 if fmt > 8 else 64 * fmt
+    return _BLOCK_BYTES[fmt]
 
 
 @kernel(inline=True)
@@ -125,6 +175,36 @@ def dot_tile(n, bits, iacc, w, wo, x4, x0, k4):
         dot_block_fp4(iacc, w, wo, x4, x0)
     else:
         dot_block_q6(iacc, w, wo, x4, x0)
+
+
+@kernel(inline=True)
+def grid_stage(fmt, dst, do, w, wo):
+    """The grid block of format fmt at w[wo...] staged as the 8-bit format's 512 bytes at dst[do:]."""
+    if fmt == FMT_IQ2_XXS:
+        stage_iq2xxs(dst, do, w, wo)
+    elif fmt == FMT_IQ2_XS:
+        stage_iq2xs(dst, do, w, wo)
+    elif fmt == FMT_IQ2_S:
+        stage_iq2s(dst, do, w, wo)
+    elif fmt == FMT_IQ3_XXS:
+        stage_iq3xxs(dst, do, w, wo)
+    else:
+        stage_iq3s(dst, do, w, wo)
+
+
+@kernel(inline=True)
+def staged_tile(n, split, iacc, w, wo, x4, x0, k4):
+    """dot_tile of a staged grid block (the 8-bit format; split: two sums per 16 columns)."""
+    xb, xc, xd = x0 + min(1, n - 1) * k4, x0 + min(2, n - 1) * k4, x0 + min(3, n - 1) * k4
+    if n == 1:
+        if split:
+            dot_block_q8s(iacc, w, wo, x4, x0)
+        else:
+            dot_block(iacc, w, wo, x4, x0)
+    elif split:
+        dot_block4_q8s(iacc, w, wo, x4, x0, xb, xc, xd)
+    else:
+        dot_block4(iacc, w, wo, x4, x0, xb, xc, xd)
 
 
 def _accumulate_codegen(with_min):

@@ -88,6 +88,30 @@ def widen_scales(typingctx, sc, src, off, n):
     return types.void(sc, src, off, n), codegen
 
 
+@intrinsic
+def widen_odd_nibbles(typingctx, sc, src, off, n):
+    """The grid types: n (a literal int: 8, 16) 4-bit sub-block scales s of 16 rows, two per
+    byte (byte j of lane l at src[off + 16 j + l]: s of sub-block 2j low, 2j + 1 high) ->
+    sc[16 i + l] = 2 s + 1, int32."""
+    if not _arrays(sc, src) or not isinstance(n, types.IntegerLiteral):
+        return None
+    count = n.literal_value
+
+    def codegen(context, builder, signature, args):
+        base = _ptr(context, builder, signature, args, 1, 2, ir.IntType(8))
+        sa = context.make_array(signature.args[0])(context, builder, value=args[0])
+        for j in range(count // 2):
+            v = builder.zext(builder.load(builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 16 * j)]),
+                                                          _V16I8.as_pointer()), align=1), _V16I32)
+            for h, s in enumerate((builder.and_(v, _const(15)), builder.lshr(v, _const(4)))):
+                at = ir.Constant(ir.IntType(64), 16 * (2 * j + h))
+                builder.store(builder.add(builder.shl(s, _const(1)), _const(1)),
+                              builder.bitcast(builder.gep(sa.data, [at]), _V16I32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(sc, src, off, n), codegen
+
+
 def _imul_codegen(accumulate):
     def codegen(context, builder, signature, args):
         pa = _ptr(context, builder, signature, args, 0, 1, _V16I32)

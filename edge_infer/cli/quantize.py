@@ -15,7 +15,8 @@ from typing import Any
 from edge_infer.cli.args import number, read_text
 from edge_infer.errors import InvalidRequest
 
-TYPES_HELP = ("plain: f32 f16 q8_0 q6_k q5_k q5_1 q5_0 q4_k q4_1 q4_0 q3_k q2_k; mixes as llama.cpp's file types: "
+TYPES_HELP = ("plain: f32 f16 q8_0 q6_k q5_k q5_1 q5_0 q4_k q4_1 q4_0 q3_k q2_k iq4_xs iq4_nl; mixes as llama.cpp's "
+              "file types: "
               "q5_k_m q4_k_m q4_k_s q3_k_l q3_k_m q2_k_m (llama.cpp's Q2_K)")
 
 

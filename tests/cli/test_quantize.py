@@ -163,3 +163,10 @@ def test_an_imatrix_tensor_of_another_type_is_one_clear_error(tmp_path: Path, ca
     name, kind = ("counts", "F16") if bad == "counts_f16" else ("in_sum2", "Q8_0")
     assert_one_line_error(rc, err, f"tensor blk.0.attn_q.weight.{name} has type {kind}, expected F32")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["im.gguf", "m.gguf"]  # no output, no temporary file
+
+
+def test_the_help_lists_every_type_it_takes() -> None:
+    from edge_infer.cli.quantize import TYPES_HELP
+    from edge_infer.formats.quant_policy import MIXES, PLAIN
+
+    assert set(TYPES_HELP.replace(";", " ").split()) >= set(PLAIN) | set(MIXES)

@@ -43,6 +43,8 @@ def test_record_matches_gguf(t: WeightType) -> None:
 
 
 def test_records_are_consistent() -> None:
+    from edge_infer.formats.quants_iq import grid as grid_values
+
     assert len({t.id for t in TYPES}) == len({t.name for t in TYPES}) == len(TYPES)
     for t in TYPES:
         if t.i8 is not None:  # 16 rows x 32 columns of 8-bit, 4-bit or 5-bit codes (a table's: 4-bit)
@@ -57,10 +59,20 @@ def test_records_are_consistent() -> None:
         if t.k is not None and t.k.table is not None:
             assert t.k.bits == 4 and not t.k.has_min
         if t.k is not None:  # the file's bytes of 16 rows, as header + 8 blocks (IQ4_XS: + its 8-bit scales,
-            # 8 per row for 6 packed bytes; TQ1_0: its base-3 digits as 2 bits)
-            extra = {weight_types.IQ4_XS: 16 * 8 - 16 * 6, weight_types.TQ1_0: 16 * 64 - 16 * 52}.get(t.id, 0)
-            assert t.family == "k" and t.k.record_bytes == 16 * t.type_size + extra
-            assert t.k.block_bytes == 16 * 32 * t.k.bits // 8
+            # 8 per row for 6 packed bytes; TQ1_0: its base-3 digits as 2 bits; the grid types with 7
+            # stored sign bits per 8 columns: the eighth)
+            seventh = 16 * 256 // 8 // 8  # bytes of 16 rows' eighth sign bits
+            extra = {weight_types.IQ4_XS: 16 * 8 - 16 * 6, weight_types.TQ1_0: 16 * 64 - 16 * 52,
+                     weight_types.IQ2_XXS: seventh, weight_types.IQ2_XS: seventh,
+                     weight_types.IQ3_XXS: seventh}.get(t.id, 0)
+            assert t.family == "k" and t.k.record_bytes == 16 * t.type_size + extra, t.name
+            if t.k.grid is None:
+                assert t.k.block_bytes == 16 * 32 * t.k.bits // 8
+            else:  # signed grid values + 128 as 8-bit codes; d, then the 4-bit scales of 16 rows
+                g = t.k.grid
+                assert t.k.bits == 8 and t.k.table is None and g.width in (4, 8) and 8 <= g.index_bits <= 10
+                assert t.k.header_bytes == 32 + 16 * (256 // g.scale_cols) // 2
+                assert (g.width, g.index_bits) == (grid_values(g.name).shape[1], grid_values(g.name).shape[0].bit_length() - 1)
             assert t.k.record_bytes == t.k.header_bytes + 8 * t.k.block_bytes
             assert t.k.has_min == ("dmin" in t.dtype.names)
         assert t.cuda.kind in ("codes", "nibbles", "float")
@@ -214,7 +226,7 @@ def _unpack_k(kw: repack_k.KWeights, t: WeightType) -> tuple[np.ndarray, np.ndar
     return codes.reshape(g * 16, -1)[:ROWS], rows(kw.wk[:, :, :head].reshape(g, s, -1, 16), 3)
 
 
-@pytest.mark.parametrize("t", [t for t in TYPES if t.k is not None], ids=name)
+@pytest.mark.parametrize("t", [t for t in TYPES if t.k is not None and t.k.grid is None], ids=name)
 def test_k_form_round_trips(t: WeightType) -> None:
     """repack_k's record holds the twin's codes and the file's scales; those give the reference values."""
     assert t.k is not None
@@ -257,6 +269,45 @@ def test_k_form_round_trips(t: WeightType) -> None:
         ml = (dmin[:, :, None] * mn.astype(np.float32)).reshape(ROWS, -1)
         got = dl[:, :, None] * q - ml[:, :, None]
     assert np.array_equal(bits(got.reshape(ROWS, COLS)), bits(want))
+
+
+@pytest.mark.parametrize("t", [t for t in TYPES if t.k is not None and t.k.grid is not None], ids=name)
+def test_grid_form_round_trips(t: WeightType) -> None:
+    """repack_grid's record (GridCodes' layout, unpacked here from its bytes) holds the twin's
+    signed grid values, the file's d and 4-bit scales; d * factor * (2s + 1) * value is the
+    reference dequantizer's float32, bit for bit."""
+    from edge_infer.formats.quants_iq import grid as grid_values
+
+    assert t.k is not None and t.k.grid is not None
+    gc = t.k.grid
+    raw, want = _data(t)
+    codes, sc, _, d, _ = reference.k_codes(raw, t.id)
+    kw = repack_k.repack_k(raw, t.id, ROWS, COLS)
+    assert kw.wk.shape[2] == t.k.record_bytes
+    assert kw.args[1:] == (t.id, simd_dot.table_format(8, None, gc), t.k.header_bytes)
+    g, s, _ = kw.wk.shape
+    n, high = 32 // gc.width, gc.index_bits - 8
+    blocks = kw.wk[:, :, t.k.header_bytes :].reshape(g, s, 8, t.k.block_bytes).astype(np.int64)
+    idx = blocks[..., : 16 * n].reshape(g, s, 8, n, 16)  # [g, s, b, vector, lane]
+    for k in range(high):  # bit 8 + k of vector v's rows: a u16 mask at 16n + 2 (k n + v)
+        m = blocks[..., 16 * n + 2 * k * n : 16 * n + 2 * (k + 1) * n].reshape(g, s, 8, n, 2)
+        m = m[..., 0] | (m[..., 1] << 8)
+        idx |= ((m[..., None] >> np.arange(16)) & 1) << (8 + k)
+    at = 16 * n + 2 * high * n
+    sign = blocks[..., at : at + 64].reshape(g, s, 8, 8, 8)  # [g, s, b, quad, byte]: bit 4 lane + k
+    lane, kk = np.arange(16)[:, None], np.arange(4)[None, :]
+    neg = (sign[..., (4 * lane + kk) // 8] >> ((4 * lane + kk) % 8)) & 1  # [g, s, b, quad, lane, k]
+    vals = grid_values(gc.name).astype(np.int64)[idx]  # [g, s, b, vector, lane, width]
+    vals = vals.transpose(0, 4, 1, 2, 3, 5).reshape(g * 16, s, 8, 32)
+    vals = np.where(neg.transpose(0, 4, 1, 2, 3, 5).reshape(g * 16, s, 8, 32) == 1, -vals, vals)
+    assert np.array_equal(vals.reshape(g * 16, -1)[:ROWS], codes - 128)
+    assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), raw.reshape(ROWS, -1, t.type_size)[:, :, :2])
+    hdr = rows(kw.wk[:, :, 32 : t.k.header_bytes].reshape(g, s, -1, 16), 3)  # [row, s, bytes]: two s each
+    nib = np.stack([hdr & 15, hdr >> 4], axis=-1).reshape(ROWS, s, -1).astype(np.int64)
+    assert np.array_equal(2 * nib + 1, sc)
+    dl = np.repeat(d[:, :, None] * sc.astype(np.float32), gc.scale_cols, axis=-1)
+    got = dl.reshape(ROWS, COLS) * (codes - 128).astype(np.float32)
+    assert np.array_equal(bits(got), bits(want))
 
 
 @pytest.mark.parametrize("t", QUANTIZED, ids=name)

@@ -1,4 +1,5 @@
-"""aarch64 only: the int8 block dot products compile to `sdot` on a CPU with the dot-product
+"""aarch64 only: the int8 block dot products (the grid formats' too, staged as 8-bit codes from
+words loaded one row at a time) compile to `sdot` on a CPU with the dot-product
 extension (a Cortex-A76 under qemu in CI: scripts/arm_check.sh), with no widening-multiply
 chain, and give the integers of their definition (the twin comparison of the whole kernel is
 tests/kernels_cpu/test_matmul_i8.py); the float path's F16 decode and GEMM are NEON vector
@@ -40,8 +41,19 @@ def _one_block_q2(iacc, w, x4):  # type: ignore[no-untyped-def]
     simd_i8.dot_block_q2(iacc, w, 0, x4, 0)
 
 
+def _one_block_iq3s(iacc, w, x4):  # type: ignore[no-untyped-def]
+    simd_i8.stage_iq3s(w, 0, w, 512)  # staged as 8-bit codes, then read as the 8-bit format
+    simd_i8.dot_block(iacc, w, 0, x4, 0)
+
+
+def _one_block_iq2xs(iacc, w, x4):  # type: ignore[no-untyped-def]
+    simd_i8.stage_iq2xs(w, 0, w, 512)
+    simd_i8.dot_block_q8s(iacc, w, 0, x4, 0)
+
+
 @pytest.mark.skipif(not simd_i8.HAS_SDOT, reason="this CPU has no dot-product extension")
-@pytest.mark.parametrize("fn", [_one_block, _one_block_q4, _one_block_iq4, _one_block_q2], ids=["q8", "q4", "iq4", "q2"])
+@pytest.mark.parametrize("fn", [_one_block, _one_block_q4, _one_block_iq4, _one_block_q2, _one_block_iq3s, _one_block_iq2xs],
+                         ids=["q8", "q4", "iq4", "q2", "iq3s", "iq2xs"])
 def test_int8_block_is_sdot(fn) -> None:  # type: ignore[no-untyped-def]
     print(f"LLVM CPU {target.cpu_name()}: int8 path {target.int8_isa()}")
     asm = numba.njit((I32, U8, I32), no_cpython_wrapper=True)(fn).inspect_asm((I32, U8, I32))

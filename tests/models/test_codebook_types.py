@@ -1,14 +1,15 @@
 """The non-linear and codebook weight types end to end: a tiny random llama (256-wide rows, so
 every type fits) quantized by llama.cpp's own quantizer, pure (every matrix, output and token
-embedding included, in the one type), loaded and computed by our int8 kernels (IQ4_NL, IQ4_XS)
-or our float path (the others). Its logits agree with exact math (the float64 NumPy reference
+embedding included, in the one type), loaded and computed by our int8 kernels (IQ4_NL, MXFP4;
+the K-quant kernel's IQ4_XS, ternary and grid forms). Its logits agree with exact math (the float64 NumPy reference
 forward of the same file: to float32 rounding on the float path; no further than llama.cpp's
 own on the int8 one, both quantizing activations to 8 bits) and with llama.cpp on the same file
 (which quantizes activations to 8 bits for these types, so the bar is KL).
 
-IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ1_S / IQ1_M need an importance matrix in llama.cpp's quantizer,
-and its MXFP4 goes to expert tensors only: their codecs are checked bit for bit against ggml in
-tests/formats/test_quants.py and tests/kernels_cpu/test_dequant_kernels.py."""
+IQ2_XXS / IQ2_XS / IQ2_S need an importance matrix in llama.cpp's quantizer (and IQ3_XXS for
+the token embedding): ggml's, under a random one. IQ1_S / IQ1_M (the float path) likewise, and its MXFP4 goes to expert tensors only:
+their codecs are checked bit for bit against ggml in tests/formats/test_quants.py and
+tests/kernels_cpu/test_dequant_kernels.py."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from llama_oracle import LlamaCpp, kl_rows
-from support.quant_helpers import llama_quantize, tensor_types
+from support.quant_helpers import ggml_requantize, llama_quantize, tensor_types
 from support.tiny_models import write_tiny_llama
 
 from edge_infer import LLM
 from edge_infer.formats.gguf import GGUFFile
+from edge_infer.formats.imatrix import Imatrix
 from edge_infer.kernels_cpu import target
 from edge_infer.kernels_cpu.repack_i8 import E8M0_IN_F16
 
@@ -62,11 +64,31 @@ def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("name", list(FTYPES))
 def test_llama_cpp_s_file_computes_like_exact_math_and_llama_cpp(src: Path, name: str, tmp_path: Path) -> None:
-    from reference_forward import reference_logits
-
     qtype = int(T[name])
     path = llama_quantize(src, tmp_path / f"{name}.gguf", getattr(lc, FTYPES[name]), pure=True,
                           output_type=qtype, embd_type=qtype)
+    _check_file(path, name)
+
+
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"])
+def test_imatrix_types_compute_like_exact_math_and_llama_cpp(src: Path, name: str, tmp_path: Path) -> None:
+    """The types llama.cpp writes only under an importance matrix: ggml's quantizer with a
+    random one (tests/support/quant_helpers.ggml_requantize), every matrix at the type."""
+    rng = np.random.default_rng(int(T[name]))
+    imatrix = Imatrix()
+    with GGUFFile(src) as f:
+        for n, t in f.tensors.items():
+            if len(t.shape) == 2:
+                imatrix.add(n, rng.uniform(0.1, 4.0, t.shape[0]), 1)
+    path = ggml_requantize(src, tmp_path / f"{name}.gguf", int(T[name]), imatrix, keep=[("output.weight", int(T[name]))])
+    _check_file(path, name)
+
+
+def _check_file(path: Path, name: str) -> None:
+    """path's logits (every matrix at type `name`) against exact math and llama.cpp's."""
+    from reference_forward import reference_logits
+
+    qtype = int(T[name])
     matrices = {n: t for n, t in tensor_types(path).items() if "norm" not in n}
     assert set(matrices.values()) == {name}, matrices
     ids = [int(t) for t in np.random.default_rng(qtype).integers(0, 256, N_IDS)]
@@ -126,3 +148,37 @@ def test_mxfp4_experts_compute_like_llama_cpp(tmp_path: Path, monkeypatch: pytes
         exact = llm.prompt_logits(ids)  # the experts on the float path
     to_exact, theirs_to_exact, to_llama_cpp = _kls(path, ids, ours, exact, "MXFP4 experts (exact: the float path)")
     assert to_llama_cpp <= LLAMA_CPP_KL and to_exact <= INT8_VS_LLAMA_CPP * theirs_to_exact
+
+
+@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS", "IQ3_S", "TQ2_0"])
+def test_a_scrambled_form_fails_the_comparison(src: Path, name: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison above can fail, and on small errors: each kind of form (the int8 kernel's
+    table, the K-quant kernel's table, grid and ternary codes) with the low bit of its repacked
+    code bytes flipped (all of the int8 form's; the first 64 bytes of each K-quant record, 1/16
+    to 1/8 of its weights: neighbouring table values, other grid rows) fails it (KL 0.6-14)."""
+    from edge_infer.kernels_cpu import backend
+    from edge_infer.kernels_cpu.repack_i8 import I8Weights
+    from edge_infer.kernels_cpu.repack_k import KWeights
+
+    repack_i8, repack_k = backend.repack, backend.repack_k
+
+    def scrambled_i8(*args: object) -> I8Weights | None:
+        iw = repack_i8(*args)  # type: ignore[arg-type]
+        if iw is not None:
+            iw.wi[...] ^= np.uint8(0x01)
+        return iw
+
+    def scrambled_k(*args: object) -> KWeights:
+        kw = repack_k(*args)  # type: ignore[arg-type]
+        form = kw.wk, kw.args[3]
+        form[0][:, :, form[1] : form[1] + 64] ^= np.uint8(0x01)
+        return kw
+
+    monkeypatch.setattr(backend, "repack", scrambled_i8)
+    monkeypatch.setattr(backend, "repack_k", scrambled_k)
+    qtype = int(T[name])
+    path = llama_quantize(src, tmp_path / f"{name}.gguf", getattr(lc, FTYPES[name]), pure=True,
+                          output_type=qtype, embd_type=qtype)
+    with pytest.raises(AssertionError, match="mean KL"):
+        _check_file(path, name)

@@ -55,8 +55,10 @@ def check_k(rng: np.random.Generator) -> None:
         kw = repack_k(w, qtype, rows, k)
         form = weight_type(qtype).k
         assert form is not None
-        table, ternary = form.table, form.bits == 2
-        # the file's bytes per 16 rows (IQ4_XS: + its unpacked 8-bit scales; TQ1_0: base-3 digits as 2 bits)
+        per16 = form.grid is not None and form.grid.scale_cols == 16
+        table, ternary = form.table is not None or (form.grid is not None and not per16), form.bits == 2
+        # the file's bytes per 16 rows (IQ4_XS: + its unpacked 8-bit scales; TQ1_0: base-3 digits as 2 bits;
+        # the grid types' eighth sign bits)
         assert kw.wk.shape[2] == K_FORMATS[qtype][0] and 16 * FILE_BYTES[qtype] <= kw.wk.shape[2] <= 20 * FILE_BYTES[qtype]
         codes, sc, mn, d, dmin = ref.k_codes(w, qtype)
         width = 16 if mn is None and not (table or ternary) else 32
@@ -64,7 +66,7 @@ def check_k(rng: np.random.Generator) -> None:
         if table or ternary:
             values = scale * (codes - (128 if table else 1))
         elif mn is None:
-            values = scale * (codes - 32)
+            values = scale * (codes - (128 if per16 else 32))
         else:
             values = scale * codes - np.repeat(mn, 32, axis=-1).reshape(rows, k) * np.repeat(dmin, 256, axis=1)
         dense = ref.decode_rows(w, qtype).astype(np.float64)

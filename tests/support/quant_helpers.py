@@ -54,6 +54,46 @@ def ggml_base() -> ctypes.CDLL | None:
     return None
 
 
+def ggml_requantize(src: Path, dst: Path, qtype: int, imatrix: object,
+                    keep: list[tuple[str, int]] | None = None) -> Path:
+    """dst: src with every matrix at qtype (those matching keep's patterns at theirs) quantized
+    by ggml's `ggml_quantize_chunk` under imatrix (a formats.imatrix.Imatrix), the function
+    llama_model_quantize calls per chunk of rows: llama.cpp's bytes for the types it writes
+    only with an importance matrix, whose C++ map ctypes cannot build."""
+    from gguf import GGMLQuantizationType as T
+    from gguf import LlamaFileType as FT
+
+    from edge_infer.formats import requantize as rq
+    from edge_infer.formats.quant_policy import Target
+    from edge_infer.formats.quants import BLOCK_LAYOUTS
+
+    lib = ggml_base()
+    if lib is None:
+        pytest.skip("no libggml-base (llama-cpp-python)")
+    fn = lib.ggml_quantize_chunk
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_void_p]
+    fn.restype = ctypes.c_size_t
+
+    def ggml_quantize(x: np.ndarray, new: T, imp: np.ndarray | None) -> np.ndarray:
+        lay = BLOCK_LAYOUTS[new]
+        x = np.ascontiguousarray(x, np.float32)
+        out = np.empty((x.shape[0], x.shape[1] // lay.block_size * lay.type_size), np.uint8)
+        w = None if imp is None else np.ascontiguousarray(imp, np.float32)
+        fn(int(new), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None if w is None else w.ctypes.data)
+        return out
+
+    name = T(qtype).name
+    mine = rq.quantize
+    rq.quantize = ggml_quantize  # type: ignore[assignment]  # the quantizer behind every matrix
+    try:
+        rq.requantize(src, dst, Target(name.lower(), T(qtype), FT[f"MOSTLY_{name}"], mix=False),
+                      keep=[(p, T(t)) for p, t in keep or []], imatrix=imatrix)  # type: ignore[arg-type]
+    finally:
+        rq.quantize = mine
+    return dst
+
+
 def random_blocks(rng: np.random.Generator, qtype: int, n_blocks: int) -> np.ndarray:
     """n_blocks of GGML type qtype (uint8, n_blocks * type_size): random codes, finite scales
     (every f16 field ~N(0, 0.05); MXFP4's exponent near 2^-7; IQ1_M's f16 scattered over the top

@@ -1,0 +1,110 @@
+"""One-time repacking of the IQ2 / IQ3 codebook types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
+into the K-quant int8 kernel's grid formats (weight_types.GridCodes, kernels_cpu.simd_dot).
+
+Per group of 16 rows and 256-column super-block, one record of B bytes (KForm.record_bytes):
+d f16 [16] | the 4-bit scales s, two per byte, byte-major [subs / 2][16] (sub-block 2j in the
+low nibble of byte j) | 8 blocks of 32 columns, each: the grid indices' low bytes [32 / width]
+[16], their high bits as 16-bit row masks [index_bits - 8][32 / width], a 64-bit sign mask per
+quad (bit 4l + k: row lane l, column 4q + k negative). The file's 7 sign bits per 8 values
+(IQ2_XXS, IQ2_XS, IQ3_XXS; the 8th their parity) become 8, the rest keeps the file's bits:
+IQ2_S and IQ3_S are their file's size, IQ2_XXS +6%, IQ2_XS +5.4%, IQ3_XXS +4%.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from edge_infer.formats.weight_types import IQ2_S, IQ2_XS, IQ2_XXS, IQ3_XXS
+
+from ._jit import kernel, u32_at
+from .simd_i8 import GROUP
+
+
+@kernel(inline=True)
+def _seven_signs(sign7, neg, at):
+    """neg[at:at + 8]: the 7 stored sign bits of 8 values, the 8th their parity."""
+    parity = 0
+    for j in range(7):
+        bit = (sign7 >> j) & 1
+        neg[at + j] = bit
+        parity ^= bit
+    neg[at + 7] = parity
+
+
+@kernel(inline=True)
+def _grid_row(w, r, o, qtype, sub, idx, neg):
+    """Row r's super-block at byte o: its 4-bit scales sub [8 or 16], grid indices idx [32 or
+    64, one per 8 or 4 columns] and sign bits neg [256] (1: negative)."""
+    if qtype == IQ2_XXS or qtype == IQ3_XXS:  # per 32 columns a u32 of 4 x 7 sign bits and s
+        rows = 4 if qtype == IQ2_XXS else 8  # index bytes per 32 columns
+        for ib in range(8):
+            at = o + 2 + 8 * ib if qtype == IQ2_XXS else o + 2 + 64 + 4 * ib
+            aux = u32_at(w, r, at + 4 if qtype == IQ2_XXS else at)
+            sub[ib] = aux >> 28
+            for j in range(rows):  # IQ2_XXS: 4 index bytes then aux per 32; IQ3_XXS: 64 index bytes, then the aux
+                idx[rows * ib + j] = w[r, o + 2 + 8 * ib + j]
+            for g in range(4):
+                _seven_signs((aux >> (7 * g)) & 127, neg, 32 * ib + 8 * g)
+    elif qtype == IQ2_XS:  # u16 per 8 columns: 9-bit index, 7 sign bits; two 4-bit scales per 32
+        for g in range(32):
+            q = np.uint32(w[r, o + 2 + 2 * g]) | (np.uint32(w[r, o + 3 + 2 * g]) << 8)
+            idx[g] = q & 511
+            _seven_signs(q >> 9, neg, 8 * g)
+        for ib in range(8):
+            sub[2 * ib], sub[2 * ib + 1] = w[r, o + 66 + ib] & 15, w[r, o + 66 + ib] >> 4
+    elif qtype == IQ2_S:  # index bytes, sign bytes, 2 high index bits per 8 columns, scales
+        for g in range(32):
+            ib, m = g // 4, g % 4
+            idx[g] = np.uint32(w[r, o + 2 + g]) | ((np.uint32(w[r, o + 66 + ib]) << (8 - 2 * m)) & 0x300)
+            for j in range(8):
+                neg[8 * g + j] = (w[r, o + 34 + g] >> j) & 1
+        for ib in range(8):
+            sub[2 * ib], sub[2 * ib + 1] = w[r, o + 74 + ib] & 15, w[r, o + 74 + ib] >> 4
+    else:  # IQ3_S: index bytes, their 9th bits, sign bytes, two 4-bit scales per 64 columns
+        for k in range(64):
+            idx[k] = np.uint32(w[r, o + 2 + k]) | (((np.uint32(w[r, o + 66 + k // 8]) >> (k % 8)) & 1) << 8)
+        for k8 in range(32):
+            for j in range(8):
+                neg[8 * k8 + j] = (w[r, o + 74 + k8] >> j) & 1
+        for ib in range(8):
+            sub[ib] = (w[r, o + 106 + ib // 2] >> (4 * (ib % 2))) & 15
+
+
+@kernel(parallel=True)
+def repack_grid_kernel(w, qtype, fb, width, index_bits, head, blk, wk):
+    """w uint8 [R, S * fb] (fb: the file's bytes per super-block) -> wk uint8 [G, S, B] (module
+    docstring; width, index_bits as the type's GridCodes, head its header bytes, blk its block
+    bytes); rows past R stay zero."""
+    R = w.shape[0]
+    S = wk.shape[1]
+    n = 32 // width  # index vectors per block
+    high = index_bits - 8
+    for g in numba.prange(wk.shape[0]):
+        sub = np.zeros(16, np.uint32)
+        idx = np.zeros(64, np.uint32)
+        neg = np.zeros(256, np.uint32)
+        for ln in range(min(GROUP, R - g * GROUP)):
+            r = g * GROUP + ln
+            for s in range(S):
+                o = s * fb
+                dst = wk[g, s]
+                dst[2 * ln], dst[2 * ln + 1] = w[r, o], w[r, o + 1]  # d, the first field of each
+                n_sub = (head - 32) // 8  # two scales per byte of the 16 rows
+                _grid_row(w, r, o, qtype, sub, idx, neg)
+                for j in range(n_sub // 2):
+                    dst[32 + 16 * j + ln] = np.uint8(sub[2 * j] | (sub[2 * j + 1] << 4))
+                for b in range(8):
+                    at = head + b * blk
+                    for v in range(n):
+                        i = idx[b * n + v]
+                        dst[at + 16 * v + ln] = np.uint8(i & 255)
+                        for k in range(high):
+                            m = at + 16 * n + 2 * (k * n + v) + ln // 8
+                            dst[m] = dst[m] | np.uint8(((i >> (8 + k)) & 1) << (ln % 8))
+                    signs = at + 16 * n + 2 * high * n
+                    for q in range(8):
+                        for kk in range(4):
+                            bit = 4 * ln + kk
+                            m = signs + 8 * q + bit // 8
+                            dst[m] = dst[m] | np.uint8(neg[32 * b + 4 * q + kk] << (bit % 8))
