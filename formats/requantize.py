@@ -27,6 +27,8 @@ from edge_infer.formats.quant_policy import Target, choose_types
 from edge_infer.formats.quants import BLOCK_LAYOUTS, dequantize_blocks, quantize
 
 CHUNK_ROWS = 4096  # rows dequantized and quantized at a time (bounds the float32 copy)
+# (rows float32 [n, cols], type, importance float32 [cols] or None) -> the rows' blocks uint8 [n, row bytes]
+BlockQuantizer = Callable[[np.ndarray, T, "np.ndarray | None"], np.ndarray]
 _VALUE_TYPES = {t.name.lower(): t for t in GGUFValueType}
 _SET_BY_US = ("general.architecture", "general.file_type", "general.quantization_version", "general.alignment")
 Progress = Callable[[str, int], None]  # (tensor name, its element count) after each tensor
@@ -74,7 +76,7 @@ def plan(f: GGUFFile, target: Target, keep: list[tuple[str, T]], has_imatrix: bo
     return out
 
 
-def _quantized_data(t: TensorInfo, new: T, imatrix: Imatrix | None) -> np.ndarray:
+def _quantized_data(t: TensorInfo, new: T, imatrix: Imatrix | None, quantizer: BlockQuantizer) -> np.ndarray:
     """t's values in type `new`: uint8 [..., rows, row bytes] (numpy order)."""
     ncols = t.shape[0]
     rows_per_mat = int(np.prod(t.shape[1:2])) if len(t.shape) > 1 else 1
@@ -92,7 +94,7 @@ def _quantized_data(t: TensorInfo, new: T, imatrix: Imatrix | None) -> np.ndarra
             x = dequantize_blocks(raw[s:stop], t.type, (stop - s) * ncols).reshape(stop - s, ncols)
             if not np.isfinite(x).all():
                 raise InvalidRequest(f"tensor {t.name!r} has non-finite values (rows {s}..{stop - 1}): not quantized")
-            out[s:stop] = quantize(x, new, None if imp is None else imp[e % imp.shape[0]])
+            out[s:stop] = quantizer(x, new, None if imp is None else imp[e % imp.shape[0]])
     return out.reshape(*reversed(t.shape[1:]), new_row)
 
 
@@ -124,10 +126,12 @@ def check_output(src: str | os.PathLike[str], dst: str | os.PathLike[str], force
 
 def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], target: Target,
                keep: list[tuple[str, T]] | None = None, imatrix: Imatrix | None = None, force: bool = False,
-               progress: Progress | None = None, extra_kv: dict[str, str | int] | None = None) -> list[TensorPlan]:
+               progress: Progress | None = None, extra_kv: dict[str, str | int] | None = None,
+               quantizer: BlockQuantizer = quantize) -> list[TensorPlan]:
     """Write `dst` from `src` at `target`; returns the plan it followed. Refuses an existing
     dst unless force (also one created while it writes: the final move never replaces without
-    force), and dst == src always."""
+    force), and dst == src always. quantizer: the block quantizer of every requantized tensor
+    (formats.quants.quantize; the tests and benchmarks pass ggml's to write llama.cpp's bytes)."""
     dst_p = check_output(src, dst, force)
     with GGUFFile(src) as f:
         steps = plan(f, target, keep or [], imatrix is not None)
@@ -153,7 +157,7 @@ def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], target:
             w.write_ti_data_to_file()
             for p in steps:
                 t = f.tensors[p.name]
-                data = _quantized_data(t, p.new_type, imatrix) if p.requantized else np.asarray(t.data)
+                data = _quantized_data(t, p.new_type, imatrix, quantizer) if p.requantized else np.asarray(t.data)
                 w.write_tensor_data(np.ascontiguousarray(data).reshape(-1))
                 if progress is not None:
                     progress(p.name, p.n_elements)

@@ -90,7 +90,6 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
     [TOKEN_TILE * GROUP], facc: float32 [TOKEN_TILE, GROUP] scratch of the calling thread."""
     T, R = out.shape
     nb, bb = wi.shape[1], wi.shape[2]
-    bits = fmt
     with_min = wm.shape[0] > 0
     k4 = xq4.shape[1]
     wflat = wi.reshape(-1)  # flat views: offsets instead of a row view per block
@@ -117,10 +116,10 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
                     wo = (g * nb + b) * bb
                     x0 = t * k4 + b * 8
                     if n > 1:
-                        dot_tile4(bits, iacc, wflat, wo, xflat, x0, x0 + k4, x0 + min(2, n - 1) * k4,
+                        dot_tile4(fmt, iacc, wflat, wo, xflat, x0, x0 + k4, x0 + min(2, n - 1) * k4,
                                   x0 + min(3, n - 1) * k4)
                     else:
-                        dot_tile(1, bits, iacc, wflat, wo, xflat, x0, k4)
+                        dot_tile(1, fmt, iacc, wflat, wo, xflat, x0, k4)
                     so = (g * nb + b) * GROUP
                     block_scales(dflat, so, dtmp)
                     if with_min:

@@ -80,6 +80,7 @@ def repack_grid_kernel(w, qtype, fb, width, index_bits, head, blk, wk):
     S = wk.shape[1]
     n = 32 // width  # index vectors per block
     high = index_bits - 8
+    n_sub = (head - 32) // 8  # 4-bit scales per row: two per byte of the 16 rows
     for g in numba.prange(wk.shape[0]):
         sub = np.zeros(16, np.uint32)
         idx = np.zeros(64, np.uint32)
@@ -90,7 +91,6 @@ def repack_grid_kernel(w, qtype, fb, width, index_bits, head, blk, wk):
                 o = s * fb
                 dst = wk[g, s]
                 dst[2 * ln], dst[2 * ln + 1] = w[r, o], w[r, o + 1]  # d, the first field of each
-                n_sub = (head - 32) // 8  # two scales per byte of the 16 rows
                 _grid_row(w, r, o, qtype, sub, idx, neg)
                 for j in range(n_sub // 2):
                     dst[32 + 16 * j + ln] = np.uint8(sub[2 * j] | (sub[2 * j + 1] << 4))

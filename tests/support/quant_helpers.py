@@ -84,13 +84,9 @@ def ggml_requantize(src: Path, dst: Path, qtype: int, imatrix: object,
         return out
 
     name = T(qtype).name
-    mine = rq.quantize
-    rq.quantize = ggml_quantize  # type: ignore[assignment]  # the quantizer behind every matrix
-    try:
-        rq.requantize(src, dst, Target(name.lower(), T(qtype), FT[f"MOSTLY_{name}"], mix=False),
-                      keep=[(p, T(t)) for p, t in keep or []], imatrix=imatrix)  # type: ignore[arg-type]
-    finally:
-        rq.quantize = mine
+    rq.requantize(src, dst, Target(name.lower(), T(qtype), FT[f"MOSTLY_{name}"], mix=False),
+                  keep=[(p, T(t)) for p, t in keep or []], imatrix=imatrix,  # type: ignore[arg-type]
+                  quantizer=ggml_quantize)
     return dst
 
 
