@@ -18,7 +18,10 @@ through the function it calls per chunk of rows, ggml's `ggml_quantize_chunk`, w
 matrix's importance: the same bytes. Every matrix gets the type but the token embedding (Q4_K)
 and the output (Q5_K, llama.cpp's choice for these types): llama-imatrix leaves the output out
 by default, and llama.cpp refuses these types without an importance. Written to
-`<model>-<TYPE>-imatrix.gguf`.
+`<model>-<TYPE>-imatrix.gguf`. With `--mix`, llama.cpp's plan for the file type of that name
+instead (attn_v, the first ffn_downs, the output and embedding at other types, as
+llama-quantize IN OUT IQ2_XS --imatrix F writes it; `-mix`). With `--ours`, edge-infer's
+quantizer writes the same plan (`-ours`): its grid matrices should be the same bytes.
 """
 
 from __future__ import annotations
@@ -41,21 +44,30 @@ FTYPES = {"Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", 
 IMATRIX_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S")
 
 
-def requantize_imatrix(model: str, qtype: str, imatrix: Path) -> Path:
-    """The copy of `model` quantized to qtype by ggml_quantize_chunk under the importance
-    matrix at `imatrix` (made if missing)."""
+def requantize_imatrix(model: str, qtype: str, imatrix: Path, ours: bool = False, mix: bool = False) -> Path:
+    """The copy of `model` quantized to qtype by ggml_quantize_chunk (ours: by edge-infer's
+    quantizer, the same plan) under the importance matrix at `imatrix` (made if missing); mix:
+    llama.cpp's plan for the file type of that name (as llama-quantize IN OUT IQ2_XS)."""
     from gguf import GGMLQuantizationType as T
+    from gguf import LlamaFileType as FT
     from quant_helpers import ggml_requantize
 
     from edge_infer.formats.imatrix import Imatrix
+    from edge_infer.formats.quant_policy import Target, parse_target
+    from edge_infer.formats.requantize import requantize as ours_requantize
 
     src = hub.resolve_model(model)
     name = model if model in hub.KNOWN_MODELS else Path(model).stem
-    dst = hub.cache_dir() / "models" / "derived" / f"{name}-{qtype}-imatrix.gguf"
+    tag = f"{'-mix' if mix else ''}{'-ours' if ours else ''}"
+    dst = hub.cache_dir() / "models" / "derived" / f"{name}-{qtype}-imatrix{tag}.gguf"
+    keep = [] if mix else [("token_embd.weight", T.Q4_K), ("output.weight", T.Q5_K)]
     if not dst.exists():
         dst.parent.mkdir(parents=True, exist_ok=True)
-        ggml_requantize(src, dst, T[qtype], Imatrix.load(imatrix), keep=[("token_embd.weight", T.Q4_K),
-                                                                        ("output.weight", T.Q5_K)])
+        if ours:
+            target = parse_target(qtype) if mix else Target(qtype.lower(), T[qtype], FT[f"MOSTLY_{qtype}"], mix=False)
+            ours_requantize(src, dst, target, keep, Imatrix.load(imatrix))
+        else:
+            ggml_requantize(src, dst, T[qtype], Imatrix.load(imatrix), keep=keep, mix=qtype.lower() if mix else None)
     return dst
 
 
@@ -89,6 +101,8 @@ def main() -> None:
     ap.add_argument("--type", default="Q6_K", choices=sorted({*FTYPES, *IMATRIX_TYPES}))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--imatrix", type=Path, help="an importance matrix: ggml_quantize_chunk under it (module docstring)")
+    ap.add_argument("--ours", action="store_true", help="with --imatrix: edge-infer's quantizer, the same plan")
+    ap.add_argument("--mix", action="store_true", help="with --imatrix: llama.cpp's plan for the file type (its mix)")
     args = ap.parse_args()
     try:
         import llama_cpp  # noqa: F401
@@ -97,7 +111,7 @@ def main() -> None:
     if args.imatrix is not None:
         if args.type not in IMATRIX_TYPES:
             sys.exit(f"--imatrix is for {', '.join(IMATRIX_TYPES)}")
-        print(requantize_imatrix(args.model, args.type, args.imatrix))
+        print(requantize_imatrix(args.model, args.type, args.imatrix, args.ours, args.mix))
     elif args.type not in FTYPES:
         sys.exit(f"{args.type} needs an importance matrix: --imatrix FILE")
     else:

@@ -47,8 +47,19 @@ MIXES: dict[str, tuple[T, FT]] = {
     "q3_k_l": (T.Q3_K, FT.MOSTLY_Q3_K_L),
     "q3_k_m": (T.Q3_K, FT.MOSTLY_Q3_K_M),
     "q2_k_m": (T.Q2_K, FT.MOSTLY_Q2_K),  # llama.cpp's "Q2_K" file type: a mix, not all Q2_K
+    # the grid file types (their rules in _iq_mix_type); llama.cpp's IQ2_S file is mostly IQ2_XS
+    "iq3_m": (T.IQ3_S, FT.MOSTLY_IQ3_M),
+    "iq3_s": (T.IQ3_S, FT.MOSTLY_IQ3_S),
+    "iq3_xxs": (T.IQ3_XXS, FT.MOSTLY_IQ3_XXS),
+    "iq2_m": (T.IQ2_S, FT.MOSTLY_IQ2_M),
+    "iq2_s": (T.IQ2_XS, FT.MOSTLY_IQ2_S),
+    "iq2_xs": (T.IQ2_XS, FT.MOSTLY_IQ2_XS),
+    "iq2_xxs": (T.IQ2_XXS, FT.MOSTLY_IQ2_XXS),
 }
-KEEP_TYPES = {n: t for n, (t, _) in PLAIN.items()} | {"f32": T.F32, "bf16": T.BF16}
+_IQ2_FILES = (FT.MOSTLY_IQ2_XXS, FT.MOSTLY_IQ2_XS, FT.MOSTLY_IQ2_S, FT.MOSTLY_IQ2_M)
+_IQ3_FILES = (FT.MOSTLY_IQ3_XXS, FT.MOSTLY_IQ3_S, FT.MOSTLY_IQ3_M)
+KEEP_TYPES = {n: t for n, (t, _) in PLAIN.items()} | {"f32": T.F32, "bf16": T.BF16} | {
+    t.name.lower(): t for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)}
 # a K-quant's type when the row length is not a multiple of 256 (the records' fallback)
 FALLBACK = {T(w.id): T(w.fallback) for w in TYPES if w.fallback is not None}
 _NEVER = ("_norm.weight", "ffn_gate_inp.weight", "position_embd.weight", "token_types.weight")
@@ -142,6 +153,37 @@ def _mix_type(target: Target, name: str, n_layer: int, n_gqa: int, counters: dic
     return base
 
 
+def _iq_mix_type(ft: FT, base: T, name: str, n_layer: int, n_gqa: int, has_imatrix: bool,
+                 counters: dict[str, int]) -> T:
+    """A grid file type's type for one weight (llama_tensor_get_type_impl's IQ2/IQ3 branches,
+    for a dense model: its 8-expert rules are not kept). counters: ffn_down seen so far."""
+    i = _layer(name)
+    is_ = {role: name.endswith(f"{role}.weight") for role in ("attn_v", "attn_k", "attn_q", "attn_output", "attn_qkv")}
+    wide = ft in (FT.MOSTLY_IQ2_S, FT.MOSTLY_IQ2_M)  # these two raise to IQ3_S where the others take Q2_K
+    if ft in _IQ2_FILES:
+        if is_["attn_v"]:
+            return T.Q4_K if n_gqa >= 4 else T.IQ3_S if wide else T.Q2_K
+        if "ffn_down" in name:
+            k = counters.get("ffn_down", 0)
+            counters["ffn_down"] = k + 1
+            return (T.IQ3_S if wide else T.Q2_K) if k < n_layer // 8 else base
+        return T.IQ3_S if is_["attn_output"] and wide else base
+    xxs, m = ft == FT.MOSTLY_IQ3_XXS, ft == FT.MOSTLY_IQ3_M
+    if is_["attn_v"]:
+        if xxs:
+            return T.Q4_K if n_gqa >= 4 else T.IQ3_XXS if has_imatrix else T.IQ3_S
+        return T.Q4_K if m or n_gqa >= 4 else base
+    if (is_["attn_k"] or is_["attn_q"]) and xxs:
+        return T.IQ2_S
+    if "ffn_down" in name and i is not None:
+        if xxs and not has_imatrix:
+            return T.Q4_K if i < n_layer // 8 else T.Q3_K
+        return T.Q4_K if m and i < n_layer // 8 else base
+    if is_["attn_output"]:
+        return T.IQ3_S if xxs else T.Q4_K if m else base
+    return T.Q4_K if is_["attn_qkv"] and m else base
+
+
 def choose_types(tensors: list[tuple[str, tuple[int, ...]]], target: Target, keep: list[tuple[str, T]],
                  n_layer: int, n_gqa: int, has_imatrix: bool = False) -> dict[str, T | None]:
     """For each (name, GGUF shape ne0 first) in file order: the new type, or None to copy the
@@ -166,7 +208,13 @@ def choose_types(tensors: list[tuple[str, tuple[int, ...]]], target: Target, kee
         elif t in (T.F16, T.F32, T.BF16):
             pass
         elif name == "output.weight" or (tied and name == "token_embd.weight"):
-            t = T.Q8_0 if t == T.Q8_0 or shape[0] % 256 else T.Q6_K
+            grid_low = target.mix and target.file_type in (*_IQ2_FILES, FT.MOSTLY_IQ3_XXS)
+            t = T.Q8_0 if t == T.Q8_0 or shape[0] % 256 else T.Q5_K if grid_low else T.Q6_K
+        elif target.mix and target.file_type in (*_IQ2_FILES, *_IQ3_FILES):
+            if name == "token_embd.weight":
+                t = T.Q2_K if target.file_type in (FT.MOSTLY_IQ2_XXS, FT.MOSTLY_IQ2_XS) else T.IQ3_S
+            else:
+                t = _iq_mix_type(target.file_type, t, name, n_layer, n_gqa, has_imatrix, counters)
         elif target.mix:
             t = _mix_type(target, name, n_layer, n_gqa, counters)
         elif has_imatrix and t in (T.Q4_0, T.Q5_0) and "ffn_down" in name and (_layer(name) or 0) < n_layer // 8:

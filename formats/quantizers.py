@@ -1,5 +1,7 @@
 """Reference block quantizers, float32 blocks (n, block_size) -> bytes (n, type_size), bit-exact
-with ggml's `quantize_row_*_ref` (no importance matrix) and with gguf-py where it has one.
+with ggml's `quantize_row_*_ref` (no importance matrix) and with gguf-py where it has one
+(the IQ2/IQ3 grid types: quantizers_grid.py, with ggml's `quantize_iq*` under an importance
+matrix too).
 Layouts are drawn in weight_types.py. Input must be finite; quants.quantize calls these under
 np.errstate(all="ignore"): all-zero blocks divide by zero in lanes whose results are dropped.
 
@@ -11,6 +13,7 @@ sum is an explicit loop over elements: NumPy's pairwise `sum` rounds differently
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -18,6 +21,7 @@ from gguf import GGMLQuantizationType as T
 from edge_infer.formats.kpack import pack_k_scales, pack_q2_k, pack_q3_k, pack_q4_k, pack_q5_k, pack_q6_k
 from edge_infer.formats.kscales import k4_scale_min
 from edge_infer.formats.quant_round import GROUP_MAX_EPS, first_absmax, nearest_int, seq_sum
+from edge_infer.formats.quantizers_grid import GRID_QUANTIZED, quantize_grid
 from edge_infer.formats.quantizers_iq4 import quantize_iq4_nl, quantize_iq4_xs
 
 __all__ = ["QUANTIZERS"]
@@ -351,4 +355,6 @@ QUANTIZERS: dict[T, Callable[[np.ndarray], np.ndarray]] = {
     T.Q8_K: _q_q8_k,
     T.IQ4_NL: quantize_iq4_nl,
     T.IQ4_XS: quantize_iq4_xs,
+    # the grid types without an importance matrix (IQ2_XXS / IQ2_XS refuse: they need one)
+    **{t: partial(quantize_grid, t=t) for t in GRID_QUANTIZED},
 }

@@ -18,6 +18,7 @@ from edge_infer.errors import EdgeInferError, UnsupportedTensorType
 from edge_infer.formats.gguf import TensorInfo
 from edge_infer.formats.kscales import k4_scale_min
 from edge_infer.formats.quantizers import QUANTIZERS
+from edge_infer.formats.quantizers_grid import GRID_QUANTIZED, quantize_grid
 from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS, element_weights
 from edge_infer.formats.quants_iq import DEQUANT_IQ
 from edge_infer.formats.weight_types import QK, QK_K, TYPES, WeightType, weight_type
@@ -223,6 +224,8 @@ def quantize(x: np.ndarray, qtype: T | int, importance: np.ndarray | None = None
         raise UnsupportedTensorType(
             f"quantize to {lay.name}: edge-infer reads and computes {lay.name} but does not write it yet; "
             f"llama.cpp's llama-quantize does")
+    if T(lay.id) in GRID_QUANTIZED:
+        return _quantize_grid(x, lay, importance)
     if importance is not None and lay.weighted:
         return _quantize_weighted(x, lay, importance)
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -242,17 +245,41 @@ def quantize(x: np.ndarray, qtype: T | int, importance: np.ndarray | None = None
     return out.reshape(*x.shape[:-1], x.shape[-1] // lay.block_size * lay.type_size)
 
 
-def _quantize_weighted(x: np.ndarray, lay: WeightType, importance: np.ndarray) -> np.ndarray:
+def _rows_and_importance(x: np.ndarray, lay: WeightType, importance: np.ndarray | None
+                         ) -> tuple[np.ndarray, np.ndarray | None]:
+    """x as float32 rows (m, n) and the importance as float32 (n,), both checked."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = x.shape[-1] if x.ndim else 0
     if x.ndim == 0 or n % lay.block_size:
         raise EdgeInferError(f"quantize to {lay.name}: row length {n} is not a multiple of the block size {lay.block_size}")
+    if importance is None:
+        return x.reshape(-1, n), None
     imp = np.asarray(importance, dtype=np.float32).reshape(-1)
     if imp.shape != (n,) or not np.isfinite(imp).all() or (imp < 0).any():
         raise EdgeInferError(f"quantize to {lay.name}: the importance must be {n} finite non-negative values, "
                              f"got {imp.shape[0]}")
+    return x.reshape(-1, n), imp
+
+
+def _quantize_grid(x: np.ndarray, lay: WeightType, importance: np.ndarray | None) -> np.ndarray:
+    """The grid types: ggml's search under the importance as it is (no floor for unused
+    channels), so the bytes are llama-quantize's."""
+    rows, imp = _rows_and_importance(x, lay, importance)
+    n = rows.shape[1]
+    out = np.empty((len(rows), n // 256 * lay.type_size), np.uint8)
+    step = max(1, _CHUNK_ELEMENTS * 4 // n)
+    for s in range(0, len(rows), step):
+        r = rows[s : s + step]
+        w = None if imp is None else np.broadcast_to(imp, r.shape).reshape(-1, 256)
+        out[s : s + step] = quantize_grid(r.reshape(-1, 256), T(lay.id), w).reshape(len(r), -1)
+    return out.reshape(*x.shape[:-1], out.shape[1])
+
+
+def _quantize_weighted(x: np.ndarray, lay: WeightType, importance: np.ndarray) -> np.ndarray:
+    rows, imp = _rows_and_importance(x, lay, importance)
+    assert imp is not None
+    n = rows.shape[1]
     imp = imp + np.float32(1e-12) * max(float(imp.max()), 1e-30)  # a never-active channel still counts a little
-    rows = x.reshape(-1, n)
     fn, per_row = WEIGHTED_QUANTIZERS[T(lay.id)], n // lay.block_size
     out = np.empty((len(rows), per_row * lay.type_size), np.uint8)
     step = max(1, _CHUNK_ELEMENTS // n)

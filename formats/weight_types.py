@@ -123,7 +123,8 @@ class WeightType:
     in the CPU backend's int8 / K-quant kernel, or None (the float path); cuda: its CUDA form.
     fallback: the type requantizing falls back to when a row length is not a multiple of
     block_size (quant_policy). quantizer / weighted: whether formats.quantizers /
-    formats.quantizers_weighted have an encoder for it."""
+    formats.quantizers_weighted have an encoder for it; needs_importance: the encoder needs an
+    importance matrix (IQ2_XXS, IQ2_XS, as in llama.cpp)."""
 
     id: int
     name: str
@@ -137,6 +138,7 @@ class WeightType:
     fallback: int | None = None
     quantizer: bool = True
     weighted: bool = False
+    needs_importance: bool = False
 
     def offset(self, field: str) -> int:
         """Byte offset of the named field ("d", "qs", ...) in a block."""
@@ -239,27 +241,27 @@ TYPES: tuple[WeightType, ...] = (
     # 1056 + 6%: a sign bit per column)
     WeightType(IQ2_XXS, "IQ2_XXS", QK_K, 66, _blk(("d", "<f2"), ("qs", "<u2", 32)), "k",
                k=KForm(1120, bits=8, header_bytes=96, has_min=False, grid=GridCodes("IQ2_XXS", 8, 8, 32, 0.125)),
-               quantizer=False),
+               fallback=IQ4_NL, needs_importance=True),
     # d: f16 | qs: 32 x u16 (9-bit grid row, 7 sign bits) | scales: 8 x u8 (two 4-bit scales)
     # (1248 bytes per record, the file's 1184 + 5.4%)
     WeightType(IQ2_XS, "IQ2_XS", QK_K, 74, _blk(("d", "<f2"), ("qs", "<u2", 32), ("scales", "u1", 8)), "k",
                k=KForm(1248, bits=8, header_bytes=160, has_min=False, grid=GridCodes("IQ2_XS", 8, 9, 16, 0.125)),
-               quantizer=False),
+               fallback=IQ4_NL, needs_importance=True),
     # d: f16 | qs: 32 grid-row bytes + 32 sign bytes | qh: 8 x u8 (2 high row bits) | scales: 8
     WeightType(IQ2_S, "IQ2_S", QK_K, 82,
                _blk(("d", "<f2"), ("qs", "u1", 64), ("qh", "u1", 8), ("scales", "u1", 8)), "k",
                k=KForm(1312, bits=8, header_bytes=160, has_min=False, grid=GridCodes("IQ2_S", 8, 10, 16, 0.125)),
-               quantizer=False),
+               fallback=IQ4_NL),
     # d: f16 | qs: 64 bytes of 4-wide grid rows, then 8 x u32 (4 x 7 sign bits, a 4-bit scale)
     # (1632 bytes per record, the file's 1568 + 4%)
     WeightType(IQ3_XXS, "IQ3_XXS", QK_K, 98, _blk(("d", "<f2"), ("qs", "u1", 96)), "k",
                k=KForm(1632, bits=8, header_bytes=96, has_min=False, grid=GridCodes("IQ3_XXS", 4, 8, 32, 0.25)),
-               quantizer=False),
+               fallback=IQ4_NL),
     # d: f16 | qs: 64 | qh: 8 (bit 8 of each row) | signs: 32 | scales: 4 (x = d * (1 + 2s) * +-grid)
     WeightType(IQ3_S, "IQ3_S", QK_K, 110,
                _blk(("d", "<f2"), ("qs", "u1", 64), ("qh", "u1", 8), ("signs", "u1", 32), ("scales", "u1", 4)),
                "k", k=KForm(1760, bits=8, header_bytes=96, has_min=False, grid=GridCodes("IQ3_S", 4, 9, 32, 1.0)),
-               quantizer=False),
+               fallback=IQ4_NL),
     # d: f16 | qs: 32 | qh: 8 x u16 (4 x 3 high row bits, a 3-bit scale, the delta's sign);
     # x = (d * (2s + 1)) * (grid + +-0.125), grid values -1, 0, 1
     WeightType(IQ1_S, "IQ1_S", QK_K, 50, _blk(("d", "<f2"), ("qs", "u1", 32), ("qh", "<u2", 8)), "k",

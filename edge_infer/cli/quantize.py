@@ -17,7 +17,8 @@ from edge_infer.errors import InvalidRequest
 
 TYPES_HELP = ("plain: f32 f16 q8_0 q6_k q5_k q5_1 q5_0 q4_k q4_1 q4_0 q3_k q2_k iq4_xs iq4_nl; mixes as llama.cpp's "
               "file types: "
-              "q5_k_m q4_k_m q4_k_s q3_k_l q3_k_m q2_k_m (llama.cpp's Q2_K)")
+              "q5_k_m q4_k_m q4_k_s q3_k_l q3_k_m q2_k_m (llama.cpp's Q2_K) iq3_m iq3_s iq3_xxs iq2_m iq2_s iq2_xs "
+              "iq2_xxs (iq2_xs, iq2_xxs need --imatrix or --calibrate)")
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -74,6 +75,16 @@ def _calibrate(args: argparse.Namespace, model: Path, threads: int | None) -> An
     return im
 
 
+def _check_importance(base: Any, keep: list[Any], args: argparse.Namespace) -> None:
+    """IQ2_XXS and IQ2_XS are only written under an importance matrix (as llama-quantize)."""
+    from edge_infer.formats.weight_types import weight_type
+
+    needs = [t.name for t in (base, *(kt for _, kt in keep)) if weight_type(t).needs_importance]
+    if needs and not (args.imatrix or args.calibrate):
+        raise InvalidRequest(f"--type {args.type}: {needs[0]} needs an importance matrix; pass --imatrix FILE "
+                             "(llama-imatrix's) or --calibrate TEXT")
+
+
 def run(args: argparse.Namespace) -> int:
     from edge_infer import hub
     from edge_infer.formats.imatrix import Imatrix
@@ -82,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     target = parse_target(args.type)
     keep = [parse_keep(k) for k in args.keep]
+    _check_importance(target.base, keep, args)
     out = Path(args.output).expanduser()
     check_output(args.input, out, args.force)  # before a download or a calibration, not after
     if args.save_imatrix and not args.calibrate:

@@ -94,6 +94,8 @@ def test_kl_against_itself_is_zero_and_matches_a_direct_computation(smollm2_path
     (["--type", "q8_0", "--save-imatrix", "x.gguf"], ["--save-imatrix needs --calibrate"]),
     (["--type", "q8_0", "--imatrix", EVAL], ["bad magic"]),
     (["--type", "q8_0", "--calibrate", "/nonexistent.txt"], ["/nonexistent.txt: no such file"]),
+    (["--type", "iq2_xs"], ["--type iq2_xs: IQ2_XS needs an importance matrix", "--imatrix FILE"]),
+    (["--type", "q8_0", "--keep", "blk.0.*=iq2_xxs"], ["IQ2_XXS needs an importance matrix"]),
 ])
 def test_mistakes_are_one_clear_error(smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                       argv: list[str], needles: list[str]) -> None:

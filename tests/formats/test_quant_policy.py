@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import LlamaFileType as FT
-from support.quant_helpers import llama_quantize, tensor_types
+from support.quant_helpers import llama_quantize, llama_quantize_types, tensor_types
 from support.tiny_models import write_tiny_llama
 
 from edge_infer.errors import InvalidRequest
@@ -28,16 +28,39 @@ def src(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                             tied=request.param)
 
 
-def _ours(src: Path, name: str) -> dict[str, str]:
+def _ours(src: Path, name: str, has_imatrix: bool = False) -> dict[str, str]:
     with GGUFFile(src) as f:
-        return {p.name: p.new_type.name for p in plan(f, parse_target(name), [])}
+        return {p.name: p.new_type.name for p in plan(f, parse_target(name), [], has_imatrix)}
 
 
-@pytest.mark.parametrize("name", list(MIXES) + ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q6_k", "f16"])
+GRID_MIXES = [n for n in MIXES if n.startswith("iq")]
+
+
+@pytest.mark.parametrize("name", [n for n in MIXES if n not in GRID_MIXES]
+                         + ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q6_k", "f16"])
 def test_types_match_llama_cpp(src: Path, name: str, tmp_path: Path) -> None:
     ft = (MIXES.get(name) or PLAIN[name])[1]
     theirs = tensor_types(llama_quantize(src, tmp_path / "l.gguf", int(ft)))
     assert _ours(src, name) == theirs
+
+
+@pytest.mark.parametrize("name", GRID_MIXES)
+def test_grid_mixes_match_llama_cpp_s_plan(src: Path, name: str, tmp_path: Path) -> None:
+    """llama.cpp writes most grid files only under an importance matrix, which ctypes cannot
+    hand it: its dry run says what it would write (the plan without one)."""
+    assert _ours(src, name) == llama_quantize_types(src, int(MIXES[name][1]), tmp_path)
+
+
+def test_grid_mixes_under_an_importance_matrix() -> None:
+    """What changes with one (llama.cpp's has_imatrix rules): IQ3_XXS keeps attn_v and
+    ffn_down at IQ3_XXS (without: IQ3_S, Q4_K / Q3_K); d_model 256 = 4 kv heads x 64 here."""
+    names = [("blk.0.attn_v.weight", (256, 256)), ("blk.0.ffn_down.weight", (512, 256)),
+             ("blk.9.ffn_down.weight", (512, 256))]
+    from edge_infer.formats.quant_policy import choose_types
+
+    t = parse_target("iq3_xxs")
+    assert list(choose_types(names, t, [], 16, 1, has_imatrix=True).values()) == [T.IQ3_XXS] * 3
+    assert list(choose_types(names, t, [], 16, 1, has_imatrix=False).values()) == [T.IQ3_S, T.Q4_K, T.Q3_K]
 
 
 @pytest.mark.parametrize("name", ["q2_k", "q3_k", "q4_k", "q5_k"])

@@ -84,6 +84,7 @@ def test_records_are_consistent() -> None:
             fb = weight_type(t.fallback)
             assert t.family == "k" and fb.block_size == 32 and fb.quantizer
         assert not t.weighted or t.quantizer
+        assert not t.needs_importance or (t.quantizer and t.k is not None and t.k.grid is not None)
 
 
 def test_lookup_errors_name_the_type() -> None:
@@ -132,7 +133,8 @@ def _data(t: WeightType) -> tuple[np.ndarray, np.ndarray]:
     a type read but not written) and its reference dequantization (float32 [ROWS, COLS])."""
     rng = np.random.default_rng(t.id)
     if t.quantizer:
-        raw = quants.quantize((rng.standard_t(5, (ROWS, COLS)) * 0.05).astype(np.float32), T(t.id))
+        imp = rng.random(COLS).astype(np.float32) if t.needs_importance else None
+        raw = quants.quantize((rng.standard_t(5, (ROWS, COLS)) * 0.05).astype(np.float32), T(t.id), imp)
     else:
         raw = random_blocks(rng, t.id, ROWS * COLS // t.block_size).reshape(ROWS, -1)
     return raw, quants.dequantize_blocks(raw, T(t.id), ROWS * COLS).reshape(ROWS, COLS)

@@ -121,6 +121,25 @@ def test_our_quantizer_writes_llama_quantize_s_bytes(src: Path, name: str, tmp_p
             assert a.tensors[n].type == qtype and np.array_equal(a.tensors[n].data, b.tensors[n].data), n
 
 
+@pytest.mark.parametrize("name", ["iq3_s", "iq3_m"])
+def test_our_grid_files_are_llama_quantize_s(src: Path, name: str, tmp_path: Path) -> None:
+    """`edge-infer quantize --type iq3_s | iq3_m` (the file types llama.cpp writes without an
+    importance matrix) writes llama.cpp's whole file, tensor for tensor and byte for byte: its
+    mix (IQ3_S, Q4_K, Q6_K) and every block of each."""
+    from edge_infer.formats.quant_policy import parse_target
+    from edge_infer.formats.requantize import requantize
+
+    target = parse_target(name)
+    theirs = llama_quantize(src, tmp_path / "theirs.gguf", int(target.file_type))
+    ours = tmp_path / "ours.gguf"
+    requantize(src, ours, target)
+    with GGUFFile(theirs) as a, GGUFFile(ours) as b:
+        assert {n: t.type for n, t in a.tensors.items()} == {n: t.type for n, t in b.tensors.items()}
+        assert T.IQ3_S in {t.type for t in b.tensors.values()}
+        for n, t in b.tensors.items():
+            assert np.array_equal(a.tensors[n].data, t.data), n
+
+
 def test_mxfp4_experts_compute_like_llama_cpp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """gpt-oss's expert format: a tiny qwen3moe quantized by llama.cpp to MXFP4_MOE (experts
     MXFP4, the other matrices Q8_0) runs its experts on the int8 kernel's MXFP4 table format and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,33 @@ def llama_quantize(src: Path, dst: Path, ftype: int, *, pure: bool = False, outp
     rc = lc.llama_model_quantize(str(src).encode(), str(dst).encode(), p)
     assert rc == 0, f"llama_model_quantize failed ({rc})"
     return dst
+
+
+def llama_quantize_types(src: Path, ftype: int, tmp: Path) -> dict[str, str]:
+    """The type llama.cpp's quantizer would give each tensor of src at ftype without an
+    importance matrix: its dry run (which plans even the file types that need one), read from
+    its log."""
+    lc = pytest.importorskip("llama_cpp")
+    from llama_cpp import _logger
+
+    lines: list[str] = []
+
+    @lc.llama_log_callback
+    def keep(level: int, text: bytes, user: object) -> None:
+        lines.append(text.decode(errors="replace"))
+
+    p = lc.llama_model_quantize_default_params()
+    p.ftype, p.dry_run, p.nthread = ftype, True, 1
+    lc.llama_log_set(keep, None)
+    try:
+        rc = lc.llama_model_quantize(str(src).encode(), str(tmp / "dry.gguf").encode(), p)
+    finally:
+        lc.llama_log_set(_logger.llama_log_callback, None)
+    assert rc == 0, f"llama_model_quantize (dry run) failed ({rc})"
+    out = {}
+    for m in re.finditer(r"\] (\S+)\s+- \[[^\]]*\], type =\s*(\S+), size =[^\n(]*(?:\((\S+)\))?", "".join(lines)):
+        out[m.group(1)] = (m.group(3) or m.group(2)).upper()
+    return out
 
 
 def tensor_types(path: Path) -> dict[str, str]:
@@ -55,11 +83,12 @@ def ggml_base() -> ctypes.CDLL | None:
 
 
 def ggml_requantize(src: Path, dst: Path, qtype: int, imatrix: object,
-                    keep: list[tuple[str, int]] | None = None) -> Path:
+                    keep: list[tuple[str, int]] | None = None, mix: str | None = None) -> Path:
     """dst: src with every matrix at qtype (those matching keep's patterns at theirs) quantized
     by ggml's `ggml_quantize_chunk` under imatrix (a formats.imatrix.Imatrix), the function
     llama_model_quantize calls per chunk of rows: llama.cpp's bytes for the types it writes
-    only with an importance matrix, whose C++ map ctypes cannot build."""
+    only with an importance matrix, whose C++ map ctypes cannot build. mix: a llama.cpp file
+    type ("iq2_xs") whose per-tensor plan to follow instead (qtype then unused)."""
     from gguf import GGMLQuantizationType as T
     from gguf import LlamaFileType as FT
 
@@ -83,8 +112,11 @@ def ggml_requantize(src: Path, dst: Path, qtype: int, imatrix: object,
         fn(int(new), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None if w is None else w.ctypes.data)
         return out
 
+    from edge_infer.formats.quant_policy import parse_target
+
     name = T(qtype).name
-    rq.requantize(src, dst, Target(name.lower(), T(qtype), FT[f"MOSTLY_{name}"], mix=False),
+    target = parse_target(mix) if mix else Target(name.lower(), T(qtype), FT[f"MOSTLY_{name}"], mix=False)
+    rq.requantize(src, dst, target,
                   keep=[(p, T(t)) for p, t in keep or []], imatrix=imatrix,  # type: ignore[arg-type]
                   quantizer=ggml_quantize)
     return dst
