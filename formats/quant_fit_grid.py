@@ -29,24 +29,26 @@ F = np.float32
 _FLT_MAX = np.float32(3.4028234663852886e38)
 
 
-def _njit(fn=None, *, parallel: bool = False):  # type: ignore[no-untyped-def]
+def _njit(fn=None, *, parallel: bool = False, inline: bool = False):  # type: ignore[no-untyped-def]
     def wrap(f):  # type: ignore[no-untyped-def]
-        return numba.njit(cache=True, nogil=True, parallel=parallel, error_model="numpy")(f)
+        return numba.njit(cache=True, nogil=True, parallel=parallel, error_model="numpy",
+                          inline="always" if inline else "never")(f)
 
     return wrap(fn) if fn is not None else wrap
 
 
-@_njit
-def _best_near(u, xv, wa, o, width, scale, levels, near_start, near_count, near, L):  # type: ignore[no-untyped-def]
-    """The neighbour of lattice point u nearest xv[o : o + width] / scale under weights wa;
-    its levels into L[o : o + width]; -> its codebook index."""
+@_njit(inline=True)
+def _best_near(u, xv, wa, o, width, scale, levels, odd, near_start, near_count, near, L):  # type: ignore[no-untyped-def]
+    """The neighbour of lattice point u nearest xv[o : o + width] / scale under weights wa
+    (odd: the entries' values 2l + 1 as float32); its levels into L[o : o + width]; -> its
+    codebook index."""
     best_d2 = _FLT_MAX
     best = near[near_start[u]]  # where every distance overflows (ggml aborts there)
     for j in range(near_count[u]):
         g = near[near_start[u] + j]
         d2 = F(0.0)
         for i in range(width):
-            diff = scale * F(2 * levels[g, i] + 1) - xv[o + i]
+            diff = scale * odd[g, i] - xv[o + i]
             d2 += wa[o + i] * diff * diff
         if d2 < best_d2:
             best_d2 = d2
@@ -56,11 +58,10 @@ def _best_near(u, xv, wa, o, width, scale, levels, near_start, near_count, near,
     return best
 
 
-@_njit
-def _round_group(xv, wa, o, width, bits, kmax, inv, scale, lat, L):  # type: ignore[no-untyped-def]
+@_njit(inline=True)
+def _round_group(xv, wa, o, width, bits, kmax, inv, scale, levels, odd, code_of, near_start, near_count, near, L):  # type: ignore[no-untyped-def]
     """Levels of group xv[o : o + width] at inverse scale inv into L, moved onto the codebook;
     -> whether the rounded point already was on it."""
-    levels, code_of, near_start, near_count, near = lat
     u = 0
     for i in range(width):
         v = np.rint(F(0.5) * (inv * xv[o + i] - F(1.0)))
@@ -69,11 +70,11 @@ def _round_group(xv, wa, o, width, bits, kmax, inv, scale, lat, L):  # type: ign
         u |= q << (bits * i)
     if code_of[u] >= 0:
         return True
-    _best_near(u, xv, wa, o, width, scale, levels, near_start, near_count, near, L)
+    _best_near(u, xv, wa, o, width, scale, levels, odd, near_start, near_count, near, L)
     return False
 
 
-@_njit
+@_njit(inline=True)
 def _fit_sums(xv, w, L, n):  # type: ignore[no-untyped-def]
     sumqx = F(0.0)
     sumq2 = F(0.0)
@@ -174,6 +175,7 @@ def _fit_block(xv, w, wa, n, width, bits, P, mx, lat, L, Laux, on, on_aux, Lq): 
     """The scale of one block's magnitudes xv[:n] (max mx > 0); its levels into L.
     -> (whether the block is kept, its scale)."""
     kmax, step, n_try, refine = P[1], F(P[2]) / F(10.0), P[3], P[5]
+    levels, odd, code_of, near_start, near_count, near = lat
     groups = n // width
     if n_try == 0:  # IQ2_XXS: trials around a make_qp_quants fit
         scale = _qp_scale(xv, w, n, kmax + 1, Lq)
@@ -194,7 +196,8 @@ def _fit_block(xv, w, wa, n, width, bits, P, mx, lat, L, Laux, on, on_aux, Lq): 
     for t in range(-n_try, n_try + 1):
         inv = (F(2 * kmax - 1) + F(t) * step) / top
         for k in range(groups):
-            on_aux[k] = _round_group(xv, wa, width * k, width, bits, kmax, inv, F(1.0) / inv, lat, Laux)
+            on_aux[k] = _round_group(xv, wa, width * k, width, bits, kmax, inv, F(1.0) / inv, levels, odd, code_of,
+                                     near_start, near_count, near, Laux)
         sumqx, sumq2 = _fit_sums(xv, w, Laux, n)
         if sumq2 > 0 and sumqx * sumqx > best * sumq2:
             scale = sumqx / sumq2
@@ -210,7 +213,8 @@ def _fit_block(xv, w, wa, n, width, bits, P, mx, lat, L, Laux, on, on_aux, Lq): 
         inv = F(1.0) / scale
         for k in range(groups):
             if refine != 1 or not on[k]:
-                _round_group(xv, wa, width * k, width, bits, kmax, inv, scale, lat, L)
+                _round_group(xv, wa, width * k, width, bits, kmax, inv, scale, levels, odd, code_of, near_start,
+                             near_count, near, L)
         sumqx, sumq2 = _fit_sums(xv, w, L, n)
         if sumq2 > 0:
             scale = sumqx / sumq2
@@ -219,11 +223,12 @@ def _fit_block(xv, w, wa, n, width, bits, P, mx, lat, L, Laux, on, on_aux, Lq): 
 
 @_njit(parallel=True)
 def fit_grid_kernel(x, qw, lat, P, E, idx, signs, lcode, d, bad):  # type: ignore[no-untyped-def]
-    """x f32 [m, 256] super-blocks, qw f32 [m, 256] their importance (or [0, 256]: none) ->
-    idx i32 [m, 256 / width] codebook entries, signs u8 [m, 32] (bit i of byte k: value 8k + i
+    """x f32 [m, 256] super-blocks, qw f32 [m, 256] their importance (or [0, 256]: none), lat
+    the lattice's arrays (levels, levels' odd values 2l + 1 as f32, code_of, near_start,
+    near_count, near: grid_lattice.GridLattice) -> idx i32 [m, 256 / width] codebook entries, signs u8 [m, 32] (bit i of byte k: value 8k + i
     negative), lcode u8 [m, 256 / block] 4-bit block scales, d f32 [m] (the f16 d before
     rounding), bad u8 [m] (1: a level pattern off the codebook, a bug)."""
-    levels, code_of = lat[0], lat[1]
+    levels, code_of = lat[0], lat[2]
     width = levels.shape[1]
     bits = 2 if width == 8 else 3
     n, parity, sig, wkind = P[0], P[4] == 1, F(P[6]), P[7]

@@ -76,7 +76,8 @@ def quantize_grid(x: np.ndarray, t: T, importance: np.ndarray | None = None) -> 
         raise EdgeInferError(f"quantize to {t.name}: this type needs an importance matrix "
                              "(--imatrix FILE or --calibrate TEXT), as in llama.cpp")
     lat = lattice(t.name)
-    tables = (lat.levels, lat.code_of, lat.near_start, lat.near_count, lat.near)
+    odd = (2 * lat.levels.astype(F32) + 1).astype(F32)
+    tables = (lat.levels, odd, lat.code_of, lat.near_start, lat.near_count, lat.near)
     x = np.ascontiguousarray(x, F32)
     n = len(x)
     qw = np.zeros((0, 256), F32) if importance is None else np.ascontiguousarray(importance, F32)
