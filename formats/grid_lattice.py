@@ -19,7 +19,8 @@ from functools import cache
 import numpy as np
 
 # name -> (levels the quantizer uses (kMaxQ), rings of neighbours kept)
-_SHAPES = {"IQ2_XXS": (3, 2), "IQ2_XS": (3, 2), "IQ2_S": (3, 1), "IQ3_XXS": (8, 2), "IQ3_S": (8, 3)}
+_SHAPES = {"IQ2_XXS": (3, 2), "IQ2_XS": (3, 2), "IQ2_S": (3, 1), "IQ3_XXS": (8, 2), "IQ3_S": (8, 3),
+           "IQ1_S": (3, 3)}  # (IQ1_M shares IQ1_S's codebook)
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,7 +57,7 @@ def _nearest_rings(d2: np.ndarray, rings: int) -> tuple[np.ndarray, np.ndarray]:
 
 @cache
 def lattice(name: str) -> GridLattice:
-    """The lattice of grid type `name` ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")."""
+    """The lattice of grid type `name` ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S")."""
     from edge_infer.formats.quants_iq import grid
 
     n_levels, rings = _SHAPES[name]

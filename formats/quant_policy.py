@@ -55,11 +55,14 @@ MIXES: dict[str, tuple[T, FT]] = {
     "iq2_s": (T.IQ2_XS, FT.MOSTLY_IQ2_S),
     "iq2_xs": (T.IQ2_XS, FT.MOSTLY_IQ2_XS),
     "iq2_xxs": (T.IQ2_XXS, FT.MOSTLY_IQ2_XXS),
+    "iq1_m": (T.IQ1_M, FT.MOSTLY_IQ1_M),
+    "iq1_s": (T.IQ1_S, FT.MOSTLY_IQ1_S),
 }
-_IQ2_FILES = (FT.MOSTLY_IQ2_XXS, FT.MOSTLY_IQ2_XS, FT.MOSTLY_IQ2_S, FT.MOSTLY_IQ2_M)
+_IQ1_FILES = (FT.MOSTLY_IQ1_S, FT.MOSTLY_IQ1_M)
+_IQ2_FILES = (FT.MOSTLY_IQ2_XXS, FT.MOSTLY_IQ2_XS, FT.MOSTLY_IQ2_S, FT.MOSTLY_IQ2_M, *_IQ1_FILES)
 _IQ3_FILES = (FT.MOSTLY_IQ3_XXS, FT.MOSTLY_IQ3_S, FT.MOSTLY_IQ3_M)
 KEEP_TYPES = {n: t for n, (t, _) in PLAIN.items()} | {"f32": T.F32, "bf16": T.BF16} | {
-    t.name.lower(): t for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)}
+    t.name.lower(): t for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)}
 # a K-quant's type when the row length is not a multiple of 256 (the records' fallback)
 FALLBACK = {T(w.id): T(w.fallback) for w in TYPES if w.fallback is not None}
 _NEVER = ("_norm.weight", "ffn_gate_inp.weight", "position_embd.weight", "token_types.weight")
@@ -155,7 +158,7 @@ def _mix_type(target: Target, name: str, n_layer: int, n_gqa: int, counters: dic
 
 def _iq_mix_type(ft: FT, base: T, name: str, n_layer: int, n_gqa: int, has_imatrix: bool,
                  counters: dict[str, int]) -> T:
-    """A grid file type's type for one weight (llama_tensor_get_type_impl's IQ2/IQ3 branches,
+    """A grid file type's type for one weight (llama_tensor_get_type_impl's IQ1/IQ2/IQ3 branches,
     for a dense model: its 8-expert rules are not kept). counters: ffn_down seen so far."""
     i = _layer(name)
     is_ = {role: name.endswith(f"{role}.weight") for role in ("attn_v", "attn_k", "attn_q", "attn_output", "attn_qkv")}
@@ -167,7 +170,9 @@ def _iq_mix_type(ft: FT, base: T, name: str, n_layer: int, n_gqa: int, has_imatr
             k = counters.get("ffn_down", 0)
             counters["ffn_down"] = k + 1
             return (T.IQ3_S if wide else T.Q2_K) if k < n_layer // 8 else base
-        return T.IQ3_S if is_["attn_output"] and wide else base
+        if is_["attn_output"]:
+            return T.IQ3_S if wide else T.IQ2_XXS if ft in _IQ1_FILES else base
+        return base
     xxs, m = ft == FT.MOSTLY_IQ3_XXS, ft == FT.MOSTLY_IQ3_M
     if is_["attn_v"]:
         if xxs:
@@ -212,7 +217,7 @@ def choose_types(tensors: list[tuple[str, tuple[int, ...]]], target: Target, kee
             t = T.Q8_0 if t == T.Q8_0 or shape[0] % 256 else T.Q5_K if grid_low else T.Q6_K
         elif target.mix and target.file_type in (*_IQ2_FILES, *_IQ3_FILES):
             if name == "token_embd.weight":
-                t = T.Q2_K if target.file_type in (FT.MOSTLY_IQ2_XXS, FT.MOSTLY_IQ2_XS) else T.IQ3_S
+                t = T.Q2_K if target.file_type in (FT.MOSTLY_IQ2_XXS, FT.MOSTLY_IQ2_XS, *_IQ1_FILES) else T.IQ3_S
             else:
                 t = _iq_mix_type(target.file_type, t, name, n_layer, n_gqa, has_imatrix, counters)
         elif target.mix:

@@ -22,6 +22,7 @@ from edge_infer.formats.kpack import pack_k_scales, pack_q2_k, pack_q3_k, pack_q
 from edge_infer.formats.kscales import k4_scale_min
 from edge_infer.formats.quant_round import GROUP_MAX_EPS, first_absmax, nearest_int, seq_sum
 from edge_infer.formats.quantizers_grid import GRID_QUANTIZED, quantize_grid
+from edge_infer.formats.quantizers_iq1 import IQ1_QUANTIZERS
 from edge_infer.formats.quantizers_iq4 import quantize_iq4_nl, quantize_iq4_xs
 
 __all__ = ["QUANTIZERS"]
@@ -355,6 +356,7 @@ QUANTIZERS: dict[T, Callable[[np.ndarray], np.ndarray]] = {
     T.Q8_K: _q_q8_k,
     T.IQ4_NL: quantize_iq4_nl,
     T.IQ4_XS: quantize_iq4_xs,
-    # the grid types without an importance matrix (IQ2_XXS / IQ2_XS refuse: they need one)
+    # the grid types without an importance matrix (IQ2_XXS / IQ2_XS / IQ1_S refuse: they need one)
     **{t: partial(quantize_grid, t=t) for t in GRID_QUANTIZED},
+    **IQ1_QUANTIZERS,
 }

@@ -19,6 +19,7 @@ from edge_infer.formats.gguf import TensorInfo
 from edge_infer.formats.kscales import k4_scale_min
 from edge_infer.formats.quantizers import QUANTIZERS
 from edge_infer.formats.quantizers_grid import GRID_QUANTIZED, quantize_grid
+from edge_infer.formats.quantizers_iq1 import IQ1_QUANTIZERS
 from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS, element_weights
 from edge_infer.formats.quants_iq import DEQUANT_IQ
 from edge_infer.formats.weight_types import QK, QK_K, TYPES, WeightType, weight_type
@@ -224,7 +225,7 @@ def quantize(x: np.ndarray, qtype: T | int, importance: np.ndarray | None = None
         raise UnsupportedTensorType(
             f"quantize to {lay.name}: edge-infer reads and computes {lay.name} but does not write it yet; "
             f"llama.cpp's llama-quantize does")
-    if T(lay.id) in GRID_QUANTIZED:
+    if T(lay.id) in GRID_QUANTIZED or T(lay.id) in IQ1_QUANTIZERS:
         return _quantize_grid(x, lay, importance)
     if importance is not None and lay.weighted:
         return _quantize_weighted(x, lay, importance)
@@ -262,16 +263,19 @@ def _rows_and_importance(x: np.ndarray, lay: WeightType, importance: np.ndarray 
 
 
 def _quantize_grid(x: np.ndarray, lay: WeightType, importance: np.ndarray | None) -> np.ndarray:
-    """The grid types: ggml's search under the importance as it is (no floor for unused
-    channels), so the bytes are llama-quantize's."""
+    """The grid types (IQ2, IQ3, IQ1): ggml's search under the importance as it is (no floor
+    for unused channels), so the bytes are llama-quantize's."""
     rows, imp = _rows_and_importance(x, lay, importance)
     n = rows.shape[1]
     out = np.empty((len(rows), n // 256 * lay.type_size), np.uint8)
     step = max(1, _CHUNK_ELEMENTS * 4 // n)
-    for s in range(0, len(rows), step):
-        r = rows[s : s + step]
-        w = None if imp is None else np.broadcast_to(imp, r.shape).reshape(-1, 256)
-        out[s : s + step] = quantize_grid(r.reshape(-1, 256), T(lay.id), w).reshape(len(r), -1)
+    t = T(lay.id)
+    with np.errstate(over="ignore"):  # a d beyond f16's range becomes inf, as in C
+        for s in range(0, len(rows), step):
+            r = rows[s : s + step]
+            w = None if imp is None else np.broadcast_to(imp, r.shape).reshape(-1, 256)
+            q = IQ1_QUANTIZERS[t](r.reshape(-1, 256), w) if t in IQ1_QUANTIZERS else quantize_grid(r.reshape(-1, 256), t, w)
+            out[s : s + step] = q.reshape(len(r), -1)
     return out.reshape(*x.shape[:-1], out.shape[1])
 
 

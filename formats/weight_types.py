@@ -124,7 +124,7 @@ class WeightType:
     fallback: the type requantizing falls back to when a row length is not a multiple of
     block_size (quant_policy). quantizer / weighted: whether formats.quantizers /
     formats.quantizers_weighted have an encoder for it; needs_importance: the encoder needs an
-    importance matrix (IQ2_XXS, IQ2_XS, as in llama.cpp)."""
+    importance matrix (IQ2_XXS, IQ2_XS, IQ1_S, as in llama.cpp)."""
 
     id: int
     name: str
@@ -265,10 +265,10 @@ TYPES: tuple[WeightType, ...] = (
     # d: f16 | qs: 32 | qh: 8 x u16 (4 x 3 high row bits, a 3-bit scale, the delta's sign);
     # x = (d * (2s + 1)) * (grid + +-0.125), grid values -1, 0, 1
     WeightType(IQ1_S, "IQ1_S", QK_K, 50, _blk(("d", "<f2"), ("qs", "u1", 32), ("qh", "<u2", 8)), "k",
-               quantizer=False),
+               fallback=IQ4_NL, needs_importance=True),
     # qs: 32 | qh: 16 | scales: 8 (3-bit scales; the f16 d in the top nibbles of the 4 u16)
     WeightType(IQ1_M, "IQ1_M", QK_K, 56, _blk(("qs", "u1", 32), ("qh", "u1", 16), ("scales", "u1", 8)), "k",
-               quantizer=False),
+               fallback=IQ4_NL),
     # qs: 48 x u8 (5 base-3 digits each) | qh: 4 x u8 (4 digits each) | d: f16; x = (t - 1) * d
     # (K-quant kernel: d f16 [16] | 8 blocks of 2-bit codes t; the file's 1.69 bits per weight
     # unpacked to 2: 1056 bytes per record, the file's 864 + 22%)

@@ -18,7 +18,7 @@ from edge_infer.errors import InvalidRequest
 TYPES_HELP = ("plain: f32 f16 q8_0 q6_k q5_k q5_1 q5_0 q4_k q4_1 q4_0 q3_k q2_k iq4_xs iq4_nl; mixes as llama.cpp's "
               "file types: "
               "q5_k_m q4_k_m q4_k_s q3_k_l q3_k_m q2_k_m (llama.cpp's Q2_K) iq3_m iq3_s iq3_xxs iq2_m iq2_s iq2_xs "
-              "iq2_xxs (iq2_xs, iq2_xxs need --imatrix or --calibrate)")
+              "iq2_xxs iq1_m iq1_s (iq2_xs, iq2_xxs, iq1_s need --imatrix or --calibrate)")
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -76,7 +76,7 @@ def _calibrate(args: argparse.Namespace, model: Path, threads: int | None) -> An
 
 
 def _check_importance(base: Any, keep: list[Any], args: argparse.Namespace) -> None:
-    """IQ2_XXS and IQ2_XS are only written under an importance matrix (as llama-quantize)."""
+    """IQ2_XXS, IQ2_XS and IQ1_S are only written under an importance matrix (as llama-quantize)."""
     from edge_infer.formats.weight_types import weight_type
 
     needs = [t.name for t in (base, *(kt for _, kt in keep)) if weight_type(t).needs_importance]

@@ -64,7 +64,7 @@ def _c_name(qtype: T) -> str:
 
 # types whose `quantize_row_*_ref` is not what llama-quantize writes (IQ4_NL's tries no other
 # scales): these compare with ggml_quantize_chunk without an importance matrix, its path
-GRID_TYPES = (T.IQ2_S, T.IQ3_XXS, T.IQ3_S)  # the grid types written without an importance matrix
+GRID_TYPES = (T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_M)  # the grid types written without an importance matrix
 CHUNK_QUANTIZED = (T.IQ4_NL, T.IQ4_XS, *GRID_TYPES)  # ggml_quantize_chunk inits the grids
 
 
@@ -305,6 +305,7 @@ ROUND_TRIP_BOUNDS = {
     T.IQ2_S: (0.65, 0.45),
     T.IQ3_XXS: (0.55, 0.32),
     T.IQ3_S: (0.42, 0.24),
+    T.IQ1_M: (1.2, 0.7),  # 1.75 bits per weight: a value can land at the other end of its 3 levels
 }
 
 
