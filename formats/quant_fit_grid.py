@@ -25,16 +25,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from edge_infer.formats.quant_fit import _njit
+
 F = np.float32
 _FLT_MAX = np.float32(3.4028234663852886e38)
-
-
-def _njit(fn=None, *, parallel: bool = False, inline: bool = False):  # type: ignore[no-untyped-def]
-    def wrap(f):  # type: ignore[no-untyped-def]
-        return numba.njit(cache=True, nogil=True, parallel=parallel, error_model="numpy",
-                          inline="always" if inline else "never")(f)
-
-    return wrap(fn) if fn is not None else wrap
 
 
 @_njit(inline=True)

@@ -16,19 +16,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from edge_infer.formats.quant_fit import _njit
+
 F = np.float32
 _FLT_MAX = np.float32(3.4028234663852886e38)
 DELTA = np.float32(0.125)  # IQ1S_DELTA = IQ1M_DELTA
 _X_P = np.array([F(-1) + DELTA, DELTA, F(1) + DELTA], F)  # the levels with the delta added
 _X_M = np.array([F(-1) - DELTA, -DELTA, F(1) - DELTA], F)  # ... subtracted
-
-
-def _njit(fn=None, *, parallel: bool = False, inline: bool = False):  # type: ignore[no-untyped-def]
-    def wrap(f):  # type: ignore[no-untyped-def]
-        return numba.njit(cache=True, nogil=True, parallel=parallel, error_model="numpy",
-                          inline="always" if inline else "never")(f)
-
-    return wrap(fn) if fn is not None else wrap
 
 
 @_njit(inline=True)
@@ -111,6 +105,17 @@ def _prefix(xb, o, n, w, order, px, pw, half):  # type: ignore[no-untyped-def]
 
 
 @_njit(inline=True)
+def _start(xb, idx_b):  # type: ignore[no-untyped-def]
+    """A super-block's sigma2 (2 / 256 of its sum of squares, summed in order); its entries zeroed."""
+    sumx2 = F(0.0)
+    for i in range(256):
+        sumx2 += xb[i] * xb[i]
+    for i in range(idx_b.shape[0]):
+        idx_b[i] = 0
+    return F(2.0) * sumx2 / F(256.0)
+
+
+@_njit(inline=True)
 def _levels_of_split(order, n, i1, i2, L):  # type: ignore[no-untyped-def]
     for j in range(n):
         L[order[j]] = 0 if j < i1 else (1 if j < i2 else 2)
@@ -131,13 +136,8 @@ def fit_iq1s_kernel(x, qw, lat, idx, lcode, d):  # type: ignore[no-untyped-def]
         xs = np.empty((4, 3), F)
         scales = np.zeros(8, F)
         shifts = np.ones(8, np.int64)
-        sumx2 = F(0.0)
-        for i in range(256):
-            sumx2 += xb[i] * xb[i]
-        sigma2 = F(2.0) * sumx2 / F(256.0)
+        sigma2 = _start(xb, idx[b])
         max_scale = F(0.0)
-        for i in range(32):
-            idx[b, i] = 0
         for ib in range(8):
             o = 32 * ib
             mx = _block_weights(xb, o, 32, qw, b, sigma2, w)
@@ -204,13 +204,8 @@ def fit_iq1m_kernel(x, qw, lat, idx, lcode, shifts, d):  # type: ignore[no-untyp
         sqx = np.empty(4, F)
         sq2 = np.empty(4, F)
         scales = np.zeros(16, F)
-        sumx2 = F(0.0)
-        for i in range(256):
-            sumx2 += xb[i] * xb[i]
-        sigma2 = F(2.0) * sumx2 / F(256.0)
+        sigma2 = _start(xb, idx[b])
         max_scale = F(0.0)
-        for i in range(32):
-            idx[b, i] = 0
         for ib in range(16):
             shifts[b, ib] = 0
             o = 16 * ib

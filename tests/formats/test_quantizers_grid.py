@@ -9,7 +9,7 @@ import ctypes
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from support.quant_helpers import ggml_base
+from support.quant_helpers import ggml_quantize_chunk
 
 from edge_infer.errors import EdgeInferError
 from edge_infer.formats.grid_lattice import lattice
@@ -22,14 +22,7 @@ WRITTEN = (*GRID_QUANTIZED, T.IQ1_S, T.IQ1_M)
 
 @pytest.fixture(scope="module")
 def chunk() -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-    lib = ggml_base()
-    if lib is None:
-        pytest.skip("no libggml-base (llama-cpp-python)")
-    fn = lib.ggml_quantize_chunk
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_void_p]
-    fn.restype = ctypes.c_size_t
-    return fn
+    return ggml_quantize_chunk()
 
 
 def _ggml(fn: ctypes._CFuncPtr, x: np.ndarray, t: T, imp: np.ndarray | None) -> np.ndarray:  # type: ignore[name-defined]

@@ -82,6 +82,19 @@ def ggml_base() -> ctypes.CDLL | None:
     return None
 
 
+def ggml_quantize_chunk() -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+    """ggml's `ggml_quantize_chunk(type, src, dst, start, nrows, n_per_row, imatrix)` (skips the
+    test without libggml-base): what llama_model_quantize calls per chunk of rows."""
+    lib = ggml_base()
+    if lib is None:
+        pytest.skip("no libggml-base (llama-cpp-python)")
+    fn = lib.ggml_quantize_chunk
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_void_p]
+    fn.restype = ctypes.c_size_t
+    return fn
+
+
 def ggml_requantize(src: Path, dst: Path, qtype: int, imatrix: object,
                     keep: list[tuple[str, int]] | None = None, mix: str | None = None) -> Path:
     """dst: src with every matrix at qtype (those matching keep's patterns at theirs) quantized
@@ -96,13 +109,7 @@ def ggml_requantize(src: Path, dst: Path, qtype: int, imatrix: object,
     from edge_infer.formats.quant_policy import Target
     from edge_infer.formats.quants import BLOCK_LAYOUTS
 
-    lib = ggml_base()
-    if lib is None:
-        pytest.skip("no libggml-base (llama-cpp-python)")
-    fn = lib.ggml_quantize_chunk
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_void_p]
-    fn.restype = ctypes.c_size_t
+    fn = ggml_quantize_chunk()
 
     def ggml_quantize(x: np.ndarray, new: T, imp: np.ndarray | None) -> np.ndarray:
         lay = BLOCK_LAYOUTS[new]
