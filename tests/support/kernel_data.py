@@ -28,7 +28,8 @@ def random_rows(qtype: int, rows: int, cols: int, rng: np.random.Generator, edge
     if qtype == dq.BF16:
         bits = rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16
         return bits.astype(np.uint16).view(np.uint8)
-    if not weight_type(qtype).quantizer:  # the codebook types: their scales sit in odd places
+    t = weight_type(qtype)
+    if not t.quantizer or t.name.startswith(("IQ1", "IQ2", "IQ3")):  # the codebook types: scales in odd places
         return random_blocks(rng, qtype, nblk).reshape(rows, -1)
     raw = rng.integers(0, 256, (nblk, tb), dtype=np.uint8)
     if qtype == dq.Q8_K:
