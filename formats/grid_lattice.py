@@ -25,7 +25,8 @@ _SHAPES = {"IQ2_XXS": (3, 2), "IQ2_XS": (3, 2), "IQ2_S": (3, 1), "IQ3_XXS": (8, 
 
 @dataclass(frozen=True, eq=False)
 class GridLattice:
-    """levels int8 (entries, width): each codebook entry's levels; code_of int32 (2**(width *
+    """levels int8 (entries, width): each codebook entry's levels, odd float32 (same shape)
+    their values 2l + 1; code_of int32 (2**(width *
     level_bits),): a lattice point's entry or -1; near_start / near_count int32 (same size) and
     near int32 (total,): an off-codebook point's neighbours are near[start : start + count]."""
 
@@ -34,6 +35,7 @@ class GridLattice:
     level_bits: int
     n_levels: int
     levels: np.ndarray
+    odd: np.ndarray
     code_of: np.ndarray
     near_start: np.ndarray
     near_count: np.ndarray
@@ -82,4 +84,5 @@ def lattice(name: str) -> GridLattice:
     near_count[keys] = count
     near_start[keys] = np.concatenate([[0], np.cumsum(count)[:-1]])
     near = np.concatenate([order[i, : count[i]] for i in range(len(order))]).astype(np.int32)
-    return GridLattice(name, width, level_bits, n_levels, levels, code_of, near_start, near_count, near)
+    odd = (2 * levels.astype(np.float32) + 1).astype(np.float32)
+    return GridLattice(name, width, level_bits, n_levels, levels, odd, code_of, near_start, near_count, near)

@@ -12,12 +12,8 @@ with the best weighted fit wins, its groups are re-rounded at the fitted scale a
 refitted once more. Super-blocks are independent and split over threads; no fastmath (ggml's C
 neither reassociates nor fuses these sums).
 
-P (int32 [8]): block, n_levels, step x 10, n_try, parity, refine, sigma x 1, weights_kind:
-refine 0 re-rounds every group, 1 the off-codebook groups when there are any, 2 every group when
-any is off the codebook; n_try 0 means IQ2_XXS's start (a make_qp_quants fit; 6 trials);
-weights_kind without an importance: 1 x^2, 2 sigma2 / 4 + x^2. E (float32 [2]): the block-zero
-threshold (a block whose largest magnitude is below it is all zero; 0: only an all-zero block),
-and d's factor.
+P (int32 [8]) and E (float32 [2]): quantizers_grid.GridSearch's integer and float fields, in
+order (block, levels, step x 10, trials, parity, refine, sigma, weights; zero_below, d_factor).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from edge_infer.formats.quantizers_grid import GRID_QUANTIZED, quantize_grid
 from edge_infer.formats.quantizers_iq1 import IQ1_QUANTIZERS
 from edge_infer.formats.quantizers_iq4 import quantize_iq4_nl, quantize_iq4_xs
 
-__all__ = ["QUANTIZERS"]
+__all__ = ["GRID_QUANTIZERS", "QUANTIZERS"]
 
 F32 = np.float32
 
@@ -356,7 +356,11 @@ QUANTIZERS: dict[T, Callable[[np.ndarray], np.ndarray]] = {
     T.Q8_K: _q_q8_k,
     T.IQ4_NL: quantize_iq4_nl,
     T.IQ4_XS: quantize_iq4_xs,
-    # the grid types without an importance matrix (IQ2_XXS / IQ2_XS / IQ1_S refuse: they need one)
+}
+# the grid types: (blocks (n, 256), importance=(n, 256) or None) -> blocks, ggml's own search
+# under the importance as it is (IQ2_XXS / IQ2_XS / IQ1_S refuse None: they need one)
+GRID_QUANTIZERS: dict[T, Callable[..., np.ndarray]] = {
     **{t: partial(quantize_grid, t=t) for t in GRID_QUANTIZED},
     **IQ1_QUANTIZERS,
 }
+QUANTIZERS.update(GRID_QUANTIZERS)

@@ -10,6 +10,8 @@ importance repeated per row) or None.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
@@ -19,14 +21,29 @@ from edge_infer.formats.quant_fit_grid import fit_grid_kernel
 from edge_infer.formats.weight_types import weight_type
 
 F32 = np.float32
-# type -> (block, levels, step x 10, trials (0: IQ2_XXS's), parity, refine, sigma x, weights
-# without an importance (0: one is needed)), (block-zero threshold, d's factor)
-_SETTINGS: dict[T, tuple[tuple[int, ...], tuple[float, float]]] = {
-    T.IQ2_XXS: ((32, 3, 1, 0, 1, 0, 1, 0), (1e-15, 1.0)),
-    T.IQ2_XS: ((16, 3, 1, 9, 1, 1, 1, 0), (1e-15, 1.0)),
-    T.IQ2_S: ((16, 3, 1, 9, 0, 1, 2, 2), (1e-8, 0.9875)),
-    T.IQ3_XXS: ((32, 8, 2, 15, 1, 1, 2, 1), (1e-8, 1.0125)),
-    T.IQ3_S: ((32, 8, 2, 9, 0, 2, 2, 1), (0.0, 1.033)),
+
+
+class GridSearch(NamedTuple):
+    """One type's settings of ggml's search (quant_fit_grid.py's P and E, in this order)."""
+
+    block: int  # values per scale: 16 or 32
+    levels: int  # magnitude levels rounded to (kMaxQ)
+    step10: int  # trial scale step, in tenths
+    trials: int  # trials each side (0: IQ2_XXS's start, a make_qp_quants fit and 6)
+    parity: int  # 1: 7 stored sign bits per 8, an even number of minus signs
+    refine: int  # 0: re-round every group; 1: the off-codebook ones if any; 2: all if any
+    sigma: int  # sigma2's factor on the mean square
+    weights: int  # without an importance: 1 x^2, 2 sigma2 / 4 + x^2 (0: one is needed)
+    zero_below: float  # a block whose largest magnitude is below this is all zero (0: only 0)
+    d_factor: float  # d's fudge factor before f16
+
+
+_SETTINGS: dict[T, GridSearch] = {
+    T.IQ2_XXS: GridSearch(32, 3, 1, 0, 1, 0, 1, 0, 1e-15, 1.0),
+    T.IQ2_XS: GridSearch(16, 3, 1, 9, 1, 1, 1, 0, 1e-15, 1.0),
+    T.IQ2_S: GridSearch(16, 3, 1, 9, 0, 1, 2, 2, 1e-8, 0.9875),
+    T.IQ3_XXS: GridSearch(32, 8, 2, 15, 1, 1, 2, 1, 1e-8, 1.0125),
+    T.IQ3_S: GridSearch(32, 8, 2, 9, 0, 2, 2, 1, 0.0, 1.033),
 }
 GRID_QUANTIZED = tuple(_SETTINGS)
 
@@ -71,25 +88,22 @@ def _pack(t: T, idx: np.ndarray, signs: np.ndarray, sc: np.ndarray, d: np.ndarra
 
 def quantize_grid(x: np.ndarray, t: T, importance: np.ndarray | None = None) -> np.ndarray:
     """x (n, 256) float32 super-blocks [, importance (n, 256)] -> (n, type_size) blocks of t."""
-    p, e = _SETTINGS[t]
+    g = _SETTINGS[t]
     if importance is None and weight_type(t).needs_importance:  # (its settings have no weights for it)
         raise EdgeInferError(f"quantize to {t.name}: this type needs an importance matrix "
                              "(--imatrix FILE or --calibrate TEXT), as in llama.cpp")
     lat = lattice(t.name)
-    odd = (2 * lat.levels.astype(F32) + 1).astype(F32)
-    tables = (lat.levels, odd, lat.code_of, lat.near_start, lat.near_count, lat.near)
+    tables = (lat.levels, lat.odd, lat.code_of, lat.near_start, lat.near_count, lat.near)
     x = np.ascontiguousarray(x, F32)
     n = len(x)
     qw = np.zeros((0, 256), F32) if importance is None else np.ascontiguousarray(importance, F32)
     idx = np.empty((n, 256 // lat.width), np.int32)
     signs = np.empty((n, 32), np.uint8)
-    sc = np.empty((n, 256 // p[0]), np.uint8)
+    sc = np.empty((n, 256 // g.block), np.uint8)
     d = np.empty(n, F32)
     bad = np.zeros(n, np.uint8)
-    fit_grid_kernel(x, qw, tables, np.array(p, np.int32), np.array(e, F32), idx, signs, sc, d, bad)
+    fit_grid_kernel(x, qw, tables, np.array(g[:8], np.int32), np.array(g[8:], F32), idx, signs, sc, d, bad)
     if bad.any():
         raise EdgeInferError(f"quantize to {t.name}: the search left a level pattern off the codebook "
                              f"(super-block {int(np.argmax(bad))}); please report it")
-    if t in (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS):
-        signs &= 127
     return _pack(t, idx, signs, sc, d)

@@ -17,9 +17,7 @@ from gguf import GGMLQuantizationType as T
 from edge_infer.errors import EdgeInferError, UnsupportedTensorType
 from edge_infer.formats.gguf import TensorInfo
 from edge_infer.formats.kscales import k4_scale_min
-from edge_infer.formats.quantizers import QUANTIZERS
-from edge_infer.formats.quantizers_grid import GRID_QUANTIZED, quantize_grid
-from edge_infer.formats.quantizers_iq1 import IQ1_QUANTIZERS
+from edge_infer.formats.quantizers import GRID_QUANTIZERS, QUANTIZERS
 from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS, element_weights
 from edge_infer.formats.quants_iq import DEQUANT_IQ
 from edge_infer.formats.weight_types import QK, QK_K, TYPES, WeightType, weight_type
@@ -225,7 +223,7 @@ def quantize(x: np.ndarray, qtype: T | int, importance: np.ndarray | None = None
         raise UnsupportedTensorType(
             f"quantize to {lay.name}: edge-infer reads and computes {lay.name} but does not write it yet; "
             f"llama.cpp's llama-quantize does")
-    if T(lay.id) in GRID_QUANTIZED or T(lay.id) in IQ1_QUANTIZERS:
+    if T(lay.id) in GRID_QUANTIZERS:
         return _quantize_grid(x, lay, importance)
     if importance is not None and lay.weighted:
         return _quantize_weighted(x, lay, importance)
@@ -269,13 +267,12 @@ def _quantize_grid(x: np.ndarray, lay: WeightType, importance: np.ndarray | None
     n = rows.shape[1]
     out = np.empty((len(rows), n // 256 * lay.type_size), np.uint8)
     step = max(1, _CHUNK_ELEMENTS * 4 // n)
-    t = T(lay.id)
+    fn = GRID_QUANTIZERS[T(lay.id)]
     with np.errstate(over="ignore"):  # a d beyond f16's range becomes inf, as in C
         for s in range(0, len(rows), step):
             r = rows[s : s + step]
             w = None if imp is None else np.broadcast_to(imp, r.shape).reshape(-1, 256)
-            q = IQ1_QUANTIZERS[t](r.reshape(-1, 256), w) if t in IQ1_QUANTIZERS else quantize_grid(r.reshape(-1, 256), t, w)
-            out[s : s + step] = q.reshape(len(r), -1)
+            out[s : s + step] = fn(r.reshape(-1, 256), importance=w).reshape(len(r), -1)
     return out.reshape(*x.shape[:-1], out.shape[1])
 
 
