@@ -173,6 +173,8 @@ class RuntimePlan:
     n_threads: int
     device: str
     decode_weight_bytes: int = 0  # weights one decode step reads (models.weights.decode_weight_bytes)
+    num_state_slots: int = 0  # a hybrid model's recurrent-state slots (one per sequence)
+    state_cache_bytes: int = 0  # their memory, out of the same budget as the KV pool
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -110,6 +110,11 @@ Per-row ops, float32, rows independent:
   gelu_mul_kernel(gate [T, F], up [T, F], out [T, F])    out = gelu_tanh(gate) * up
   scale_kernel(x [T, D], factor)                         x *= factor in place
 
+Recurrent layers (recurrent.py; a state slot per sequence, seq_slot [S], token_seq [N]):
+  short_conv_kernel(bcx [N, 3D], w [D, L], state [slots, L-1, D], seq_slot, token_seq, positions,
+      out [N, D])   LFM2's block between in_proj and out_proj: c * causal depthwise conv of b * x
+      over [state, this step's b * x]; a token at position 0 starts from a zero state.
+
 The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.models.backend
 .Backend); kernels_cuda's backend has the same methods over device arrays:
   prepare_weights(gguf, [(role, QMatrix)]) -> [QMatrix]    role "layer" | "output"; decides the
@@ -118,7 +123,8 @@ The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.mod
   make_workspace(capacity, D, Q, KV, F) -> Workspace       every scratch buffer of a forward
       (workspace.py: named fields, shapes in comments); a step of n tokens uses rows [:n].
   kv_block_bytes(...), make_kv_pool(n_layers, num_blocks, block_size, n_kv, hd, kv_dtype),
-      copy_blocks(kv, [(src, dst)])                          the KV pool above.
+      copy_blocks(kv, [(src, dst)])                          the KV pool above;
+      make_state_pool(shapes, num_slots), copy_states(states, [(src, dst)]) a hybrid's state slots.
   matmuls(x, (w, ...), (out, ...), workspace)      one to three matmuls of x (matmul3_kernel /
       matmul3_i8_kernel by each matrix's form); embed(ids, emb, scale, out);
       qkv_finish(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps,
@@ -139,7 +145,7 @@ context was computed in this chunk or an earlier one.
 
 Modules: backend, target (the CPU the kernels compile for; each weight type's path), jit_cache (numba's cache of them),
 workspace, dequant, matmul, matmul_i8 (its vector intrinsics in simd_i8),
-repack_i8, matmul_k (simd_k), repack_k, moe, matmul_experts, membw (read bandwidth), attention, ops, fastmath (vectorizable exp/tanh/silu/gelu), reference (the NumPy
+repack_i8, matmul_k (simd_k), repack_k, moe, matmul_experts, membw (read bandwidth), attention, ops, recurrent (hybrid models' state kernels; reference_recurrent their twins), fastmath (vectorizable exp/tanh/silu/gelu), reference (the NumPy
 twins), _jit (codegen settings, the kernel decorator, f16/bf16 bit helpers). This file imports
 nothing: importing the package stays cheap.
 """

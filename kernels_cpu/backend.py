@@ -14,7 +14,7 @@ from edge_infer.formats.gguf import GGUFFile
 from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.formats.weight_types import TYPES
 
-from . import attention, matmul, matmul_experts, matmul_i8, matmul_k, moe, ops
+from . import attention, matmul, matmul_experts, matmul_i8, matmul_k, moe, ops, recurrent
 from .dequant import F32, KERNEL_TYPES, Q4_K
 from .repack_i8 import I8Weights, repack
 from .repack_k import KWeights, repack_k
@@ -100,8 +100,8 @@ class CpuBackend:
         return out
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                       experts: tuple[int, int, int] | None = None) -> Workspace:
-        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim, experts)
+                       experts: tuple[int, int, int] | None = None, conv_width: int = 0) -> Workspace:
+        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim, experts, conv_width)
 
     @staticmethod
     def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -126,6 +126,21 @@ class CpuBackend:
                 for a in layer:
                     if a.size:
                         a[dst] = a[src]
+
+    @staticmethod
+    def make_state_pool(shapes: Sequence[tuple[int, ...]], num_slots: int) -> list[np.ndarray]:
+        """Per recurrent layer float32 [num_slots, *shape] (zeros: a sequence at position 0
+        starts from zero anyway)."""
+        return [np.zeros((num_slots, *shape), np.float32) for shape in shapes]
+
+    @staticmethod
+    def copy_states(states: list[np.ndarray], copies: list[tuple[int, int]]) -> None:
+        """State slot copies (src, dst) in every recurrent layer."""
+        for src, dst in copies:
+            for a in states:
+                a[dst] = a[src]
+
+    short_conv = staticmethod(recurrent.short_conv_kernel)
 
     # -- memory and the step's inputs and outputs (host arrays already) -----------------------
     @staticmethod

@@ -25,7 +25,7 @@ from numba.core.caching import UserProvidedCacheLocator
 
 # The modules with kernels (and the non-inlined helpers they call) of this package.
 KERNEL_MODULES = ("attention", "dequant", "matmul", "matmul_i8", "matmul_k", "matmul_experts", "membw", "moe",
-                  "ops", "repack_i8", "repack_k", "simd_i8", "simd_k")
+                  "ops", "recurrent", "repack_i8", "repack_k", "simd_i8", "simd_k")
 _PACKAGE = __name__.rsplit(".", 1)[0]
 # The folders whose kernels SourceTreeCacheLocator keys by one digest of all their sources.
 _KERNEL_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "formats")

@@ -39,6 +39,9 @@ class Workspace:
     xn_rows: np.ndarray  # f32 [T, D] last layer: xn of those rows
     seq_rows: np.ndarray  # i32 [T] last layer: token_seq of those rows
     pos_rows: np.ndarray  # i32 [T] last layer: positions of those rows
+    o_rows: np.ndarray  # f32 [T, D] last layer: a recurrent block's output of those rows
+    conv_in: np.ndarray  # f32 [T, C] a short convolution's in_proj output [b | c | x] (C = 3D; 0 without)
+    conv_y: np.ndarray  # f32 [T, D] its gated convolution (out_proj's input; [T, 0] without)
     xq4: np.ndarray  # i32 [T * K_max / 4] int8 activation codes, 4 per int32 (viewed [n, K/4])
     xd: np.ndarray  # f32 [T * K_max / 32] activation block scales (viewed [n, K/32])
     xsum: np.ndarray  # i32 [T * K_max / 32] activation block sums (viewed [n, K/32])
@@ -92,11 +95,12 @@ def _buffers(cls: type, empty: Empty, shapes: dict[str, Shape], other: set[str])
 
 
 def workspace_shapes(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                     per_row: bool = False) -> dict[str, Shape]:
+                     per_row: bool = False, conv_width: int = 0) -> dict[str, Shape]:
     """Each Workspace buffer's (shape, dtype) for steps of up to `capacity` tokens. The
     activation-code buffers (xq4, xd, xsum, xs16) are flat [T * K_max / g], viewed as a
     contiguous [n, K/g] per matmul (i8_views, k_views), or with per_row [T, K_max / g], sliced
-    [:n, :K/g] per launch (the CUDA kernels index rows and columns)."""
+    [:n, :K/g] per launch (the CUDA kernels index rows and columns). conv_width: a hybrid
+    model's short-convolution in_proj width (3D), 0 for none."""
     t, f32, i32 = capacity, np.float32, np.int32
     k_max = max(d_model, q_dim, ffn_dim)
 
@@ -109,7 +113,8 @@ def workspace_shapes(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_d
         "o": ((t, d_model), f32), "o2": ((t, d_model), f32), "gate": ((t, ffn_dim), f32),
         "up": ((t, ffn_dim), f32), "act": ((t, ffn_dim), f32), "q_rows": ((t, q_dim), f32),
         "h_rows": ((t, d_model), f32), "xn_rows": ((t, d_model), f32), "seq_rows": ((t,), i32),
-        "pos_rows": ((t,), i32), "xq4": (codes(4), i32), "xd": (codes(32), f32),
+        "pos_rows": ((t,), i32), "o_rows": ((t, d_model), f32), "conv_in": ((t, conv_width), f32),
+        "conv_y": ((t, d_model if conv_width else 0), f32), "xq4": (codes(4), i32), "xd": (codes(32), f32),
         "xsum": (codes(32), i32), "xs16": (codes(16), i32), "no_out": ((t, 0), f32),
     }
 
@@ -129,11 +134,12 @@ def expert_shapes(capacity: int, d_model: int, n_experts: int, n_used: int, expe
 
 
 def make_workspace(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                   experts: tuple[int, int, int] | None = None) -> Workspace:
+                   experts: tuple[int, int, int] | None = None, conv_width: int = 0) -> Workspace:
     """Host buffers for steps of up to `capacity` tokens; experts: (E, k, Fe) of a
-    mixture-of-experts model."""
+    mixture-of-experts model; conv_width: see workspace_shapes."""
     moe = ExpertWorkspace.allocate(np.empty, expert_shapes(capacity, d_model, *experts)) if experts else None
-    return Workspace.allocate(np.empty, capacity, workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim), moe)
+    shapes = workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim, conv_width=conv_width)
+    return Workspace.allocate(np.empty, capacity, shapes, moe)
 
 
 def make_expert_workspace(capacity: int, d_model: int, n_experts: int, n_used: int, expert_ffn: int) -> ExpertWorkspace:

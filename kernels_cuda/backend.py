@@ -28,6 +28,7 @@ from .layout import to_host_matrix
 KV_DTYPES = {"f16": np.float16, "f32": np.float32}
 KV_SHARE = 0.8  # of the device memory free after the weights
 SIMULATOR_MEMORY = 64 * 2**20
+_NO_RECURRENT = "device='cuda' has no recurrent-layer kernels (hybrid models); use device='cpu'"
 
 
 @dataclass(slots=True)
@@ -127,9 +128,11 @@ class CudaBackend:
         return got[1]
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                       experts: tuple[int, int, int] | None = None) -> Workspace:
+                       experts: tuple[int, int, int] | None = None, conv_width: int = 0) -> Workspace:
         if experts is not None:
             raise UnsupportedModelError("device='cuda' has no mixture-of-experts kernels; use device='cpu'")
+        if conv_width:
+            raise UnsupportedModelError(_NO_RECURRENT)
         self._steps.invalidate()  # recorded forwards hold the old workspace's addresses
         # The kernels slice the activation codes [:n, :K/g] (per_row) and keep no block sums.
         shapes = workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim, per_row=True)
@@ -151,6 +154,16 @@ class CudaBackend:
         none = cuda.device_array((0, 0, 0), np.float32)
         return [(cuda.to_device(np.zeros(shape, dt)), none, cuda.to_device(np.zeros(shape, dt)), none)
                 for _ in range(n_layers)]
+
+    def make_state_pool(self, shapes: Sequence[tuple[int, ...]], num_slots: int) -> list[Any]:
+        raise UnsupportedModelError(_NO_RECURRENT)  # engine/device.py refuses hybrids first
+
+    def copy_states(self, states: list[Any], copies: list[tuple[int, int]]) -> None:
+        raise UnsupportedModelError(_NO_RECURRENT)
+
+    def short_conv(self, bcx: Any, w: Any, state: Any, seq_slot: Any, token_seq: Any, positions: Any,
+                   out: Any) -> None:
+        raise UnsupportedModelError(_NO_RECURRENT)
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None:
         if not copies:

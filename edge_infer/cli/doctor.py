@@ -66,6 +66,7 @@ def model_report(model: str) -> dict[str, Any]:
     """A model's matrices grouped by (weight type, matmul path): count and bytes; its size.
     The token embedding is only looked up by rows, unless the output reuses it (tied)."""
     from edge_infer import hub
+    from edge_infer.cli.inspect import layers
     from edge_infer.formats.gguf import GGUFFile
     from edge_infer.kernels_cpu.target import matrix_path
 
@@ -74,6 +75,7 @@ def model_report(model: str) -> dict[str, Any]:
     with GGUFFile(path) as f:
         tied = "output.weight" not in f.tensors
         arch = str(f.metadata.get("general.architecture", "?"))
+        kinds = layers(f)
         for t in f.tensors.values():
             if len(t.shape) < 2 or (t.name == "token_embd.weight" and not tied):
                 continue
@@ -82,7 +84,7 @@ def model_report(model: str) -> dict[str, Any]:
             g[0] += 1
             g[1] += t.nbytes
     matrices = [{"type": k[0], "path": k[1], "count": c, "bytes": b} for k, (c, b) in groups.items()]
-    return {"path": str(path), "arch": arch, "size": path.stat().st_size,
+    return {"path": str(path), "arch": arch, "size": path.stat().st_size, "layers": kinds,
             "matrices": sorted(matrices, key=lambda m: -m["bytes"])}
 
 
@@ -190,6 +192,10 @@ def _print_report(r: dict[str, Any]) -> None:
         row("this model", f"{m['path']} ({m['arch']}, {human_bytes(m['size'])}{ceil})")
         for g in m["matrices"]:
             print(f"{'':<13}{g['count']:>4} {g['type']} matrices, {human_bytes(g['bytes'])}: {g['path']}")
+        state = m["layers"].get("state_bytes_per_sequence", 0)
+        if state:
+            print(f"{'':<13}recurrent state: {human_bytes(state)} per sequence, one slot per sequence "
+                  "(max_num_seqs + 4), out of the KV budget")
     cu = r["cuda"]
     row("CUDA", "usable: device='auto' runs on the GPU" if cu["usable"] else f"no: {cu['reason']} (device='auto' is the CPU)")
     lc = r["llama_cpp"]

@@ -65,6 +65,7 @@ def describe(f: Any) -> dict[str, Any]:
     return {
         "path": f.path,
         "file_size": f.size,
+        "layers": layers(f),
         "version": f.version,
         "alignment": f.alignment,
         "data_offset": f.data_offset,
@@ -80,12 +81,39 @@ def describe(f: Any) -> dict[str, Any]:
     }
 
 
+def layers(f: Any) -> dict[str, Any]:
+    """The model's layer kinds as edge-infer runs it: {"kinds": ["attention" | "short_conv",
+    ...], "state_bytes_per_sequence": N}, or {"error": why} for a model it cannot run."""
+    from edge_infer.errors import EdgeInferError
+    from edge_infer.models import config_from_gguf
+
+    try:
+        cfg = config_from_gguf(f)
+    except EdgeInferError as e:
+        return {"error": str(e)}
+    kinds = ["short_conv" if cfg.is_conv(i) else "attention" for i in range(cfg.n_layers)]
+    return {"kinds": kinds, "state_bytes_per_sequence": cfg.state_bytes}
+
+
+def _layers_line(r: dict[str, Any]) -> str:
+    info = r.get("layers") or {}
+    if "kinds" not in info:
+        return f"layers: not runnable by edge-infer ({info.get('error', '?')})"
+    counts: dict[str, int] = {}
+    for k in info["kinds"]:
+        counts[k] = counts.get(k, 0) + 1
+    mix = ", ".join(f"{n} {k}" for k, n in counts.items())
+    state = info["state_bytes_per_sequence"]
+    return f"layers: {len(info['kinds'])} ({mix})" + (f"; recurrent state {human_bytes(state)} per sequence" if state else "")
+
+
 def format_text(r: dict[str, Any]) -> str:
     """The human-readable report: header, metadata, tensor table, totals line."""
     out = [
         r["path"],
         f"  GGUF v{r['version']}, {human_bytes(r['file_size'])} ({r['file_size']:,} bytes), "
         f"alignment {r['alignment']}, tensor data at byte {r['data_offset']:,}",
+        _layers_line(r),
         f"metadata ({len(r['metadata'])} keys):",
     ]
     types = r["metadata_types"]

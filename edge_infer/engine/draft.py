@@ -16,7 +16,7 @@ from edge_infer.engine.sampler import draw, process_logits, sampling_probs
 from edge_infer.engine.scheduler import ScheduledChunk
 from edge_infer.engine.sequence import Sequence
 from edge_infer.engine.spec_decode import Proposal
-from edge_infer.errors import InvalidRequest
+from edge_infer.errors import InvalidRequest, UnsupportedModelError
 from edge_infer.tokenizer import Tokenizer
 
 
@@ -27,6 +27,9 @@ class DraftProposer:
         cfg = EngineConfig(model=model, n_threads=n_threads, kv_cache_memory=kv_cache_memory,
                            enable_prefix_caching=False)
         m = load_model(cfg)
+        if m.model_config.recurrent:
+            raise UnsupportedModelError(f"speculative draft model {model}: {m.model_config.arch} has recurrent layers, "
+                                        "whose state cannot be rolled back to the accepted tokens yet")
         self.prefill, self.tokenizer = m.prefill, m.tokenizer  # the shadows' only way into the blocks
         _check_same_vocab(target_tokenizer, m.tokenizer, model)
         self.shadows: dict[int, Sequence] = {}

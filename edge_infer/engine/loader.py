@@ -43,6 +43,9 @@ class LoadedModel:
     prefill: Prefill  # sequences outside the scheduler (scoring, embeddings, a draft's shadows)
 
 
+# state slots of a hybrid model beyond max_num_seqs: the sequences outside the scheduler
+# (scoring, embeddings, warm-up) and forked samples, which take a slot each
+SPARE_STATE_SLOTS = 4
 LOAD_OVERHEAD = 256 * 2**20  # compiled kernels, workspace, tokenizer: beyond the file and the pool
 
 
@@ -95,10 +98,15 @@ def load_model(config: EngineConfig) -> LoadedModel:
 
     per_block = kv_block_bytes(backend, cfg, config.block_size, config.kv_cache_dtype)
     budget = kv_budget(config, per_block // config.block_size, cfg.context_length, backend)
-    num_blocks = budget // per_block
+    # a hybrid model's recurrent states come out of the same budget: one slot per sequence
+    num_slots = config.max_num_seqs + SPARE_STATE_SLOTS if cfg.recurrent else 0
+    state_bytes = num_slots * cfg.state_bytes
+    num_blocks = (budget - state_bytes) // per_block
     if num_blocks < 2:
+        states = f" after {state_bytes} bytes of recurrent state ({num_slots} slots)" if state_bytes else ""
         raise OutOfMemoryBudget(
-            f"kv_cache_memory of {budget} bytes holds fewer than 2 KV blocks ({per_block} bytes each) for {cfg.arch}"
+            f"kv_cache_memory of {budget} bytes holds fewer than 2 KV blocks ({per_block} bytes each){states} "
+            f"for {cfg.arch}"
         )
     capacity = num_blocks * config.block_size
     max_len = min(config.max_model_len or cfg.context_length, cfg.context_length)
@@ -115,17 +123,18 @@ def load_model(config: EngineConfig) -> LoadedModel:
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
         raise InvalidRequest("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
     plan = RuntimePlan(str(path), num_blocks, config.block_size, num_blocks * per_block, config.kv_cache_dtype,
-                       max_len, n_threads, backend.name, decode_weight_bytes(weights))
+                       max_len, n_threads, backend.name, decode_weight_bytes(weights), num_slots, state_bytes)
     runner = ModelRunner(cfg, weights, backend, num_blocks, config.block_size, config.kv_cache_dtype,
-                         config.max_num_batched_tokens, max_len)
-    bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+                         config.max_num_batched_tokens, max_len, num_slots)
+    bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, num_slots)
     sched = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
                       config.prefill_chunk_while_decoding)
     prefill = Prefill(runner, bm)
     _warm_up(prefill)
-    log.info("loaded %s (%s) in %.2fs: %d KV blocks of %d tokens (%.0f MiB %s), %d threads", path.name, cfg.arch,
+    states = f", {num_slots} state slots ({state_bytes / 2**20:.1f} MiB)" if num_slots else ""
+    log.info("loaded %s (%s) in %.2fs: %d KV blocks of %d tokens (%.0f MiB %s)%s, %d threads", path.name, cfg.arch,
              time.perf_counter() - t0, num_blocks, config.block_size, plan.kv_cache_bytes / 2**20,
-             config.kv_cache_dtype, n_threads)
+             config.kv_cache_dtype, states, n_threads)
     return LoadedModel(f, cfg, tokenizer, plan, runner, bm, sched, prefill)
 
 

@@ -1,8 +1,10 @@
 """Turns a scheduled batch into kernel arguments, runs the forward pass, returns logits.
 
-Owns the KV pool (one [num_blocks, block_size, n_kv_heads, head_dim] pair per layer, made by
-the backend) and has the backend do the copy-on-write block copies the block manager asked
-for before each step. The transformer owns the forward's preallocated workspace.
+Owns the KV pool (one [num_blocks, block_size, n_kv_heads, head_dim] pair per attention layer,
+made by the backend) and, for a hybrid model, the state pool (per recurrent layer
+[num_state_slots, *state shape]: one slot per sequence, as the block manager assigns them), and
+has the backend do the block and state-slot copies the block manager asked for before each
+step. The transformer owns the forward's preallocated workspace.
 """
 
 from __future__ import annotations
@@ -18,18 +20,26 @@ from edge_infer.models.weights import ModelWeights
 
 
 def kv_block_bytes(backend: Backend, cfg: ModelConfig, block_size: int, kv_dtype: str) -> int:
-    """Bytes of K and V for one block across all layers, in the backend's KV layout."""
-    return backend.kv_block_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, block_size, kv_dtype)
+    """Bytes of K and V for one block across the attention layers, in the backend's KV layout."""
+    return backend.kv_block_bytes(len(cfg.kv_layers), cfg.n_kv_heads, cfg.head_dim, block_size, kv_dtype)
 
 
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend, num_blocks: int, block_size: int,
-                 kv_dtype: str, max_step_tokens: int, max_model_len: int | None = None) -> None:
+                 kv_dtype: str, max_step_tokens: int, max_model_len: int | None = None,
+                 num_state_slots: int = 0) -> None:
         """max_step_tokens: the workspace's first size (a larger step grows it); max_model_len:
-        the longest sequence (it picks Phi-3's long or short rope factors)."""
+        the longest sequence (it picks Phi-3's long or short rope factors); num_state_slots: a
+        hybrid model's state slots (the block manager's)."""
         self.cfg, self.block_size, self.backend = cfg, block_size, backend
         self.model = Transformer(cfg, weights, backend, max_step_tokens, max_model_len)
-        self.kv = backend.make_kv_pool(cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
+        kv_layers = cfg.kv_layers
+        self.kv_pool = backend.make_kv_pool(len(kv_layers), num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim,
+                                            kv_dtype)
+        self.states = backend.make_state_pool(cfg.state_shapes, num_state_slots) if cfg.recurrent else []
+        # what each layer's forward reads and writes: its KV pair, or its recurrent state pool
+        kv_of, state_of = iter(self.kv_pool), iter(self.states)
+        self.kv = [next(kv_of) if i in kv_layers else next(state_of) for i in range(cfg.n_layers)]
 
     def build_inputs(self, chunks: list[ScheduledChunk]) -> StepInputs:
         """The kernels' token-level arguments for a step's chunks (each starts at its
@@ -42,6 +52,7 @@ class ModelRunner:
         token_seq = np.empty(n, np.int32)
         width = max(len(c.seq.block_table) for c in chunks)
         tables = np.zeros((len(chunks), width), np.int32)
+        seq_slots = np.fromiter((c.seq.state_slot for c in chunks), np.int32, len(chunks))
         logit_rows: list[int] = []
         at = 0
         for si, c in enumerate(chunks):
@@ -57,7 +68,7 @@ class ModelRunner:
             tables[si, : len(seq.block_table)] = seq.block_table
             logit_rows.extend(at + j for j in c.logit_indices)
             at += m
-        return StepInputs(tokens, positions, slots, token_seq, tables, np.asarray(logit_rows, dtype=np.int64))
+        return StepInputs(tokens, positions, slots, token_seq, tables, np.asarray(logit_rows, dtype=np.int64), seq_slots)
 
     def run(self, chunks: list[ScheduledChunk], hidden: bool = False) -> np.ndarray:
         """Forward the chunks; logits float32 [M, vocab], one row per logit index, chunk after
@@ -65,7 +76,9 @@ class ModelRunner:
         return self.model.forward(self.build_inputs(chunks), self.kv, hidden)
 
     def execute(self, sched: SchedulerOutput, whole: np.ndarray) -> StepLogits:
-        """Run one scheduled step (block copies first); its logits for the sampler, whole on the
-        host where whole [M] bool is set (see Transformer.forward_sampled)."""
-        self.backend.copy_blocks(self.kv, sched.copies)
+        """Run one scheduled step (block and state copies first); its logits for the sampler,
+        whole on the host where whole [M] bool is set (see Transformer.forward_sampled)."""
+        self.backend.copy_blocks(self.kv_pool, sched.copies)
+        if sched.state_copies:
+            self.backend.copy_states(self.states, sched.state_copies)
         return self.model.forward_sampled(self.build_inputs(sched.chunks), self.kv, whole)

@@ -81,6 +81,7 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # KV block copies to do first
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # recurrent state slot copies (forks)
 
     @property
     def num_tokens(self) -> int:
@@ -189,6 +190,7 @@ class Scheduler:
         if not out.preempted:  # like vLLM: admit nothing new in a step that had to preempt
             self._admit(out, min(budget, prefill_left))
         out.copies = self.bm.take_copies()
+        out.state_copies = self.bm.take_state_copies()
         return out
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
@@ -240,6 +242,8 @@ class Scheduler:
         for s in sampled:
             seq = s.seq
             if s.error is not None:  # only this sequence ends (a failed follower is never forked)
+                for f in seq.followers:  # samples that will never be forked: their reserved state slots
+                    self.bm.free(f)
                 seq.status, seq.error, seq.followers = SequenceStatus.FINISHED_ERROR, s.error, []
                 self.remove(seq)
                 finished.append(seq)

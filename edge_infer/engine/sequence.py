@@ -59,6 +59,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    state_slot: int = -1  # a hybrid model's recurrent-state slot (the block manager's), -1: none
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
     num_preemptions: int = 0
     stop_reason: str | int | None = None
@@ -104,6 +105,7 @@ class Sequence:
         """Preemption: drop the KV state; prompt + outputs so far will be recomputed."""
         self.num_computed_tokens = 0
         self.block_table = []
+        self.state_slot = -1
         self.spec_token_ids = []
         self.status = SequenceStatus.WAITING
         self.num_preemptions += 1

@@ -34,9 +34,10 @@ class Backend(Protocol):
         ...
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                       experts: tuple[int, int, int] | None = None) -> Any:
+                       experts: tuple[int, int, int] | None = None, conv_width: int = 0) -> Any:
         """The forward's scratch for steps of up to `capacity` tokens (kernels_cpu.workspace);
-        experts: (E, k, Fe) of a mixture-of-experts model."""
+        experts: (E, k, Fe) of a mixture-of-experts model; conv_width: a hybrid model's
+        short-convolution in_proj width."""
         ...
 
     def kv_block_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -48,6 +49,19 @@ class Backend(Protocol):
         ...
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None: ...
+
+    def make_state_pool(self, shapes: Sequence[tuple[int, ...]], num_slots: int) -> list[Any]:
+        """Per recurrent layer, float32 [num_slots, *shape]: each sequence's state in its slot."""
+        ...
+
+    def copy_states(self, states: list[Any], copies: list[tuple[int, int]]) -> None:
+        """State slot copies (src, dst) in every recurrent layer (a forked sample's state)."""
+        ...
+
+    def short_conv(self, bcx: Array, w: Array, state: Array, seq_slot: Array, token_seq: Array, positions: Array,
+                   out: Array) -> None:
+        """LFM2's gated short convolution (kernels_cpu.recurrent.short_conv_kernel)."""
+        ...
 
     def memory_available(self) -> int:
         """Bytes the KV pool may be sized from (host memory available, or free device memory)."""

@@ -74,6 +74,11 @@ class ModelConfig:
     expert_ffn_dim: int = 0
     expert_weights_norm: bool = False
     shared_ffn_dim: int = 0
+    # hybrid recurrent models (lfm2): conv_layers[i] says layer i is a gated short convolution
+    # (no attention, no KV; a per-sequence state of its last conv_kernel - 1 inputs instead)
+    conv_layers: tuple[bool, ...] = ()
+    conv_kernel: int = 0  # the convolution's width in tokens (GGUF shortconv.l_cache)
+    output_norm_tensor: str = "output_norm.weight"  # lfm2 names it token_embd_norm.weight
     pooling: str = "last"  # embeddings: "mean" | "cls" | "last" | "none" | "rank" (GGUF pooling_type; decoders: last)
     ignored_tensors: tuple[str, ...] = ()  # fnmatch patterns of tensors the architecture may carry unused
 
@@ -107,6 +112,11 @@ class ModelConfig:
                 f"{self.arch}: {self.n_experts} experts need 1..{self.n_experts} used per token (got "
                 f"{self.n_experts_used}) and a positive expert FFN width (got {self.expert_ffn_dim})"
             )
+        if self.conv_layers and (len(self.conv_layers) != self.n_layers or self.conv_kernel < 2):
+            raise UnsupportedModelError(
+                f"{self.arch}: conv_layers has {len(self.conv_layers)} entries for {self.n_layers} layers and a "
+                f"convolution width of {self.conv_kernel} (at least 2)"
+            )
         for name in ("rope_scale", "rope_attn_factor", "residual_scale", "logit_scale"):
             if not getattr(self, name) > 0:
                 raise UnsupportedModelError(f"{self.arch}: {name} must be positive, got {getattr(self, name)!r}")
@@ -127,6 +137,31 @@ class ModelConfig:
     @property
     def softmax_scale(self) -> float:
         return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def is_conv(self, layer: int) -> bool:
+        """Whether `layer` is a short-convolution block (a recurrent state, no KV)."""
+        return bool(self.conv_layers) and self.conv_layers[layer]
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers with attention, which keep K/V in the paged pool."""
+        return tuple(i for i in range(self.n_layers) if not self.is_conv(i))
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Per recurrent layer (in layer order), the shape of one sequence's float32 state:
+        a short convolution keeps its last conv_kernel - 1 inputs [L - 1, D]."""
+        return tuple((self.conv_kernel - 1, self.d_model) for i in range(self.n_layers) if self.is_conv(i))
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one sequence's recurrent state across the recurrent layers (float32)."""
+        return 4 * sum(math.prod(shape) for shape in self.state_shapes)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model has layers with a per-sequence state (beside or instead of KV)."""
+        return bool(self.state_shapes)
 
     def layer_window(self, layer: int) -> int:
         """Sliding window of `layer` in tokens, 0 for full attention."""

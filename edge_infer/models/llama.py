@@ -29,7 +29,8 @@ def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: object) -> Mode
         n_layers=n_layers,
         d_model=d_model,
         n_heads=n_heads,
-        n_kv_heads=md.get("attention.head_count_kv", n_heads),
+        # a hybrid model passes its own (its file holds one count per layer)
+        n_kv_heads=overrides.pop("n_kv_heads", None) or md.get("attention.head_count_kv", n_heads),
         head_dim=head_dim,
         ffn_dim=md.get("feed_forward_length"),
         vocab_size=md.vocab_size(),

@@ -7,7 +7,7 @@ All compute goes through the backend; all scratch is its preallocated workspace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from edge_infer.models.step_logits import StepLogits
 from edge_infer.models.weights import ModelWeights
 
 _EMPTY = np.empty(0, np.float32)
+_NO_SLOTS = np.empty(0, np.int32)
 
 
 def _or_empty(v: np.ndarray | None) -> np.ndarray:
@@ -33,7 +34,7 @@ class StepInputs:
     tokens, positions: int32 [N]; slot_mapping: int64 [N] KV slot of each token (block *
     block_size + offset); token_seq: int32 [N] row of block_tables for each token;
     block_tables: int32 [S, max_blocks]; logits_rows: int64 [M] token rows whose logits are
-    returned, in that order.
+    returned, in that order; seq_slots: int32 [S] each sequence's state slot (hybrid models).
     """
 
     tokens: np.ndarray
@@ -42,6 +43,7 @@ class StepInputs:
     token_seq: np.ndarray
     block_tables: np.ndarray
     logits_rows: np.ndarray
+    seq_slots: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
 
 
 class Transformer:
@@ -77,11 +79,14 @@ class Transformer:
         if self.ws is None or self.ws.capacity < n_tokens:
             cfg = self.cfg
             experts = (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) if cfg.n_experts else None
-            self.ws = self.b.make_workspace(n_tokens, cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.dense_ffn_dim, experts)
+            conv_width = 3 * cfg.d_model if cfg.conv_layers and any(cfg.conv_layers) else 0
+            self.ws = self.b.make_workspace(n_tokens, cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.dense_ffn_dim, experts,
+                                            conv_width)
 
     def forward(self, inp: StepInputs, kv: list[Any], hidden: bool = False) -> np.ndarray:
         """Logits float32 [M, vocab] for inp.logits_rows, on the host; writes this step's K/V
-        into `kv` (per layer: k_cache, k_scale, v_cache, v_scale; see kernels_cpu.attention).
+        into `kv` (per layer: an attention layer's k_cache, k_scale, v_cache, v_scale, see
+        kernels_cpu.attention; a recurrent layer's state pool, advanced past the step's tokens).
         hidden: return the final normed hidden states float32 [M, d_model] of those rows instead
         (what embeddings pool, llama.cpp's result_norm), without the output matmul."""
         m = inp.logits_rows.shape[0]
@@ -114,28 +119,39 @@ class Transformer:
             b.rmsnorm(h, self.w.layers[0].attn_norm, eps, xn)
             x = xn
         for li, lw in enumerate(self.w.layers):
-            inv_freq, mscale = self.rope[li]
-            b.matmuls(x, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
-            b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
-                         _or_empty(lw.k_norm), cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps,
-                         inp.slot_mapping, kv[li])
-            if li == cfg.n_layers - 1 and m < n:
-                # Last layer: K/V of every token are stored; the rest is only needed for the
-                # rows whose logits are wanted (llama.cpp's inp_out_ids does the same).
-                sel = inp.logits_rows
-                b.take_rows(q, sel, ws.q_rows[:m])
-                b.take_rows(h, sel, ws.h_rows[:m])
-                b.take_rows(inp.token_seq, sel, ws.seq_rows[:m])
-                b.take_rows(inp.positions, sel, ws.pos_rows[:m])
-                q, h, xn = ws.q_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
-                token_seq, positions = ws.seq_rows[:m], ws.pos_rows[:m]
-                attn, o, o2, gate, up, act = attn[:m], o[:m], o2[:m], gate[:m], up[:m], act[:m]
-            b.attention(q, kv[li], inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
-                        self.attn_softcap, attn)
-            b.matmuls(attn, (lw.wo,), (o,), ws)
+            last = li == cfg.n_layers - 1 and m < n
+            if lw.conv is not None:
+                mixed = self._short_conv(x, lw, kv[li], inp, o)
+                if last:  # the block ran on every token (its state); the rest only on the wanted rows
+                    b.take_rows(o, inp.logits_rows, ws.o_rows[:m])
+                    b.take_rows(h, inp.logits_rows, ws.h_rows[:m])
+                    mixed, h, xn = ws.o_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
+                    o, o2, gate, up, act = o[:m], o2[:m], gate[:m], up[:m], act[:m]
+            else:
+                assert lw.wq is not None and lw.wk is not None and lw.wv is not None and lw.wo is not None
+                inv_freq, mscale = self.rope[li]
+                b.matmuls(x, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
+                b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
+                             _or_empty(lw.k_norm), cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps,
+                             inp.slot_mapping, kv[li])
+                if last:
+                    # Last layer: K/V of every token are stored; the rest is only needed for the
+                    # rows whose logits are wanted (llama.cpp's inp_out_ids does the same).
+                    sel = inp.logits_rows
+                    b.take_rows(q, sel, ws.q_rows[:m])
+                    b.take_rows(h, sel, ws.h_rows[:m])
+                    b.take_rows(inp.token_seq, sel, ws.seq_rows[:m])
+                    b.take_rows(inp.positions, sel, ws.pos_rows[:m])
+                    q, h, xn = ws.q_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
+                    token_seq, positions = ws.seq_rows[:m], ws.pos_rows[:m]
+                    attn, o, o2, gate, up, act = attn[:m], o[:m], o2[:m], gate[:m], up[:m], act[:m]
+                b.attention(q, kv[li], inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
+                            self.attn_softcap, attn)
+                b.matmuls(attn, (lw.wo,), (o,), ws)
+                mixed = o
             if lw.post_attn_norm is not None:
-                b.rmsnorm(o, lw.post_attn_norm, eps, o2)
-            x = self._residual(h, o if lw.post_attn_norm is None else o2, lw.ffn_norm, xn)
+                b.rmsnorm(mixed, lw.post_attn_norm, eps, o2)
+            x = self._residual(h, mixed if lw.post_attn_norm is None else o2, lw.ffn_norm, xn)
             if lw.experts is not None:
                 moe_ffn(b, cfg, lw, x, o, ws)
             else:
@@ -156,3 +172,12 @@ class Transformer:
         if cfg.logit_scale != 1.0:
             b.scale(logits, self.inv_logit_scale)
         return logits
+
+    def _short_conv(self, x: Any, lw: Any, state: Any, inp: StepInputs, out: Any) -> Any:
+        """LFM2's short-convolution block on every token of the step: in_proj to [b | c | x],
+        c * conv(b * x) with each sequence's state, out_proj into `out` (returned)."""
+        b, ws, n = self.b, self.ws, x.shape[0]
+        b.matmuls(x, (lw.in_proj,), (ws.conv_in[:n],), ws)
+        b.short_conv(ws.conv_in[:n], lw.conv, state, inp.seq_slots, inp.token_seq, inp.positions, ws.conv_y[:n])
+        b.matmuls(ws.conv_y[:n], (lw.out_proj,), (out,), ws)
+        return out

@@ -17,7 +17,7 @@ from edge_infer.formats.quants import dequantize
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
 
-MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "in_proj", "out_proj", "w_gate", "w_up", "w_down")
 EXPERT_FIELDS = ("router", "gate", "up", "down")
 
 
@@ -37,11 +37,14 @@ class ExpertWeights:
 
 @dataclass(slots=True)
 class LayerWeights:
+    """One block's weights: attention (wq..wo), or a short convolution's in_proj [3D, D],
+    conv f32 [D, L] (each channel's L taps, oldest first) and out_proj [D, D]; then its FFN."""
+
     attn_norm: np.ndarray | None  # None: no pre-norm (olmo2)
-    wq: QMatrix
-    wk: QMatrix
-    wv: QMatrix
-    wo: QMatrix
+    wq: QMatrix | None  # None in a short-convolution layer
+    wk: QMatrix | None
+    wv: QMatrix | None
+    wo: QMatrix | None
     ffn_norm: np.ndarray | None
     w_gate: QMatrix | None  # None in a mixture-of-experts layer without a shared expert
     w_up: QMatrix | None
@@ -54,6 +57,9 @@ class LayerWeights:
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
     experts: ExpertWeights | None = None  # a mixture-of-experts FFN (the dense one, if any, is shared)
+    in_proj: QMatrix | None = None
+    conv: np.ndarray | None = None
+    out_proj: QMatrix | None = None
 
     def matrices(self) -> list[tuple[str, QMatrix]]:
         """(field, matrix) of every matrix the layer has: dense ones, then its experts'."""
@@ -188,11 +194,16 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        if cfg.fused_qkv:
+        wq = wk = wv = wo = None
+        if cfg.is_conv(i):
+            pass  # a short convolution instead of attention (below)
+        elif cfg.fused_qkv:
             wq, wk, wv = row_slices(t.mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d), (q_dim, kv_dim, kv_dim))
         else:
             wq, wk, wv = (t.mat(p + "attn_q.weight", q_dim, d), t.mat(p + "attn_k.weight", kv_dim, d),
                           t.mat(p + "attn_v.weight", kv_dim, d))
+        if not cfg.is_conv(i):
+            wo = t.mat(p + "attn_output.weight", d, q_dim)
         w_gate = w_up = w_down = None
         if cfg.fused_gate_up:
             w_gate, w_up = row_slices(t.mat(p + "ffn_up.weight", 2 * ff, d), (ff, ff))
@@ -206,22 +217,26 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
         lw = LayerWeights(
             attn_norm=t.vec(p + "attn_norm.weight", d) if cfg.pre_norms else None,
             wq=wq, wk=wk, wv=wv,
-            wo=t.mat(p + "attn_output.weight", d, q_dim),
+            wo=wo,
             ffn_norm=t.vec(p + "ffn_norm.weight", d) if cfg.pre_norms else None,
             w_gate=w_gate, w_up=w_up,
             w_down=w_down if cfg.n_experts else t.mat(p + "ffn_down.weight", d, ff),
             experts=_experts(t, cfg, p),
         )
-        if cfg.qkv_bias or p + "attn_q.bias" in f.tensors:  # required (qwen2) or optional (llama)
+        if cfg.is_conv(i):
+            lw.in_proj = t.mat(p + "shortconv.in_proj.weight", 3 * d, d)
+            lw.conv = t.vec(p + "shortconv.conv.weight", d * cfg.conv_kernel).reshape(d, cfg.conv_kernel)
+            lw.out_proj = t.mat(p + "shortconv.out_proj.weight", d, d)
+        elif cfg.qkv_bias or p + "attn_q.bias" in f.tensors:  # required (qwen2) or optional (llama)
             lw.bq, lw.bk, lw.bv = (t.vec(p + f"attn_{x}.bias", n) for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
-        if cfg.qk_norm or cfg.qk_norm_full:
+        if (cfg.qk_norm or cfg.qk_norm_full) and not cfg.is_conv(i):
             lw.q_norm = t.vec(p + "attn_q_norm.weight", q_dim if cfg.qk_norm_full else hd)
             lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
         if cfg.post_norms:
             lw.post_attn_norm = t.vec(p + "post_attention_norm.weight", d)
             lw.post_ffn_norm = t.vec(p + "post_ffw_norm.weight", d)
         layers.append(lw)
-    output_norm = t.vec("output_norm.weight", d)
+    output_norm = t.vec(cfg.output_norm_tensor, d)
     t.check_all_used(cfg)
     # the backend's form of every matrix (the token embedding is read by rows: left as it is)
     fields = [(lw, field, m) for lw in layers for field, m in lw.matrices()]

@@ -206,3 +206,14 @@ def test_verbose_counts_before_and_after_the_subcommand() -> None:
     for argv, want in ((["-vv", "models"], 2), (["models", "-vv"], 2), (["-v", "models", "-v"], 2), (["models"], 0)):
         a = p.parse_args(argv)
         assert a.verbose + a.verbose_before == want, argv
+
+
+def test_inspect_names_layer_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hybrid_models import write_lfm2
+
+    path = write_lfm2(tmp_path / "lfm2.gguf")
+    rc, out, _ = run(capsys, "inspect", str(path))
+    assert rc == 0 and "layers: 6 (4 short_conv, 2 attention); recurrent state 2.0 KiB per sequence" in out
+    rc, out, _ = run(capsys, "inspect", str(path), "--json")
+    assert json.loads(out)["layers"] == {"kinds": ["short_conv", "attention", "short_conv", "short_conv", "attention",
+                                                   "short_conv"], "state_bytes_per_sequence": 2048}

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(ON_CUDA, reason="the device choice on a machine 
 
 
 def _cfg(**kw: object) -> SimpleNamespace:
-    return SimpleNamespace(**{"arch": "llama", "n_experts": 0, "head_dim": 64, **kw})
+    return SimpleNamespace(**{"arch": "llama", "n_experts": 0, "head_dim": 64, "recurrent": False, **kw})
 
 
 def test_without_a_gpu_cuda_is_refused_and_auto_is_the_cpu(tiny_llama_path: Path) -> None:
@@ -38,6 +38,7 @@ def test_what_cuda_lacks_is_named() -> None:
     assert "route_experts" in (cuda_lacks(config, _cfg(arch="qwen3moe", n_experts=8)) or "")
     assert "q8_0" in (cuda_lacks(EngineConfig(model="m.gguf", kv_cache_dtype="q8_0"), _cfg()) or "")
     assert "head_dim 512" in (cuda_lacks(config, _cfg(head_dim=512)) or "")
+    assert "lfm2: the CUDA backend has no recurrent-layer kernels" in (cuda_lacks(config, _cfg(arch="lfm2", recurrent=True)) or "")
 
 
 def test_auto_falls_back_to_the_cpu_saying_why(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
