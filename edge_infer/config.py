@@ -114,6 +114,10 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 256
     enable_prefix_caching: bool = True
+    # hybrid models: states kept at cached prefix blocks (None: 4 per max_num_seqs; 0 turns their
+    # prefix cache off), one every state_snapshot_interval blocks and at each prompt's last full block
+    state_snapshots: int | None = None
+    state_snapshot_interval: int = 8
     enable_chunked_prefill: bool = True
     prefill_chunk_while_decoding: int | None = None
     seed: int = 0
@@ -135,6 +139,10 @@ class EngineConfig:
         for name, low in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise InvalidRequest(f"{name} must be an integer >= {low}, got {v!r}")
+        for name, low in (("state_snapshots", 0), ("state_snapshot_interval", 1)):
+            v = getattr(self, name)
+            if (v is not None or name == "state_snapshot_interval") and (not isinstance(v, int) or isinstance(v, bool) or v < low):
                 raise InvalidRequest(f"{name} must be an integer >= {low}, got {v!r}")
         if self.block_size & (self.block_size - 1) or self.block_size > 256:
             raise InvalidRequest(f"block_size must be a power of two up to 256, got {self.block_size}")
@@ -174,7 +182,8 @@ class RuntimePlan:
     device: str
     decode_weight_bytes: int = 0  # weights one decode step reads (models.weights.decode_weight_bytes)
     num_state_slots: int = 0  # a hybrid model's recurrent-state slots (one per sequence)
-    state_cache_bytes: int = 0  # their memory, out of the same budget as the KV pool
+    num_state_snapshots: int = 0  # and its slots for states at cached prefix blocks
+    state_cache_bytes: int = 0  # both's memory, out of the same budget as the KV pool
 
     @property
     def kv_capacity_tokens(self) -> int:

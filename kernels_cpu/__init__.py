@@ -112,8 +112,9 @@ Per-row ops, float32, rows independent:
 
 Recurrent layers (recurrent.py; a state slot per sequence, seq_slot [S], token_seq [N]):
   short_conv_kernel(bcx [N, 3D], w [D, L], state [slots, L-1, D], seq_slot, token_seq, positions,
-      out [N, D])   LFM2's block between in_proj and out_proj: c * causal depthwise conv of b * x
-      over [state, this step's b * x]; a token at position 0 starts from a zero state.
+      snap_rows [P], snap_slots [P], out [N, D])   LFM2's block between in_proj and out_proj:
+      c * causal depthwise conv of b * x over [state, this step's b * x]; a token at position 0
+      starts from a zero state; after token snap_rows[i] the state is also copied to snap_slots[i].
 
 The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.models.backend
 .Backend); kernels_cuda's backend has the same methods over device arrays:

@@ -20,18 +20,20 @@ CHANNELS = 64  # channels per work item
 
 
 @kernel(parallel=True)
-def short_conv_kernel(bcx, w, state, seq_slot, token_seq, positions, out):
+def short_conv_kernel(bcx, w, state, seq_slot, token_seq, positions, snap_rows, snap_slots, out):
     """LFM2's gated short convolution (llama.cpp's shortconv block between in_proj and
     out_proj): bcx f32 [N, 3D] rows [b | c | x]; w f32 [D, L] each channel's taps, oldest
     first; state f32 [slots, L - 1, D] each sequence's last L - 1 values of b * x, oldest
     first; out f32 [N, D] = c * sum_i window_i * w[:, i] over the window [state, b * x] ending
-    at the token (summed in tap order from 0.0, as ggml_ssm_conv). Updates the state."""
+    at the token (summed in tap order from 0.0, as ggml_ssm_conv). Updates the state; after
+    token snap_rows[i] (ascending) also copies it into slot snap_slots[i]."""
     n, d = out.shape
     taps = w.shape[1]
     keep = taps - 1
     for item in numba.prange((d + CHANNELS - 1) // CHANNELS):
         lo = item * CHANNELS
         hi = min(d, lo + CHANNELS)
+        j = 0
         for t in range(n):
             s = seq_slot[token_seq[t]]
             if positions[t] == 0:
@@ -48,3 +50,8 @@ def short_conv_kernel(bcx, w, state, seq_slot, token_seq, positions, out):
                     state[s, i, ch] = state[s, i + 1, ch]
                 state[s, keep - 1, ch] = bx
                 out[t, ch] = bcx[t, d + ch] * acc
+            while j < snap_rows.shape[0] and snap_rows[j] == t:
+                for i in range(keep):
+                    for ch in range(lo, hi):
+                        state[snap_slots[j], i, ch] = state[s, i, ch]
+                j += 1

@@ -7,7 +7,7 @@ import numpy as np
 
 
 def short_conv(bcx: np.ndarray, w: np.ndarray, state: np.ndarray, seq_slot: np.ndarray, token_seq: np.ndarray,
-               positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+               positions: np.ndarray, snap_rows: np.ndarray, snap_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(out f32 [N, D], the state pool after the step); arguments as short_conv_kernel's."""
     d, taps = w.shape
     st = state.astype(np.float64).copy()
@@ -20,4 +20,7 @@ def short_conv(bcx: np.ndarray, w: np.ndarray, state: np.ndarray, seq_slot: np.n
         window = np.concatenate([st[s], (b[t] * x[t])[None]], axis=0)  # [L, D]
         out[t] = c[t] * np.einsum("ld,dl->d", window, w.astype(np.float64))
         st[s] = window[1:]
+        for r, slot in zip(snap_rows, snap_slots):
+            if r == t:
+                st[slot] = st[s]
     return out.astype(np.float32), st.astype(np.float32)

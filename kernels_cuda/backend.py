@@ -162,7 +162,7 @@ class CudaBackend:
         raise UnsupportedModelError(_NO_RECURRENT)
 
     def short_conv(self, bcx: Any, w: Any, state: Any, seq_slot: Any, token_seq: Any, positions: Any,
-                   out: Any) -> None:
+                   snap_rows: Any, snap_slots: Any, out: Any) -> None:
         raise UnsupportedModelError(_NO_RECURRENT)
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None:

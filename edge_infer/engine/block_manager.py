@@ -5,12 +5,14 @@ take_copies, reset_prefix_cache and the read-only counters; nothing outside touc
 blocks, the free queue or the cache map. Only Python ints and lists: the model runner turns
 block tables into arrays.
 
-State slots (hybrid models): a recurrent layer keeps one fixed-size state per sequence, not per
-token. The manager hands out num_state_slots slot ids beside the blocks: a sequence takes one
-when it first gets blocks (an admitted request's n > 1 samples reserve theirs with it, so a fork
-never waits), gives it back when freed, and a fork queues a state copy as copy-on-write queues
-a block copy. A state cannot be rolled back, and a cached prefix would need the state at its
-end, so with state slots the prefix cache finds nothing and truncate refuses to shorten.
+State slots (hybrid models; state_slots.py): a recurrent layer keeps one fixed-size state per
+sequence, not per token. The manager hands out state slots beside the blocks: a sequence takes
+one when it first gets blocks (an admitted request's n > 1 samples reserve theirs with it, so a
+fork never waits), gives it back when freed, and a fork queues a state copy as copy-on-write
+queues a block copy. A prefix hit must also restore the state at the end of the hit, so it
+stops at the last cached block with a state snapshot (`snapshots_for` says which computed
+blocks end in one). A verification step keeps the state after each of its positions
+(`spec_snapshots`), so rejected proposals roll the state back (`restore_verified_state`).
 
 Prefix caching: a full block is identified by hash((parent block's hash, its token ids)), so
 equal hashes mean equal prefixes (the token ids are kept to rule out collisions). A block
@@ -24,6 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from edge_infer.engine.sequence import Sequence
+from edge_infer.engine.state_slots import StateSlots
 
 
 @dataclass(slots=True)
@@ -38,15 +41,13 @@ class BlockManager:
     """num_blocks blocks of block_size token slots; block ids are 0..num_blocks-1."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 num_state_slots: int = 0) -> None:
-        if num_blocks < 1 or block_size < 1 or num_state_slots < 0:
-            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size} "
-                             f"({num_state_slots} state slots)")
+                 states: StateSlots | None = None) -> None:
+        """states: a hybrid model's state slots (prefix caching needs its snapshot slots)."""
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.num_state_slots = num_state_slots
-        self.enable_prefix_caching = enable_prefix_caching and not num_state_slots
-        self.free_slots = list(range(num_state_slots - 1, -1, -1))  # popped from the end: slot 0 first
-        self._pending_state_copies: list[tuple[int, int]] = []
+        self.states = states
+        self.enable_prefix_caching = enable_prefix_caching and (states is None or states.num_snapshots > 0)
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
@@ -74,13 +75,24 @@ class BlockManager:
     def hash_block(parent: int | None, token_ids: tuple[int, ...]) -> int:
         return hash((parent, token_ids))
 
+    @property
+    def num_state_slots(self) -> int:
+        """Slots for sequences' recurrent states (0: not a hybrid model)."""
+        return self.states.num_seq_slots if self.states is not None else 0
+
     def find_cached_prefix(self, token_ids: list[int]) -> list[int]:
         """Block ids of the longest cached run of full blocks that prefixes token_ids, leaving at
-        least one token to compute (a step must produce logits)."""
+        least one token to compute (a step must produce logits); with state slots, the longest
+        such run whose last block has a state snapshot."""
+        return self._cached_prefix(token_ids)[0]
+
+    def _cached_prefix(self, token_ids: list[int]) -> tuple[list[int], int | None]:
+        """(find_cached_prefix's blocks, the hash of the last one)."""
         if not self.enable_prefix_caching:
-            return []
+            return [], None
         found: list[int] = []
         parent: int | None = None
+        usable, usable_hash = 0, None  # with states: the run up to the last snapshot
         bs = self.block_size
         for i in range((len(token_ids) - 1) // bs):
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
@@ -90,19 +102,21 @@ class BlockManager:
                 break
             found.append(bid)
             parent = h
-        return found
+            if self.states is None or h in self.states.snapshot_of:
+                usable, usable_hash = len(found), h
+        return found[:usable], usable_hash
 
     # -- allocation ----------------------------------------------------------------------------
     def _slots_wanted(self, seq: Sequence) -> int:
         """State slots seq and its unforked samples still need (0 without state slots)."""
-        if not self.num_state_slots:
+        if self.states is None:
             return 0
         return sum(1 for s in (seq, *seq.followers) if s.state_slot < 0)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Whether append_slots(seq, num_new_tokens) would succeed (admission: counts prefix hits
         and the state slots of seq and its n > 1 samples)."""
-        if self._slots_wanted(seq) > len(self.free_slots):
+        if self.states is not None and self._slots_wanted(seq) > len(self.states.free):
             return False
         if not seq.block_table:
             hits = self.find_cached_prefix(seq.all_token_ids())
@@ -115,12 +129,14 @@ class BlockManager:
         """Admit a new sequence: claim its cached prefix blocks; returns the tokens they cover
         (which become seq.num_computed_tokens)."""
         assert not seq.block_table, "allocate() is for sequences without blocks"
-        if self.num_state_slots:
+        if self.states is not None:
             for s in (seq, *seq.followers):
                 if s.state_slot < 0:
-                    s.state_slot = self.free_slots.pop()
+                    s.state_slot = self.states.take()
         tokens = seq.all_token_ids()
-        hits = self.find_cached_prefix(tokens)
+        hits, last_hash = self._cached_prefix(tokens)
+        if hits and self.states is not None and last_hash is not None:
+            self.states.restore(last_hash, seq.state_slot)
         for bid in hits:
             self._incref(bid)
         seq.block_table = list(hits)
@@ -137,10 +153,10 @@ class BlockManager:
         sequence that has none yet)."""
         if self._extra_blocks(seq, num_new_tokens) > self.num_free_blocks:
             return False
-        if self.num_state_slots and seq.state_slot < 0:
-            if not self.free_slots:
+        if self.states is not None and seq.state_slot < 0:
+            if not self.states.free:
                 return False
-            seq.state_slot = self.free_slots.pop()
+            seq.state_slot = self.states.take()
         bs = self.block_size
         start = seq.num_computed_tokens
         if start % bs and seq.block_table:
@@ -164,11 +180,11 @@ class BlockManager:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares all of parent's blocks (n > 1 samples of one prompt) and gets a copy of
         its state (in the slot reserved at the parent's admission)."""
-        if self.num_state_slots:
+        if self.states is not None:
             if child.state_slot < 0:
-                assert self.free_slots, "a fork without a reserved state slot"
-                child.state_slot = self.free_slots.pop()
-            self._pending_state_copies.append((parent.state_slot, child.state_slot))
+                assert self.states.free, "a fork without a reserved state slot"
+                child.state_slot = self.states.take()
+            self.states.copy(parent.state_slot, child.state_slot)
         for bid in parent.block_table:
             self._incref(bid)
         child.block_table = list(parent.block_table)
@@ -177,8 +193,8 @@ class BlockManager:
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Keep only the blocks that hold seq's first num_tokens tokens; the rest go back to the
         pool (rejected speculative tokens, a draft rolled back to what the target accepted)."""
-        if self.num_state_slots and num_tokens < seq.num_computed_tokens:
-            raise RuntimeError("a recurrent state cannot be rolled back (speculation is off for hybrid models)")
+        if self.states is not None and num_tokens < seq.num_computed_tokens and not seq.spec_slots:
+            raise RuntimeError("a recurrent state rolls back only to a verified position (restore_verified_state)")
         keep = self.blocks_needed(max(num_tokens, 0))
         while len(seq.block_table) > keep:
             self._decref(seq.block_table.pop())
@@ -190,21 +206,70 @@ class BlockManager:
         return copies
 
     def take_state_copies(self) -> list[tuple[int, int]]:
-        """The (src, dst) state-slot copies forks asked for since the last call; done before the
-        next forward, like take_copies'."""
-        copies, self._pending_state_copies = self._pending_state_copies, []
-        return copies
+        """The (src, dst) state-slot copies forks and prefix hits asked for since the last call;
+        done before the next forward, like take_copies'."""
+        return self.states.take_copies() if self.states is not None else []
+
+    def max_proposals(self) -> int | None:
+        """How many speculative tokens the state slots can still verify this step (None: no
+        limit, not a hybrid model)."""
+        return None if self.states is None else len(self.states.free_spec)
+
+    def spec_snapshots(self, seq: Sequence, first: int, k: int) -> list[tuple[int, int]]:
+        """A verification chunk of seq whose token at offset `first` is its last known one and
+        the k after it proposals: (offset, slot) keeping the state after offsets first ..
+        first + k - 1 (the state after all of them is the sequence's own)."""
+        if self.states is None or not k:
+            return []
+        seq.spec_slots = self.states.reserve_spec(k)
+        return [(first + j, slot) for j, slot in enumerate(seq.spec_slots)]
+
+    def restore_verified_state(self, seq: Sequence, num_rejected: int) -> None:
+        """seq's last num_rejected proposals were rejected: queue the state after the last
+        accepted position into its slot."""
+        if self.states is not None and num_rejected:
+            self.states.copy(seq.spec_slots[len(seq.spec_slots) - num_rejected], seq.state_slot)
+
+    def release_spec(self, seq: Sequence) -> None:
+        """The verification step is settled: its state slots go back."""
+        if self.states is not None and seq.spec_slots:
+            self.states.release_spec(seq.spec_slots)
+            seq.spec_slots = []
+
+    def snapshots_for(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """(offset in the chunk, snapshot slot) for each block seq's next num_new_tokens tokens
+        complete that is worth a state snapshot (StateSlots.wanted); the kernels copy the state
+        there after that token, and cache_full_blocks links it to the block's hash."""
+        st = self.states
+        if st is None or not self.enable_prefix_caching:
+            return []
+        bs, start = self.block_size, seq.num_computed_tokens
+        prompt_blocks = len(seq.prompt_token_ids) // bs
+        stop = min(start + num_new_tokens, seq.num_tokens)  # never after a proposal: it may be rejected
+        out = []
+        for end in range((start // bs + 1) * bs, stop + 1, bs):  # block ends in the chunk
+            i = end // bs - 1
+            if st.wanted(i, prompt_blocks) and i not in seq.pending_snapshots:
+                slot = st.reserve_snapshot()
+                if slot is None:
+                    break
+                seq.pending_snapshots[i] = slot
+                out.append((end - 1 - start, slot))
+        return out
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks; the tail first, so prefix blocks stay cached the longest."""
         for bid in reversed(seq.block_table):
             self._decref(bid)
         seq.block_table = []
-        if seq.state_slot >= 0:
-            slot, seq.state_slot = seq.state_slot, -1
-            # a fork's copy into it not done yet must not land on the slot's next owner
-            self._pending_state_copies = [c for c in self._pending_state_copies if c[1] != slot]
-            self.free_slots.append(slot)
+        if self.states is not None:
+            if seq.state_slot >= 0:
+                self.states.give_back(seq.state_slot)
+                seq.state_slot = -1
+            for slot in seq.pending_snapshots.values():  # never computed: nothing to keep
+                self.states.release_snapshot(slot)
+            seq.pending_snapshots.clear()
+            self.release_spec(seq)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register seq's blocks that are now full of computed tokens in the prefix cache."""
@@ -216,13 +281,16 @@ class BlockManager:
         for i in range(min(min(seq.num_computed_tokens, seq.num_tokens) // bs, len(seq.block_table))):
             blk = self.blocks[seq.block_table[i]]
             if blk.block_hash is not None:
-                parent = blk.block_hash
-                continue
-            chunk = tuple(seq.tokens_slice(i * bs, (i + 1) * bs))
-            h = self.hash_block(parent, chunk)
-            if h not in self.cached:  # a duplicate computed concurrently stays private
-                blk.block_hash, blk.token_ids = h, chunk
-                self.cached[h] = blk.block_id
+                h = blk.block_hash
+            else:
+                chunk = tuple(seq.tokens_slice(i * bs, (i + 1) * bs))
+                h = self.hash_block(parent, chunk)
+                if h not in self.cached:  # a duplicate computed concurrently stays private
+                    blk.block_hash, blk.token_ids = h, chunk
+                    self.cached[h] = blk.block_id
+            slot = seq.pending_snapshots.pop(i, None)
+            if slot is not None and self.states is not None:  # the state after this block, computed
+                self.states.link(h, slot)
             parent = h
 
     def reset_prefix_cache(self) -> None:
@@ -242,6 +310,8 @@ class BlockManager:
         if blk.block_hash is not None:
             if self.cached.get(blk.block_hash) == blk.block_id:
                 del self.cached[blk.block_hash]
+                if self.states is not None:
+                    self.states.drop(blk.block_hash)
             blk.block_hash = blk.token_ids = None
 
     def _incref(self, bid: int) -> None:

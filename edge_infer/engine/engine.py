@@ -25,7 +25,7 @@ from edge_infer.engine.scheduler import SampledTokens
 from edge_infer.engine.sequence import LogitsProcessor, Sequence, SequenceStatus
 from edge_infer.engine.spec_decode import Proposer, SpecDecoder
 from edge_infer.engine.structured import GrammarCompiler
-from edge_infer.errors import InvalidRequest, OutOfMemoryBudget, UnsupportedModelError
+from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
 from edge_infer.outputs import RequestMetrics, RequestOutput
 from edge_infer.sampling_params import SamplingParams
 
@@ -192,11 +192,6 @@ class LLMEngine:
         return outs
 
     def _spec_decoder(self, cfg: SpecConfig) -> SpecDecoder:
-        if self.model_config.recurrent:
-            raise UnsupportedModelError(
-                f"speculative decoding: {self.model_config.arch} has recurrent layers, whose state cannot be rolled "
-                "back past rejected proposals yet; run it without `speculative`"
-            )
         proposer: Proposer
         if cfg.method == "ngram":
             proposer = NgramProposer(cfg.n)
@@ -244,7 +239,8 @@ class LLMEngine:
             "kv_blocks_cached": bm.num_cached_free_blocks,
             "kv_utilization": live / slots if slots else 1.0,
             "state_slots_total": bm.num_state_slots,  # a hybrid model's recurrent states (0 otherwise)
-            "state_slots_used": bm.num_state_slots - len(bm.free_slots),
+            "state_slots_used": bm.num_state_slots - (len(bm.states.free) if bm.states else 0),
+            "state_snapshots": len(bm.states.snapshot_of) if bm.states else 0,
             "state_cache_bytes": self.plan.state_cache_bytes,
             "prefix_cache_hit_rate": bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
             **{k: float(v) for k, v in self.stats.items()},

@@ -9,13 +9,14 @@ import time
 from dataclasses import dataclass
 
 from edge_infer import hub
-from edge_infer.config import EngineConfig, RuntimePlan
+from edge_infer.config import EngineConfig, RuntimePlan, SpecConfig
 from edge_infer.engine.block_manager import BlockManager
 from edge_infer.engine.device import make_backend
 from edge_infer.engine.model_runner import ModelRunner, kv_block_bytes
 from edge_infer.engine.prefill import Prefill
 from edge_infer.engine.scheduler import ScheduledChunk, Scheduler
 from edge_infer.engine.sequence import Sequence
+from edge_infer.engine.state_slots import StateSlots
 from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import config_from_gguf
@@ -98,14 +99,21 @@ def load_model(config: EngineConfig) -> LoadedModel:
 
     per_block = kv_block_bytes(backend, cfg, config.block_size, config.kv_cache_dtype)
     budget = kv_budget(config, per_block // config.block_size, cfg.context_length, backend)
-    # a hybrid model's recurrent states come out of the same budget: one slot per sequence
+    # a hybrid model's recurrent states come out of the same budget: a slot per sequence, and
+    # the snapshots its prefix cache resumes from
     num_slots = config.max_num_seqs + SPARE_STATE_SLOTS if cfg.recurrent else 0
-    state_bytes = num_slots * cfg.state_bytes
+    num_snaps = 0
+    if cfg.recurrent and config.enable_prefix_caching:
+        num_snaps = 4 * config.max_num_seqs if config.state_snapshots is None else config.state_snapshots
+    # and, with speculation, a slot per proposal a step may verify (the state after each position)
+    spec = config.speculative
+    num_spec = num_slots * spec.k_max if cfg.recurrent and isinstance(spec, SpecConfig) else 0
+    state_bytes = (num_slots + num_snaps + num_spec) * cfg.state_bytes
     num_blocks = (budget - state_bytes) // per_block
     if num_blocks < 2:
-        states = f" after {state_bytes} bytes of recurrent state ({num_slots} slots)" if state_bytes else ""
+        taken = f" after {state_bytes} bytes of recurrent state ({num_slots + num_snaps + num_spec} slots)" if state_bytes else ""
         raise OutOfMemoryBudget(
-            f"kv_cache_memory of {budget} bytes holds fewer than 2 KV blocks ({per_block} bytes each){states} "
+            f"kv_cache_memory of {budget} bytes holds fewer than 2 KV blocks ({per_block} bytes each){taken} "
             f"for {cfg.arch}"
         )
     capacity = num_blocks * config.block_size
@@ -123,18 +131,19 @@ def load_model(config: EngineConfig) -> LoadedModel:
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
         raise InvalidRequest("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
     plan = RuntimePlan(str(path), num_blocks, config.block_size, num_blocks * per_block, config.kv_cache_dtype,
-                       max_len, n_threads, backend.name, decode_weight_bytes(weights), num_slots, state_bytes)
+                       max_len, n_threads, backend.name, decode_weight_bytes(weights), num_slots, num_snaps, state_bytes)
+    states = StateSlots(num_slots, num_snaps, config.state_snapshot_interval, num_spec) if num_slots else None
     runner = ModelRunner(cfg, weights, backend, num_blocks, config.block_size, config.kv_cache_dtype,
-                         config.max_num_batched_tokens, max_len, num_slots)
-    bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, num_slots)
+                         config.max_num_batched_tokens, max_len, states.total if states else 0)
+    bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, states)
     sched = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
                       config.prefill_chunk_while_decoding)
     prefill = Prefill(runner, bm)
     _warm_up(prefill)
-    states = f", {num_slots} state slots ({state_bytes / 2**20:.1f} MiB)" if num_slots else ""
+    pool = f", {num_slots} + {num_snaps} state slots ({state_bytes / 2**20:.1f} MiB)" if num_slots else ""
     log.info("loaded %s (%s) in %.2fs: %d KV blocks of %d tokens (%.0f MiB %s)%s, %d threads", path.name, cfg.arch,
              time.perf_counter() - t0, num_blocks, config.block_size, plan.kv_cache_bytes / 2**20,
-             config.kv_cache_dtype, states, n_threads)
+             config.kv_cache_dtype, pool, n_threads)
     return LoadedModel(f, cfg, tokenizer, plan, runner, bm, sched, prefill)
 
 

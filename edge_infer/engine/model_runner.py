@@ -53,6 +53,8 @@ class ModelRunner:
         width = max(len(c.seq.block_table) for c in chunks)
         tables = np.zeros((len(chunks), width), np.int32)
         seq_slots = np.fromiter((c.seq.state_slot for c in chunks), np.int32, len(chunks))
+        snap_rows: list[int] = []
+        snap_slots: list[int] = []
         logit_rows: list[int] = []
         at = 0
         for si, c in enumerate(chunks):
@@ -67,8 +69,12 @@ class ModelRunner:
             token_seq[at : at + m] = si
             tables[si, : len(seq.block_table)] = seq.block_table
             logit_rows.extend(at + j for j in c.logit_indices)
+            for j, slot in c.snapshots:
+                snap_rows.append(at + j)
+                snap_slots.append(slot)
             at += m
-        return StepInputs(tokens, positions, slots, token_seq, tables, np.asarray(logit_rows, dtype=np.int64), seq_slots)
+        return StepInputs(tokens, positions, slots, token_seq, tables, np.asarray(logit_rows, dtype=np.int64), seq_slots,
+                          np.asarray(snap_rows, np.int32), np.asarray(snap_slots, np.int32))
 
     def run(self, chunks: list[ScheduledChunk], hidden: bool = False) -> np.ndarray:
         """Forward the chunks; logits float32 [M, vocab], one row per logit index, chunk after

@@ -29,6 +29,8 @@ class ScheduledChunk:
     token_ids: list[int]
     logit_indices: list[int]
     num_proposed: int = 0  # speculative tokens at the end of token_ids
+    # hybrid models: (offset in token_ids, snapshot slot) where the state is kept after that token
+    snapshots: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:
@@ -157,6 +159,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            room = self.bm.max_proposals()  # a hybrid verifies as many as it has state slots for
+            if room is not None and len(seq.spec_token_ids) > room:
+                seq.spec_token_ids = seq.spec_token_ids[:room]
             base = seq.num_tokens - seq.num_computed_tokens
             want = base + len(seq.spec_token_ids)
             n = min(want, budget if base <= 1 else min(budget, prefill_left))
@@ -182,7 +187,7 @@ class Scheduler:
                     break
             if not ok:
                 continue  # running[i] now holds the next sequence (if any)
-            out.chunks.append(ScheduledChunk.of(seq, n))
+            out.chunks.append(self._chunk(seq, n))
             budget -= n
             if base > 1:
                 prefill_left -= n
@@ -209,8 +214,16 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.chunks.append(ScheduledChunk.of(seq, n))
+            out.chunks.append(self._chunk(seq, n))
             budget -= n
+
+    def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
+        chunk = ScheduledChunk.of(seq, n)
+        chunk.snapshots = self.bm.snapshots_for(seq, n)
+        if chunk.num_proposed:  # a hybrid keeps the state after each position it verifies
+            first = n - chunk.num_proposed - 1
+            chunk.snapshots = sorted(chunk.snapshots + self.bm.spec_snapshots(seq, first, chunk.num_proposed))
+        return chunk
 
     def _release_admission(self, seq: Sequence, fresh: bool) -> None:
         if fresh:
@@ -259,6 +272,9 @@ class Scheduler:
                 finished.append(seq)
             elif s.num_rejected:
                 self.rollback(seq, s.num_rejected)
+        for c in scheduled.chunks:
+            if c.num_proposed:
+                self.bm.release_spec(c.seq)
         return finished
 
     def _append(self, s: SampledTokens) -> None:
@@ -278,4 +294,5 @@ class Scheduler:
         """Forget the last num_rejected computed tokens (rejected speculative tokens): their KV
         slots will be overwritten; blocks past the new end go back to the pool."""
         seq.num_computed_tokens -= num_rejected
+        self.bm.restore_verified_state(seq, num_rejected)
         self.bm.truncate(seq, seq.num_computed_tokens)

@@ -60,6 +60,8 @@ class Sequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     state_slot: int = -1  # a hybrid model's recurrent-state slot (the block manager's), -1: none
+    pending_snapshots: dict[int, int] = field(default_factory=dict)  # block index -> snapshot slot being computed
+    spec_slots: list[int] = field(default_factory=list)  # a verification step's state slots, one per proposal
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
     num_preemptions: int = 0
     stop_reason: str | int | None = None

@@ -59,7 +59,7 @@ class Backend(Protocol):
         ...
 
     def short_conv(self, bcx: Array, w: Array, state: Array, seq_slot: Array, token_seq: Array, positions: Array,
-                   out: Array) -> None:
+                   snap_rows: Array, snap_slots: Array, out: Array) -> None:
         """LFM2's gated short convolution (kernels_cpu.recurrent.short_conv_kernel)."""
         ...
 

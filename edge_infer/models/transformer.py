@@ -34,7 +34,9 @@ class StepInputs:
     tokens, positions: int32 [N]; slot_mapping: int64 [N] KV slot of each token (block *
     block_size + offset); token_seq: int32 [N] row of block_tables for each token;
     block_tables: int32 [S, max_blocks]; logits_rows: int64 [M] token rows whose logits are
-    returned, in that order; seq_slots: int32 [S] each sequence's state slot (hybrid models).
+    returned, in that order; seq_slots: int32 [S] each sequence's state slot (hybrid models);
+    snap_rows, snap_slots: int32 [P] after token row snap_rows[i] its state is copied into slot
+    snap_slots[i] too (a snapshot for the prefix cache; rows ascending).
     """
 
     tokens: np.ndarray
@@ -44,6 +46,8 @@ class StepInputs:
     block_tables: np.ndarray
     logits_rows: np.ndarray
     seq_slots: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
+    snap_rows: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
+    snap_slots: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
 
 
 class Transformer:
@@ -178,6 +182,7 @@ class Transformer:
         c * conv(b * x) with each sequence's state, out_proj into `out` (returned)."""
         b, ws, n = self.b, self.ws, x.shape[0]
         b.matmuls(x, (lw.in_proj,), (ws.conv_in[:n],), ws)
-        b.short_conv(ws.conv_in[:n], lw.conv, state, inp.seq_slots, inp.token_seq, inp.positions, ws.conv_y[:n])
+        b.short_conv(ws.conv_in[:n], lw.conv, state, inp.seq_slots, inp.token_seq, inp.positions, inp.snap_rows,
+                     inp.snap_slots, ws.conv_y[:n])
         b.matmuls(ws.conv_y[:n], (lw.out_proj,), (out,), ws)
         return out

@@ -31,6 +31,7 @@ _ENGINE_SERIES = {
     "kv_blocks_cached": ("kv_blocks_cached", "gauge", "Free KV blocks that still hold a reusable prefix."),
     "state_slots_used": ("state_slots_used", "gauge", "Recurrent-state slots held by live sequences (hybrid models)."),
     "state_slots_total": ("state_slots_total", "gauge", "Recurrent-state slots in the pool (hybrid models; 0 otherwise)."),
+    "state_snapshots": ("state_snapshots", "gauge", "Recurrent states kept at cached prefix blocks (hybrid models)."),
     "state_cache_bytes": ("state_cache_bytes", "gauge", "Bytes of the recurrent-state pool (out of the KV budget)."),
     "kv_utilization": ("kv_slot_utilization_ratio", "gauge", "Filled share of running requests' KV slots."),
     "prefix_cache_hit_rate": ("prefix_cache_hit_rate", "gauge", "Share of prefix-cache lookups that hit."),

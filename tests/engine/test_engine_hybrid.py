@@ -2,13 +2,17 @@
 recurrent state lives in a slot the block manager hands out, and every way the engine moves a
 sequence gives the greedy tokens of the sequence decoded alone: batched with others, chunked,
 preempted and recomputed (slots given back and taken again), n > 1 samples forked from the
-leader's state. What cannot work yet is refused by name: speculation (a state has no rollback),
-more samples than slots."""
+leader's state, a prefix-cache hit resumed from the state snapshot at its end (the same
+prompt again, a shared prefix, snapshots evicted), n-gram speculation whose rejected proposals
+roll the state back to the last accepted position. What cannot work is refused by name: a
+hybrid draft model, more samples than slots."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from engine.test_engine_tiny import GREEDY, PROMPTS, engine, run
 from hybrid_models import write_lfm2
@@ -24,12 +28,18 @@ from edge_infer.models import config_from_gguf
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_lfm2(tmp_path_factory.mktemp("hybrid") / "lfm2.gguf")
+    return write_lfm2(tmp_path_factory.mktemp("hybrid") / "lfm2.gguf", context_length=1024)
 
 
 @pytest.fixture(scope="module")
 def alone_tokens(hybrid: Path) -> list[list[int]]:
     return [run(engine(hybrid), {"a": (p, GREEDY)})["a"].outputs[0].token_ids for p in PROMPTS]
+
+
+def _free_slots(eng: Any) -> int:
+    states = eng.block_manager.states
+    assert states is not None
+    return len(states.free)
 
 
 def _tokens(outs: dict) -> list[list[int]]:  # type: ignore[type-arg]
@@ -42,22 +52,21 @@ def test_batched_and_chunked_equal_alone(hybrid: Path, alone_tokens: list[list[i
     got = run(eng, {str(i): (p, GREEDY) for i, p in enumerate(PROMPTS)})
     assert _tokens(got) == alone_tokens
     assert eng.plan.num_state_slots == 32 + SPARE_STATE_SLOTS and eng.plan.state_cache_bytes > 0
-    assert len(eng.block_manager.free_slots) == eng.plan.num_state_slots  # every slot given back
-    again = run(eng, {"r": (PROMPTS[2], GREEDY)})["r"].outputs[0].token_ids
-    assert again == alone_tokens[2] and eng.block_manager.prefix_hits == 0  # no prefix cache without states
+    assert _free_slots(eng) == eng.plan.num_state_slots  # every slot given back
 
 
 def test_preempted_and_recomputed_equal_alone(hybrid: Path, alone_tokens: list[list[int]]) -> None:
     with GGUFFile(hybrid) as f:
         cfg = config_from_gguf(f)
     seqs = 5
-    memory = 24 * kv_block_bytes(CpuBackend, cfg, 4, "f16") + (seqs + SPARE_STATE_SLOTS) * cfg.state_bytes
-    eng = engine(hybrid, kv_cache_memory=memory, block_size=4, max_num_seqs=seqs)
+    snaps = 8  # recomputed prompts may resume from a snapshot
+    memory = 24 * kv_block_bytes(CpuBackend, cfg, 4, "f16") + (seqs + SPARE_STATE_SLOTS + snaps) * cfg.state_bytes
+    eng = engine(hybrid, kv_cache_memory=memory, block_size=4, max_num_seqs=seqs, state_snapshots=snaps)
     assert eng.plan.num_kv_blocks == 24
     got = run(eng, {str(i): (p, GREEDY) for i, p in enumerate(PROMPTS)})
     assert eng.scheduler.num_preemptions > 0
     assert _tokens(got) == alone_tokens
-    assert len(eng.block_manager.free_slots) == seqs + SPARE_STATE_SLOTS
+    assert _free_slots(eng) == seqs + SPARE_STATE_SLOTS
 
 
 def test_forked_samples_start_from_the_leaders_state(hybrid: Path, alone_tokens: list[list[int]]) -> None:
@@ -68,12 +77,25 @@ def test_forked_samples_start_from_the_leaders_state(hybrid: Path, alone_tokens:
     first = [o.token_ids for o in run(eng, {"s": (PROMPTS[0], p)})["s"].outputs]
     assert len({tuple(t) for t in first}) > 1
     assert [o.token_ids for o in run(engine(hybrid), {"s": (PROMPTS[0], p)})["s"].outputs] == first
-    assert len(eng.block_manager.free_slots) == eng.plan.num_state_slots
+    assert _free_slots(eng) == eng.plan.num_state_slots
+
+
+def test_ngram_speculation_rolls_the_state_back(hybrid: Path) -> None:
+    """Prompts that repeat, so prompt lookup proposes; some proposals are rejected (the random
+    model does not continue the pattern), some accepted."""
+    prompts = [(_ids(24, 5) * 4)[:80], (_ids(9, 6) * 8)[:60], [7, 8, 9, 10] * 12]
+    p = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = [run(engine(hybrid), {"r": (q, p)})["r"].outputs[0].token_ids for q in prompts]
+    eng = engine(hybrid, speculative={"method": "ngram", "k": 4}, max_num_batched_tokens=64)
+    got = run(eng, {str(i): (q, p) for i, q in enumerate(prompts)})
+    assert [got[str(i)].outputs[0].token_ids for i in range(len(prompts))] == plain
+    m = eng.metrics()
+    assert 0 < m["spec_accepted_tokens"] < m["spec_proposed_tokens"], m
+    states = eng.block_manager.states
+    assert states is not None and len(states.free_spec) == states.num_spec and _free_slots(eng) == states.num_seq_slots
 
 
 def test_what_cannot_work_is_refused(hybrid: Path, tiny_llama_path: Path) -> None:
-    with pytest.raises(UnsupportedModelError, match=r"speculative decoding: lfm2 has recurrent layers"):
-        LLM(str(hybrid), n_threads=1, kv_cache_memory="8MiB", speculative={"method": "ngram"})
     eng = engine(hybrid, max_num_seqs=1)
     slots = 1 + SPARE_STATE_SLOTS
     with pytest.raises(InvalidRequest, match=rf"n={slots + 1} samples need as many recurrent-state slots.*has {slots}"):
@@ -81,3 +103,41 @@ def test_what_cannot_work_is_refused(hybrid: Path, tiny_llama_path: Path) -> Non
     with pytest.raises(UnsupportedModelError, match=r"speculative draft model .*lfm2 has recurrent layers"):
         LLM(str(tiny_llama_path), n_threads=1, kv_cache_memory="8MiB",
             speculative={"method": "draft", "model": str(hybrid)})
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, 250, n)]
+
+
+def test_prefix_hits_resume_from_state_snapshots(hybrid: Path) -> None:
+    """block_size 16, a snapshot every 4 blocks and at each prompt's last full block."""
+    shared, a, b = _ids(300, 1), _ids(37, 2), _ids(50, 3)
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = {"a": shared + a, "a-again": shared + a, "b": shared + b}
+    cold = {k: run(engine(hybrid, enable_prefix_caching=False), {k: (v, p)})[k].outputs[0].token_ids
+            for k, v in prompts.items()}
+    eng = engine(hybrid, state_snapshot_interval=4)
+    hits = []
+    for k in ("a", "a-again", "b"):
+        before = eng.block_manager.prefix_hits
+        assert run(eng, {k: (prompts[k], p)})[k].outputs[0].token_ids == cold[k], k
+        hits.append(eng.block_manager.prefix_hits - before)
+    # again: every full block of the prompt (337 tokens: 21 blocks, the last one's snapshot);
+    # a shared 300-token prefix: to the last snapshot before it (block 16, every 4th)
+    assert hits == [0, 21 * 16, 16 * 16]
+    assert eng.metrics()["state_snapshots"] > 0 and _free_slots(eng) == eng.plan.num_state_slots
+
+
+def test_evicted_snapshots_fall_back_to_an_earlier_one(hybrid: Path) -> None:
+    p = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompt = _ids(200, 4)
+    cold = run(engine(hybrid, enable_prefix_caching=False), {"c": (prompt, p)})["c"].outputs[0].token_ids
+    eng = engine(hybrid, state_snapshots=2, state_snapshot_interval=2)  # 12 full blocks, room for 2 snapshots
+    run(eng, {"first": (prompt, p)})
+    for i in range(3):  # others take the snapshot slots, least recently used first
+        run(eng, {f"other{i}": (_ids(40, 10 + i), p)})
+    before = eng.block_manager.prefix_hits
+    assert run(eng, {"again": (prompt, p)})["again"].outputs[0].token_ids == cold
+    assert eng.block_manager.prefix_hits - before < 12 * 16  # not the whole prompt: its snapshots went
+    off = engine(hybrid, state_snapshots=0)
+    assert not off.block_manager.enable_prefix_caching and off.plan.num_state_snapshots == 0

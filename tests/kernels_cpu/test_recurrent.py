@@ -21,9 +21,13 @@ def _batch(lengths: list[int], starts: list[int], slots: list[int]) -> tuple[np.
     return np.array(slots, np.int32), token_seq, positions
 
 
-def _conv(bcx: np.ndarray, w: np.ndarray, state: np.ndarray, batch: tuple[np.ndarray, ...]) -> np.ndarray:
+NO_SNAPSHOTS = (np.empty(0, np.int32), np.empty(0, np.int32))
+
+
+def _conv(bcx: np.ndarray, w: np.ndarray, state: np.ndarray, batch: tuple[np.ndarray, ...],
+          snapshots: tuple[np.ndarray, np.ndarray] = NO_SNAPSHOTS) -> np.ndarray:
     out = np.full((bcx.shape[0], D), np.nan, np.float32)
-    short_conv_kernel(bcx, w, state, *batch, out)
+    short_conv_kernel(bcx, w, state, *batch, *snapshots, out)
     return out
 
 
@@ -39,12 +43,16 @@ def data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def test_short_conv_matches_reference(data: tuple[np.ndarray, ...]) -> None:
     bcx, w, state = data
     batch = _batch([25, 10, 5], [0, 7, 0], [3, 1, 0])  # the middle one resumes from its slot's state
-    want, want_state = ref.short_conv(bcx, w, state, *batch)
+    snaps = (np.array([3, 3, 30], np.int32), np.array([2, 4, 2], np.int32))  # row 30's snapshot lands last in 2
+    want, want_state = ref.short_conv(bcx, w, state, *batch, *snaps)
     got_state = state.copy()
-    got = _conv(bcx, w, got_state, batch)
+    got = _conv(bcx, w, got_state, batch, snaps)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_state, want_state, rtol=1e-6, atol=1e-6)
-    assert np.array_equal(got_state[[2, 4]], state[[2, 4]]), "slots no sequence names are untouched"
+    plain_state = state.copy()
+    np.testing.assert_array_equal(_conv(bcx, w, plain_state, batch), got)  # snapshots change no output
+    assert np.array_equal(plain_state[[2, 4]], state[[2, 4]]), "slots no sequence names are untouched"
+    assert not np.array_equal(got_state[4], state[4]) and not np.array_equal(got_state[4], got_state[2])
 
 
 def test_short_conv_is_batch_chunk_and_thread_invariant(data: tuple[np.ndarray, ...]) -> None:

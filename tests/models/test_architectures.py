@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from arch_cases import CASES, write
-from arch_compare import MEAN_KL, REL_L2, TOP1, batched, compare, llama_cpp_logits, ours, token_ids
+from arch_compare import MEAN_KL, REL_L2, TOP1, assert_matches, compare, llama_cpp_logits, ours, token_ids
 from arch_models import write_arch_model
 from llama_oracle import kl_rows
 
@@ -37,15 +37,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_matches_llama_cpp(name: str, files: Path) -> None:
     path = write(files, name)
     ids = token_ids()
-    ref = llama_cpp_logits(path, ids)
-    prefill = ours(path, ids)
-    rel, agree = compare(prefill, ref)
-    assert rel <= REL_L2 and agree >= TOP1, f"{name} prefill: relative L2 {rel:.2e}, top-1 {agree:.3f}"
-    one_by_one = ours(path, ids, step_tokens=1)
-    rel, agree = compare(one_by_one, ref)
-    assert rel <= REL_L2 and agree >= TOP1, f"{name} one token at a time: relative L2 {rel:.2e}, top-1 {agree:.3f}"
-    together = batched(path, ids, token_ids(1)[:40])
-    np.testing.assert_array_equal(together, prefill, err_msg=f"{name}: batched with another sequence")
+    assert_matches(name, path, ids, llama_cpp_logits(path, ids))
 
 
 ABLATIONS = [(name, feature) for name, case in CASES.items() for feature in case[3]]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from arch_compare import MEAN_KL, REL_L2, TOP1, batched, compare, llama_cpp_logits, ours, token_ids
+from arch_compare import MEAN_KL, REL_L2, TOP1, assert_matches, compare, llama_cpp_logits, ours, token_ids
 from hybrid_models import write_lfm2
 from llama_oracle import kl_rows
 
@@ -45,22 +45,14 @@ def _write(files: Path, name: str, qtype: str = "F32") -> Path:
 def test_matches_llama_cpp(name: str, files: Path) -> None:
     path = _write(files, name)
     ids = token_ids()
-    ref = llama_cpp_logits(path, ids)
-    prefill = ours(path, ids)
-    rel, agree = compare(prefill, ref)
-    assert rel <= REL_L2 and agree >= TOP1, f"{name} prefill: relative L2 {rel:.2e}, top-1 {agree:.3f}"
-    one_by_one = ours(path, ids, step_tokens=1)
-    rel, agree = compare(one_by_one, ref)
-    assert rel <= REL_L2 and agree >= TOP1, f"{name} one token at a time: relative L2 {rel:.2e}, top-1 {agree:.3f}"
+    prefill = assert_matches(name, path, ids, llama_cpp_logits(path, ids))
     for step in (2, 7, 40):  # a chunk boundary anywhere in the convolution's window
         np.testing.assert_array_equal(ours(path, ids, step_tokens=step), prefill, err_msg=f"{name}: chunks of {step}")
-    together = batched(path, ids, token_ids(1)[:40])
-    np.testing.assert_array_equal(together, prefill, err_msg=f"{name}: batched with another sequence")
 
 
 def _no_state(kernel: Any) -> Any:
-    def run(bcx: Any, w: Any, state: Any, seq_slot: Any, token_seq: Any, positions: Any, out: Any) -> None:
-        kernel(bcx, w, state, seq_slot, token_seq, np.zeros_like(positions), out)  # every token starts afresh
+    def run(bcx: Any, w: Any, state: Any, seq_slot: Any, token_seq: Any, positions: Any, *rest: Any) -> None:
+        kernel(bcx, w, state, seq_slot, token_seq, np.zeros_like(positions), *rest)  # every token starts afresh
 
     return run
 

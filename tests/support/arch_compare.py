@@ -60,3 +60,15 @@ def batched(path: Path, ids: list[int], other: list[int]) -> np.ndarray:
 
     with LLM(str(path), n_threads=2, kv_cache_memory="16MiB") as llm:
         return llm.worker.call(run)
+
+
+def assert_matches(name: str, path: Path, ids: list[int], ref: np.ndarray) -> np.ndarray:
+    """Our logits of ids within REL_L2 / TOP1 of llama.cpp's (ref) in one prefill, one token a
+    step, and bit-identical batched with another sequence; the prefill's logits."""
+    prefill = ours(path, ids)
+    for what, got in (("prefill", prefill), ("one token at a time", ours(path, ids, step_tokens=1))):
+        rel, agree = compare(got, ref)
+        assert rel <= REL_L2 and agree >= TOP1, f"{name} {what}: relative L2 {rel:.2e}, top-1 {agree:.3f}"
+    together = batched(path, ids, token_ids(1)[:40])
+    np.testing.assert_array_equal(together, prefill, err_msg=f"{name}: batched with another sequence")
+    return prefill

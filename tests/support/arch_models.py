@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
-from tiny_models import VOCAB_SIZE, _add_tokenizer, _Weights
+from tiny_models import VOCAB_SIZE, _add_tokenizer, _Weights, finish
 
 NEOX_NORM = {"qwen3", "olmo2", "qwen3moe", "olmoe"}  # per-head (qwen3) or full-width (olmo2, olmoe) QK norm
 FULL_QK_NORM = {"olmo2", "olmoe"}
@@ -91,10 +91,7 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
             wt.matrix(p + "ffn_up.weight", ffn, d_model)
         if not experts:
             wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter
-from tiny_models import VOCAB_SIZE, _add_tokenizer, _Weights
+from gguf import GGUFWriter
+from tiny_models import VOCAB_SIZE, _add_tokenizer, _Weights, finish
 
 # LFM2's layer kinds, shortened: a convolution first and last (the last layer's row selection)
 LFM2_LAYERS = ("conv", "attn", "conv", "conv", "attn", "conv")
@@ -56,11 +56,5 @@ def write_lfm2(path: Path, *, qtype: str = "F32", layers: tuple[str, ...] = LFM2
         wt.matrix(p + "ffn_gate.weight", ffn, d_model)
         wt.matrix(p + "ffn_up.weight", ffn, d_model)
         wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
-
-
-__all__ = ["write_lfm2", "LFM2_LAYERS", "GGUFValueType"]

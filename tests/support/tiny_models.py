@@ -182,11 +182,16 @@ def _write(
         wt.matrix(p + "ffn_gate.weight", s.ffn, s.d_model)
         wt.matrix(p + "ffn_up.weight", s.ffn, s.d_model)
         wt.matrix(p + "ffn_down.weight", s.d_model, s.ffn, std=block_std)
+    finish(w)
+    return path
+
+
+def finish(w: GGUFWriter) -> None:
+    """Write the header, metadata and tensors the writer holds, and close the file."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
 
 
 def write_tiny_llama(
