@@ -115,6 +115,11 @@ Recurrent layers (recurrent.py; a state slot per sequence, seq_slot [S], token_s
       snap_rows [P], snap_slots [P], out [N, D])   LFM2's block between in_proj and out_proj:
       c * causal depthwise conv of b * x over [state, this step's b * x]; a token at position 0
       starts from a zero state; after token snap_rows[i] the state is also copied to snap_slots[i].
+  conv_silu_kernel(src, off, w [C, L], bias [C], state [slots, L-1, C], ..., out [N, C])
+      Mamba2's silu(conv + bias) of src's columns off..off+C (x, B, C).
+  ssm_scan_kernel(xbc [N, H*P + 2*G*Ns], zxdt, dt_off, dt_bias [H], a [H], d [H],
+      state [slots, H, P, Ns], ..., y [N, H*P])   the selective scan + D x (threads split heads).
+  gated_group_rmsnorm_kernel(y, z, w, groups, eps, out)   rmsnorm per group of y * silu(z), * w.
 
 The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.models.backend
 .Backend); kernels_cuda's backend has the same methods over device arrays:

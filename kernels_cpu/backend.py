@@ -100,8 +100,9 @@ class CpuBackend:
         return out
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                       experts: tuple[int, int, int] | None = None, conv_width: int = 0) -> Workspace:
-        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim, experts, conv_width)
+                       experts: tuple[int, int, int] | None = None,
+                       recurrent: tuple[int, int, int] = (0, 0, 0)) -> Workspace:
+        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim, experts, recurrent)
 
     @staticmethod
     def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -128,19 +129,23 @@ class CpuBackend:
                         a[dst] = a[src]
 
     @staticmethod
-    def make_state_pool(shapes: Sequence[tuple[int, ...]], num_slots: int) -> list[np.ndarray]:
-        """Per recurrent layer float32 [num_slots, *shape] (zeros: a sequence at position 0
-        starts from zero anyway)."""
-        return [np.zeros((num_slots, *shape), np.float32) for shape in shapes]
+    def make_state_pool(shapes: Sequence[Sequence[tuple[int, ...]]], num_slots: int) -> list[tuple[np.ndarray, ...]]:
+        """Per recurrent layer a tuple of float32 [num_slots, *shape] (zeros: a sequence at
+        position 0 starts from zero anyway)."""
+        return [tuple(np.zeros((num_slots, *shape), np.float32) for shape in layer) for layer in shapes]
 
     @staticmethod
-    def copy_states(states: list[np.ndarray], copies: list[tuple[int, int]]) -> None:
+    def copy_states(states: list[tuple[np.ndarray, ...]], copies: list[tuple[int, int]]) -> None:
         """State slot copies (src, dst) in every recurrent layer."""
         for src, dst in copies:
-            for a in states:
-                a[dst] = a[src]
+            for layer in states:
+                for a in layer:
+                    a[dst] = a[src]
 
     short_conv = staticmethod(recurrent.short_conv_kernel)
+    conv_silu = staticmethod(recurrent.conv_silu_kernel)
+    ssm_scan = staticmethod(recurrent.ssm_scan_kernel)
+    gated_group_rmsnorm = staticmethod(recurrent.gated_group_rmsnorm_kernel)
 
     # -- memory and the step's inputs and outputs (host arrays already) -----------------------
     @staticmethod

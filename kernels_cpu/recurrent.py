@@ -11,47 +11,156 @@ NumPy twins)."""
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
-from ._jit import kernel
+from ._jit import REORDER, kernel
+from .fastmath import silu
 
 CHANNELS = 64  # channels per work item
 
 
+@kernel(inline=True)
+def _conv_step(state, s, ch, w, v, keep):
+    """One channel's causal convolution at a new input v: the window [state, v] times the taps
+    (summed in tap order from 0.0, as ggml_ssm_conv), then v enters the state."""
+    acc = np.float32(0.0)
+    for i in range(keep):
+        acc += state[s, i, ch] * w[ch, i]
+    acc += v * w[ch, keep]
+    for i in range(keep - 1):
+        state[s, i, ch] = state[s, i + 1, ch]
+    state[s, keep - 1, ch] = v
+    return acc
+
+
+@kernel(inline=True)
+def _start_channels(state, s, lo, hi, keep):
+    for i in range(keep):
+        for ch in range(lo, hi):
+            state[s, i, ch] = np.float32(0.0)
+
+
+@kernel(inline=True)
+def _snapshot_channels(state, s, lo, hi, keep, snap_rows, snap_slots, j, t):
+    """Copy channels lo..hi of slot s's state to the snapshot slots of token t; the next j."""
+    while j < snap_rows.shape[0] and snap_rows[j] == t:
+        for i in range(keep):
+            for ch in range(lo, hi):
+                state[snap_slots[j], i, ch] = state[s, i, ch]
+        j += 1
+    return j
+
+
 @kernel(parallel=True)
-def short_conv_kernel(bcx, w, state, seq_slot, token_seq, positions, snap_rows, snap_slots, out):
-    """LFM2's gated short convolution (llama.cpp's shortconv block between in_proj and
-    out_proj): bcx f32 [N, 3D] rows [b | c | x]; w f32 [D, L] each channel's taps, oldest
-    first; state f32 [slots, L - 1, D] each sequence's last L - 1 values of b * x, oldest
-    first; out f32 [N, D] = c * sum_i window_i * w[:, i] over the window [state, b * x] ending
-    at the token (summed in tap order from 0.0, as ggml_ssm_conv). Updates the state; after
-    token snap_rows[i] (ascending) also copies it into slot snap_slots[i]."""
-    n, d = out.shape
-    taps = w.shape[1]
-    keep = taps - 1
-    for item in numba.prange((d + CHANNELS - 1) // CHANNELS):
+def causal_conv_kernel(src, off, gated, w, bias, state, seq_slot, token_seq, positions, snap_rows, snap_slots, out):
+    """A depthwise causal convolution over each sequence's last L tokens: w f32 [C, L] each
+    channel's taps, oldest first; state f32 [slots, L - 1, C] each sequence's last L - 1 inputs,
+    oldest first; out f32 [N, C]. gated (LFM2's short convolution, src [N, 3C] = [b | c | x]):
+    the input is b * x and out = c * conv; else (Mamba2) the input is src[:, off + ch] and out =
+    silu(conv + bias). Updates the state; after token snap_rows[i] (ascending) also copies it
+    into slot snap_slots[i]."""
+    n, c = out.shape
+    keep = w.shape[1] - 1
+    for item in numba.prange((c + CHANNELS - 1) // CHANNELS):
         lo = item * CHANNELS
-        hi = min(d, lo + CHANNELS)
+        hi = min(c, lo + CHANNELS)
         j = 0
         for t in range(n):
             s = seq_slot[token_seq[t]]
             if positions[t] == 0:
-                for i in range(keep):
-                    for ch in range(lo, hi):
-                        state[s, i, ch] = np.float32(0.0)
-            for ch in range(lo, hi):
-                bx = bcx[t, ch] * bcx[t, 2 * d + ch]
+                _start_channels(state, s, lo, hi, keep)
+            if gated:
+                for ch in range(lo, hi):
+                    acc = _conv_step(state, s, ch, w, src[t, ch] * src[t, 2 * c + ch], keep)
+                    out[t, ch] = src[t, c + ch] * acc
+            else:
+                for ch in range(lo, hi):
+                    out[t, ch] = silu(_conv_step(state, s, ch, w, src[t, off + ch], keep) + bias[ch])
+            j = _snapshot_channels(state, s, lo, hi, keep, snap_rows, snap_slots, j, t)
+
+
+_NO_BIAS = np.empty(0, np.float32)
+
+
+def short_conv_kernel(bcx: np.ndarray, w: np.ndarray, state: np.ndarray, seq_slot: np.ndarray, token_seq: np.ndarray,
+                      positions: np.ndarray, snap_rows: np.ndarray, snap_slots: np.ndarray, out: np.ndarray) -> None:
+    """LFM2's gated short convolution (llama.cpp's shortconv block between in_proj and
+    out_proj): bcx f32 [N, 3D] rows [b | c | x]; out f32 [N, D] = c * conv(b * x), summed in
+    tap order from 0.0 as ggml_ssm_conv (causal_conv_kernel, gated)."""
+    causal_conv_kernel(bcx, 0, True, w, _NO_BIAS, state, seq_slot, token_seq, positions, snap_rows, snap_slots, out)
+
+
+def conv_silu_kernel(src: np.ndarray, off: int, w: np.ndarray, bias: np.ndarray, state: np.ndarray,
+                     seq_slot: np.ndarray, token_seq: np.ndarray, positions: np.ndarray, snap_rows: np.ndarray,
+                     snap_slots: np.ndarray, out: np.ndarray) -> None:
+    """Mamba2's convolution of its x, B, C channels, src's columns off..off+C: out f32 [N, C] =
+    silu(conv + bias) (ggml_ssm_conv, add, silu; causal_conv_kernel, not gated)."""
+    causal_conv_kernel(src, off, False, w, bias, state, seq_slot, token_seq, positions, snap_rows, snap_slots, out)
+
+
+@kernel(parallel=True, fastmath=REORDER)
+def ssm_scan_kernel(xbc, zxdt, dt_off, dt_bias, a, d_skip, state, seq_slot, token_seq, positions, snap_rows,
+                    snap_slots, y):
+    """Mamba2's selective scan (ggml_ssm_scan with a scalar decay per head, then + D x): xbc
+    f32 [N, H*P + 2*G*Ns] the convolved [x | B | C] (head h reads group h // (H / G));
+    zxdt f32 [N, *] the in_proj output, dt at columns dt_off..dt_off+H; dt_bias, a (= -exp(A_log)),
+    d_skip f32 [H]; state f32 [slots, H, P, Ns]; y f32 [N, H*P]. Per token, head h:
+    dt = softplus(dt + dt_bias), state = state * exp(dt * a) + dt * x B, y = state . C + D x.
+    Threads split heads; each (token, head, p)'s sum over Ns has one fixed order."""
+    n = y.shape[0]
+    heads, p_dim, ns = state.shape[1], state.shape[2], state.shape[3]
+    d_inner = heads * p_dim
+    groups = (xbc.shape[1] - d_inner) // (2 * ns)
+    per_group = heads // groups
+    for h in numba.prange(heads):
+        g = h // per_group
+        b_at = d_inner + g * ns
+        c_at = d_inner + groups * ns + g * ns
+        j = 0
+        for t in range(n):
+            s = seq_slot[token_seq[t]]
+            if positions[t] == 0:
+                for p in range(p_dim):
+                    for k in range(ns):
+                        state[s, h, p, k] = np.float32(0.0)
+            dt = zxdt[t, dt_off + h] + dt_bias[h]
+            if dt <= np.float32(20.0):
+                dt = np.float32(math.log(np.float32(1.0) + np.float32(math.exp(dt))))
+            da = np.float32(math.exp(dt * a[h]))
+            for p in range(p_dim):
+                xv = xbc[t, h * p_dim + p]
+                x_dt = xv * dt
                 acc = np.float32(0.0)
-                for i in range(keep):
-                    acc += state[s, i, ch] * w[ch, i]
-                acc += bx * w[ch, keep]
-                for i in range(keep - 1):
-                    state[s, i, ch] = state[s, i + 1, ch]
-                state[s, keep - 1, ch] = bx
-                out[t, ch] = bcx[t, d + ch] * acc
+                for k in range(ns):
+                    st = state[s, h, p, k] * da + xbc[t, b_at + k] * x_dt
+                    state[s, h, p, k] = st
+                    acc += st * xbc[t, c_at + k]
+                y[t, h * p_dim + p] = acc + xv * d_skip[h]
             while j < snap_rows.shape[0] and snap_rows[j] == t:
-                for i in range(keep):
-                    for ch in range(lo, hi):
-                        state[snap_slots[j], i, ch] = state[s, i, ch]
+                for p in range(p_dim):
+                    for k in range(ns):
+                        state[snap_slots[j], h, p, k] = state[s, h, p, k]
                 j += 1
+
+
+@kernel(parallel=True)
+def gated_group_rmsnorm_kernel(y, z, w, groups, eps, out):
+    """Mamba2's output: out = rmsnorm(y * silu(z)) * w, the norm over each of `groups` equal
+    slices of a row (sum of squares in float64, index order, as ggml's rms_norm); y, out f32
+    [N, E]; z f32 [N, *] (its first E columns); w f32 [E]."""
+    n, e = y.shape
+    width = e // groups
+    for t in numba.prange(n):
+        for g in range(groups):
+            lo = g * width
+            ss = 0.0
+            for k in range(lo, lo + width):
+                v = y[t, k] * silu(z[t, k])
+                out[t, k] = v
+                ss += np.float64(v) * np.float64(v)
+            sc = np.float32(1.0 / math.sqrt(ss / width + eps))
+            for k in range(lo, lo + width):
+                out[t, k] = np.float32(out[t, k] * sc) * w[k]

@@ -40,8 +40,13 @@ class Workspace:
     seq_rows: np.ndarray  # i32 [T] last layer: token_seq of those rows
     pos_rows: np.ndarray  # i32 [T] last layer: positions of those rows
     o_rows: np.ndarray  # f32 [T, D] last layer: a recurrent block's output of those rows
-    conv_in: np.ndarray  # f32 [T, C] a short convolution's in_proj output [b | c | x] (C = 3D; 0 without)
-    conv_y: np.ndarray  # f32 [T, D] its gated convolution (out_proj's input; [T, 0] without)
+    # a recurrent block's scratch (ModelConfig.recurrent_widths; width 0 without): its in_proj
+    # output (LFM2 [b | c | x], Mamba2 [z | x B C | dt]), Mamba2's convolved [x | B | C], the
+    # block's output before out_proj (LFM2's gated convolution, Mamba2's scan), Mamba2's gated norm
+    rec_in: np.ndarray
+    rec_mid: np.ndarray
+    rec_y: np.ndarray
+    rec_out: np.ndarray
     xq4: np.ndarray  # i32 [T * K_max / 4] int8 activation codes, 4 per int32 (viewed [n, K/4])
     xd: np.ndarray  # f32 [T * K_max / 32] activation block scales (viewed [n, K/32])
     xsum: np.ndarray  # i32 [T * K_max / 32] activation block sums (viewed [n, K/32])
@@ -95,14 +100,15 @@ def _buffers(cls: type, empty: Empty, shapes: dict[str, Shape], other: set[str])
 
 
 def workspace_shapes(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                     per_row: bool = False, conv_width: int = 0) -> dict[str, Shape]:
+                     per_row: bool = False, recurrent: tuple[int, int, int] = (0, 0, 0)) -> dict[str, Shape]:
     """Each Workspace buffer's (shape, dtype) for steps of up to `capacity` tokens. The
     activation-code buffers (xq4, xd, xsum, xs16) are flat [T * K_max / g], viewed as a
     contiguous [n, K/g] per matmul (i8_views, k_views), or with per_row [T, K_max / g], sliced
-    [:n, :K/g] per launch (the CUDA kernels index rows and columns). conv_width: a hybrid
-    model's short-convolution in_proj width (3D), 0 for none."""
+    [:n, :K/g] per launch (the CUDA kernels index rows and columns). recurrent: a hybrid
+    model's ModelConfig.recurrent_widths."""
     t, f32, i32 = capacity, np.float32, np.int32
-    k_max = max(d_model, q_dim, ffn_dim)
+    rec_in, rec_mid, rec_y = recurrent
+    k_max = max(d_model, q_dim, ffn_dim, rec_y)
 
     def codes(group: int) -> tuple[int, ...]:
         return (t, k_max // group) if per_row else (t * k_max // group,)
@@ -113,8 +119,8 @@ def workspace_shapes(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_d
         "o": ((t, d_model), f32), "o2": ((t, d_model), f32), "gate": ((t, ffn_dim), f32),
         "up": ((t, ffn_dim), f32), "act": ((t, ffn_dim), f32), "q_rows": ((t, q_dim), f32),
         "h_rows": ((t, d_model), f32), "xn_rows": ((t, d_model), f32), "seq_rows": ((t,), i32),
-        "pos_rows": ((t,), i32), "o_rows": ((t, d_model), f32), "conv_in": ((t, conv_width), f32),
-        "conv_y": ((t, d_model if conv_width else 0), f32), "xq4": (codes(4), i32), "xd": (codes(32), f32),
+        "pos_rows": ((t,), i32), "o_rows": ((t, d_model), f32), "rec_in": ((t, rec_in), f32),
+        "rec_mid": ((t, rec_mid), f32), "rec_y": ((t, rec_y), f32), "rec_out": ((t, rec_y if rec_mid else 0), f32), "xq4": (codes(4), i32), "xd": (codes(32), f32),
         "xsum": (codes(32), i32), "xs16": (codes(16), i32), "no_out": ((t, 0), f32),
     }
 
@@ -134,11 +140,12 @@ def expert_shapes(capacity: int, d_model: int, n_experts: int, n_used: int, expe
 
 
 def make_workspace(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                   experts: tuple[int, int, int] | None = None, conv_width: int = 0) -> Workspace:
+                   experts: tuple[int, int, int] | None = None,
+                   recurrent: tuple[int, int, int] = (0, 0, 0)) -> Workspace:
     """Host buffers for steps of up to `capacity` tokens; experts: (E, k, Fe) of a
-    mixture-of-experts model; conv_width: see workspace_shapes."""
+    mixture-of-experts model; recurrent: see workspace_shapes."""
     moe = ExpertWorkspace.allocate(np.empty, expert_shapes(capacity, d_model, *experts)) if experts else None
-    shapes = workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim, conv_width=conv_width)
+    shapes = workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim, recurrent=recurrent)
     return Workspace.allocate(np.empty, capacity, shapes, moe)
 
 

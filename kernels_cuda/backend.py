@@ -128,10 +128,11 @@ class CudaBackend:
         return got[1]
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                       experts: tuple[int, int, int] | None = None, conv_width: int = 0) -> Workspace:
+                       experts: tuple[int, int, int] | None = None,
+                       recurrent: tuple[int, int, int] = (0, 0, 0)) -> Workspace:
         if experts is not None:
             raise UnsupportedModelError("device='cuda' has no mixture-of-experts kernels; use device='cpu'")
-        if conv_width:
+        if any(recurrent):
             raise UnsupportedModelError(_NO_RECURRENT)
         self._steps.invalidate()  # recorded forwards hold the old workspace's addresses
         # The kernels slice the activation codes [:n, :K/g] (per_row) and keep no block sums.
@@ -155,15 +156,16 @@ class CudaBackend:
         return [(cuda.to_device(np.zeros(shape, dt)), none, cuda.to_device(np.zeros(shape, dt)), none)
                 for _ in range(n_layers)]
 
-    def make_state_pool(self, shapes: Sequence[tuple[int, ...]], num_slots: int) -> list[Any]:
+    def make_state_pool(self, shapes: Sequence[Sequence[tuple[int, ...]]], num_slots: int) -> list[Any]:
         raise UnsupportedModelError(_NO_RECURRENT)  # engine/device.py refuses hybrids first
 
     def copy_states(self, states: list[Any], copies: list[tuple[int, int]]) -> None:
         raise UnsupportedModelError(_NO_RECURRENT)
 
-    def short_conv(self, bcx: Any, w: Any, state: Any, seq_slot: Any, token_seq: Any, positions: Any,
-                   snap_rows: Any, snap_slots: Any, out: Any) -> None:
+    def short_conv(self, *args: Any) -> None:
         raise UnsupportedModelError(_NO_RECURRENT)
+
+    conv_silu = ssm_scan = gated_group_rmsnorm = short_conv
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None:
         if not copies:

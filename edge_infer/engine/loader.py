@@ -69,6 +69,35 @@ def kv_budget(config: EngineConfig, per_token: int = 0, context: int = 0, backen
     return int(budget)
 
 
+def state_pool_slots(config: EngineConfig, cfg: ModelConfig, budget: int) -> tuple[int, int, int]:
+    """A hybrid model's state pool out of the KV budget: (sequence slots, prefix-cache
+    snapshots, verification slots). Sequences: max_num_seqs + SPARE_STATE_SLOTS; with the
+    default budget, fewer when they (with k_max verification slots each under speculation)
+    would take more than half of it (admission then waits for a free slot); an explicit
+    kv_cache_memory is the user's split (too small: the KV check names the state's share).
+    Snapshots: state_snapshots, by default 4 per max_num_seqs within a quarter of the budget.
+    (0, 0, 0) for a model without recurrent layers."""
+    if not cfg.recurrent:
+        return 0, 0, 0
+    per = cfg.state_bytes
+    k = config.speculative.k_max if isinstance(config.speculative, SpecConfig) else 0
+    fit = (budget if config.kv_cache_memory is not None else budget // 2) // (per * (1 + k))
+    seqs = min(config.max_num_seqs + SPARE_STATE_SLOTS, fit)
+    if seqs <= SPARE_STATE_SLOTS:
+        raise OutOfMemoryBudget(
+            f"{cfg.arch}: a sequence's recurrent state takes {per} bytes" + (f" ({1 + k}x with speculation)" if k else "")
+            + f", and the budget for them ({budget} bytes of KV memory) holds {fit}; "
+            f"{SPARE_STATE_SLOTS + 1} are needed: raise kv_cache_memory"
+        )
+    if seqs < config.max_num_seqs + SPARE_STATE_SLOTS:
+        log.info("%s: %d recurrent-state slots fit in half the KV budget: at most %d sequences at once", cfg.arch,
+                 seqs, seqs - SPARE_STATE_SLOTS)
+    snaps = 0
+    if config.enable_prefix_caching:
+        snaps = min(4 * config.max_num_seqs, budget // 4 // per) if config.state_snapshots is None else config.state_snapshots
+    return seqs, snaps, seqs * k
+
+
 def check_fits(path: str, file_bytes: int, config: EngineConfig) -> None:
     """Refuse, before anything is loaded, a model whose weights (about the file's size: they are
     repacked at it or mapped as they are) plus an explicit KV pool cannot fit in the memory
@@ -99,19 +128,12 @@ def load_model(config: EngineConfig) -> LoadedModel:
 
     per_block = kv_block_bytes(backend, cfg, config.block_size, config.kv_cache_dtype)
     budget = kv_budget(config, per_block // config.block_size, cfg.context_length, backend)
-    # a hybrid model's recurrent states come out of the same budget: a slot per sequence, and
-    # the snapshots its prefix cache resumes from
-    num_slots = config.max_num_seqs + SPARE_STATE_SLOTS if cfg.recurrent else 0
-    num_snaps = 0
-    if cfg.recurrent and config.enable_prefix_caching:
-        num_snaps = 4 * config.max_num_seqs if config.state_snapshots is None else config.state_snapshots
-    # and, with speculation, a slot per proposal a step may verify (the state after each position)
-    spec = config.speculative
-    num_spec = num_slots * spec.k_max if cfg.recurrent and isinstance(spec, SpecConfig) else 0
+    num_slots, num_snaps, num_spec = state_pool_slots(config, cfg, budget)
     state_bytes = (num_slots + num_snaps + num_spec) * cfg.state_bytes
     num_blocks = (budget - state_bytes) // per_block
     if num_blocks < 2:
-        taken = f" after {state_bytes} bytes of recurrent state ({num_slots + num_snaps + num_spec} slots)" if state_bytes else ""
+        taken = (f" after {state_bytes} bytes of recurrent state ({num_slots + num_snaps + num_spec} slots: lower "
+                 "max_num_seqs or state_snapshots)") if state_bytes else ""
         raise OutOfMemoryBudget(
             f"kv_cache_memory of {budget} bytes holds fewer than 2 KV blocks ({per_block} bytes each){taken} "
             f"for {cfg.arch}"

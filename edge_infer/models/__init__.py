@@ -11,6 +11,7 @@ from edge_infer.models import (
     gemma2,
     gemma3,
     granite,
+    granitehybrid,
     lfm2,
     llama,
     olmo2,
@@ -26,7 +27,8 @@ from edge_infer.models.config import ModelConfig
 
 ARCHITECTURES: dict[str, ModuleType] = {
     m.ARCH: m
-    for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe, lfm2)
+    for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe, lfm2,
+              granitehybrid)
 }
 
 

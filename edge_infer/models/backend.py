@@ -34,10 +34,11 @@ class Backend(Protocol):
         ...
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                       experts: tuple[int, int, int] | None = None, conv_width: int = 0) -> Any:
+                       experts: tuple[int, int, int] | None = None,
+                       recurrent: tuple[int, int, int] = (0, 0, 0)) -> Any:
         """The forward's scratch for steps of up to `capacity` tokens (kernels_cpu.workspace);
-        experts: (E, k, Fe) of a mixture-of-experts model; conv_width: a hybrid model's
-        short-convolution in_proj width."""
+        experts: (E, k, Fe) of a mixture-of-experts model; recurrent: a hybrid model's
+        ModelConfig.recurrent_widths."""
         ...
 
     def kv_block_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -50,8 +51,9 @@ class Backend(Protocol):
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None: ...
 
-    def make_state_pool(self, shapes: Sequence[tuple[int, ...]], num_slots: int) -> list[Any]:
-        """Per recurrent layer, float32 [num_slots, *shape]: each sequence's state in its slot."""
+    def make_state_pool(self, shapes: Sequence[Sequence[tuple[int, ...]]], num_slots: int) -> list[Any]:
+        """Per recurrent layer, a tuple of float32 [num_slots, *shape], one per shape of the
+        layer's states (ModelConfig.state_shapes): each sequence's state in its slot."""
         ...
 
     def copy_states(self, states: list[Any], copies: list[tuple[int, int]]) -> None:
@@ -62,6 +64,19 @@ class Backend(Protocol):
                    snap_rows: Array, snap_slots: Array, out: Array) -> None:
         """LFM2's gated short convolution (kernels_cpu.recurrent.short_conv_kernel)."""
         ...
+
+    def conv_silu(self, src: Array, off: int, w: Array, bias: Array, state: Array, seq_slot: Array, token_seq: Array,
+                  positions: Array, snap_rows: Array, snap_slots: Array, out: Array) -> None:
+        """Mamba2's convolution of x, B, C (kernels_cpu.recurrent.conv_silu_kernel)."""
+        ...
+
+    def ssm_scan(self, xbc: Array, zxdt: Array, dt_off: int, dt_bias: Array, a: Array, d_skip: Array, state: Array,
+                 seq_slot: Array, token_seq: Array, positions: Array, snap_rows: Array, snap_slots: Array,
+                 y: Array) -> None:
+        """Mamba2's selective scan (kernels_cpu.recurrent.ssm_scan_kernel)."""
+        ...
+
+    def gated_group_rmsnorm(self, y: Array, z: Array, w: Array, groups: int, eps: Any, out: Array) -> None: ...
 
     def memory_available(self) -> int:
         """Bytes the KV pool may be sized from (host memory available, or free device memory)."""

@@ -74,10 +74,20 @@ class ModelConfig:
     expert_ffn_dim: int = 0
     expert_weights_norm: bool = False
     shared_ffn_dim: int = 0
+    shared_expert_gated: bool = True  # qwen2moe's shared expert has a sigmoid gate; granite's is added as it is
     # hybrid recurrent models (lfm2): conv_layers[i] says layer i is a gated short convolution
     # (no attention, no KV; a per-sequence state of its last conv_kernel - 1 inputs instead)
     conv_layers: tuple[bool, ...] = ()
     conv_kernel: int = 0  # the convolution's width in tokens (GGUF shortconv.l_cache)
+    # Mamba2 blocks (granitehybrid): ssm_layers[i] says layer i is one; d_inner = ssm_inner split
+    # into ssm_heads heads, B and C of ssm_state values in ssm_groups groups, a causal
+    # convolution of ssm_conv_kernel tokens over [x | B | C]
+    ssm_layers: tuple[bool, ...] = ()
+    ssm_conv_kernel: int = 0
+    ssm_inner: int = 0
+    ssm_state: int = 0
+    ssm_heads: int = 0
+    ssm_groups: int = 0
     output_norm_tensor: str = "output_norm.weight"  # lfm2 names it token_embd_norm.weight
     pooling: str = "last"  # embeddings: "mean" | "cls" | "last" | "none" | "rank" (GGUF pooling_type; decoders: last)
     ignored_tensors: tuple[str, ...] = ()  # fnmatch patterns of tensors the architecture may carry unused
@@ -117,6 +127,15 @@ class ModelConfig:
                 f"{self.arch}: conv_layers has {len(self.conv_layers)} entries for {self.n_layers} layers and a "
                 f"convolution width of {self.conv_kernel} (at least 2)"
             )
+        if self.ssm_layers:
+            shape = (self.ssm_conv_kernel, self.ssm_inner, self.ssm_state, self.ssm_heads, self.ssm_groups)
+            if (len(self.ssm_layers) != self.n_layers or min(shape) < 1 or self.ssm_conv_kernel < 2
+                    or self.ssm_inner % self.ssm_heads or self.ssm_heads % self.ssm_groups):
+                raise UnsupportedModelError(
+                    f"{self.arch}: Mamba2 layers need a convolution of >= 2 tokens and an inner size split evenly into "
+                    f"heads and the heads into groups (conv {shape[0]}, inner {shape[1]}, state {shape[2]}, "
+                    f"heads {shape[3]}, groups {shape[4]}; {len(self.ssm_layers)} layer flags for {self.n_layers})"
+                )
         for name in ("rope_scale", "rope_attn_factor", "residual_scale", "logit_scale"):
             if not getattr(self, name) > 0:
                 raise UnsupportedModelError(f"{self.arch}: {name} must be positive, got {getattr(self, name)!r}")
@@ -142,21 +161,51 @@ class ModelConfig:
         """Whether `layer` is a short-convolution block (a recurrent state, no KV)."""
         return bool(self.conv_layers) and self.conv_layers[layer]
 
+    def is_ssm(self, layer: int) -> bool:
+        """Whether `layer` is a Mamba2 block (a recurrent state, no KV)."""
+        return bool(self.ssm_layers) and self.ssm_layers[layer]
+
     @property
     def kv_layers(self) -> tuple[int, ...]:
         """The layers with attention, which keep K/V in the paged pool."""
-        return tuple(i for i in range(self.n_layers) if not self.is_conv(i))
+        return tuple(i for i in range(self.n_layers) if not (self.is_conv(i) or self.is_ssm(i)))
 
     @property
-    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """Per recurrent layer (in layer order), the shape of one sequence's float32 state:
-        a short convolution keeps its last conv_kernel - 1 inputs [L - 1, D]."""
-        return tuple((self.conv_kernel - 1, self.d_model) for i in range(self.n_layers) if self.is_conv(i))
+    def ssm_conv_dim(self) -> int:
+        """Channels of the Mamba2 convolution: x, B and C."""
+        return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
+
+    @property
+    def state_shapes(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """Per recurrent layer (in layer order), the shapes of one sequence's float32 states: a
+        short convolution keeps its last conv_kernel - 1 inputs [L - 1, D]; a Mamba2 block its
+        convolution's [L - 1, conv_dim] and the scan's [heads, head_dim, ssm_state]."""
+        out: list[tuple[tuple[int, ...], ...]] = []
+        for i in range(self.n_layers):
+            if self.is_conv(i):
+                out.append(((self.conv_kernel - 1, self.d_model),))
+            elif self.is_ssm(i):
+                heads = self.ssm_heads
+                out.append(((self.ssm_conv_kernel - 1, self.ssm_conv_dim),
+                            (heads, self.ssm_inner // heads, self.ssm_state)))
+        return tuple(out)
+
+    @property
+    def recurrent_widths(self) -> tuple[int, int, int]:
+        """The widths of a recurrent block's scratch (in_proj output, convolution output, the
+        block's output before out_proj), the widest over its layer kinds; zeros without."""
+        widths = [(0, 0, 0)]
+        if self.conv_layers and any(self.conv_layers):
+            widths.append((3 * self.d_model, 0, self.d_model))
+        if self.ssm_layers and any(self.ssm_layers):
+            d_in = 2 * self.ssm_inner + 2 * self.ssm_groups * self.ssm_state + self.ssm_heads
+            widths.append((d_in, self.ssm_conv_dim, self.ssm_inner))
+        return (max(w[0] for w in widths), max(w[1] for w in widths), max(w[2] for w in widths))
 
     @property
     def state_bytes(self) -> int:
         """Bytes of one sequence's recurrent state across the recurrent layers (float32)."""
-        return 4 * sum(math.prod(shape) for shape in self.state_shapes)
+        return 4 * sum(math.prod(shape) for layer in self.state_shapes for shape in layer)
 
     @property
     def recurrent(self) -> bool:

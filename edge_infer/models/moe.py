@@ -2,7 +2,8 @@
 token's experts (softmax over the router logits, top k, weights normalised when the
 architecture says), every chosen expert's SwiGLU runs on the tokens routed to it (one read of
 its weights per step, kernels_cpu.matmul_experts), and their outputs are summed with the
-weights in choice order; qwen2moe adds a shared expert gated per token by a sigmoid."""
+weights in choice order; qwen2moe adds a shared expert gated per token by a sigmoid, granite
+(granitehybrid) one without a gate."""
 
 from __future__ import annotations
 
@@ -28,9 +29,12 @@ def moe_ffn(b: Backend, cfg: ModelConfig, lw: LayerWeights, x: np.ndarray, out: 
     b.silu_mul(gate, up, act)
     b.expert_matmuls(act, (e.down,), (y,), ws)
     b.combine_experts(y, out, ws)
-    if lw.w_gate is not None and lw.w_up is not None and lw.w_down is not None and e.shared_gate is not None:
+    if lw.w_gate is not None and lw.w_up is not None and lw.w_down is not None:  # a shared expert
         sg, su, sa, sy = ws.gate[:n], ws.up[:n], ws.act[:n], ws.o2[:n]
         b.matmuls(x, (lw.w_gate, lw.w_up), (sg, su), ws)
         b.silu_mul(sg, su, sa)
         b.matmuls(sa, (lw.w_down,), (sy,), ws)
-        b.gated_add(x, e.shared_gate, sy, out)
+        if e.shared_gate is not None:
+            b.gated_add(x, e.shared_gate, sy, out)
+        else:
+            b.add(out, sy)

@@ -83,9 +83,8 @@ class Transformer:
         if self.ws is None or self.ws.capacity < n_tokens:
             cfg = self.cfg
             experts = (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) if cfg.n_experts else None
-            conv_width = 3 * cfg.d_model if cfg.conv_layers and any(cfg.conv_layers) else 0
             self.ws = self.b.make_workspace(n_tokens, cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.dense_ffn_dim, experts,
-                                            conv_width)
+                                            cfg.recurrent_widths)
 
     def forward(self, inp: StepInputs, kv: list[Any], hidden: bool = False) -> np.ndarray:
         """Logits float32 [M, vocab] for inp.logits_rows, on the host; writes this step's K/V
@@ -124,8 +123,8 @@ class Transformer:
             x = xn
         for li, lw in enumerate(self.w.layers):
             last = li == cfg.n_layers - 1 and m < n
-            if lw.conv is not None:
-                mixed = self._short_conv(x, lw, kv[li], inp, o)
+            if lw.conv is not None or lw.ssm is not None:
+                mixed = self._short_conv(x, lw, kv[li], inp, o) if lw.conv is not None else self._mamba2(x, lw, kv[li], inp, o)
                 if last:  # the block ran on every token (its state); the rest only on the wanted rows
                     b.take_rows(o, inp.logits_rows, ws.o_rows[:m])
                     b.take_rows(h, inp.logits_rows, ws.h_rows[:m])
@@ -177,12 +176,31 @@ class Transformer:
             b.scale(logits, self.inv_logit_scale)
         return logits
 
-    def _short_conv(self, x: Any, lw: Any, state: Any, inp: StepInputs, out: Any) -> Any:
+    def _short_conv(self, x: Any, lw: Any, states: Any, inp: StepInputs, out: Any) -> Any:
         """LFM2's short-convolution block on every token of the step: in_proj to [b | c | x],
         c * conv(b * x) with each sequence's state, out_proj into `out` (returned)."""
-        b, ws, n = self.b, self.ws, x.shape[0]
-        b.matmuls(x, (lw.in_proj,), (ws.conv_in[:n],), ws)
-        b.short_conv(ws.conv_in[:n], lw.conv, state, inp.seq_slots, inp.token_seq, inp.positions, inp.snap_rows,
-                     inp.snap_slots, ws.conv_y[:n])
-        b.matmuls(ws.conv_y[:n], (lw.out_proj,), (out,), ws)
+        b, ws, n, d = self.b, self.ws, x.shape[0], self.cfg.d_model
+        bcx, y = ws.rec_in[:n, : 3 * d], ws.rec_y[:n, :d]
+        b.matmuls(x, (lw.in_proj,), (bcx,), ws)
+        b.short_conv(bcx, lw.conv, states[0], inp.seq_slots, inp.token_seq, inp.positions, inp.snap_rows,
+                     inp.snap_slots, y)
+        b.matmuls(y, (lw.out_proj,), (out,), ws)
+        return out
+
+    def _mamba2(self, x: Any, lw: Any, states: Any, inp: StepInputs, out: Any) -> Any:
+        """A Mamba2 block on every token of the step (llama.cpp's build_mamba2_layer): in_proj to
+        [z | x B C | dt], silu(conv(x B C) + bias), the selective scan + D x, rmsnorm per group
+        of y * silu(z), out_proj into `out` (returned)."""
+        cfg, b, ws, n, m = self.cfg, self.b, self.ws, x.shape[0], lw.ssm
+        e, c = cfg.ssm_inner, cfg.ssm_conv_dim
+        zxdt, xbc = ws.rec_in[:n, : 2 * e + 2 * cfg.ssm_groups * cfg.ssm_state + cfg.ssm_heads], ws.rec_mid[:n, :c]
+        y, g = ws.rec_y[:n, :e], ws.rec_out[:n, :e]
+        conv_state, scan_state = states
+        b.matmuls(x, (lw.in_proj,), (zxdt,), ws)
+        b.conv_silu(zxdt, e, m.conv, m.conv_bias, conv_state, inp.seq_slots, inp.token_seq, inp.positions,
+                    inp.snap_rows, inp.snap_slots, xbc)
+        b.ssm_scan(xbc, zxdt, e + c, m.dt_bias, m.a, m.d, scan_state, inp.seq_slots, inp.token_seq, inp.positions,
+                   inp.snap_rows, inp.snap_slots, y)
+        b.gated_group_rmsnorm(y, zxdt, m.norm, cfg.ssm_groups, self.eps, g)
+        b.matmuls(g, (lw.out_proj,), (out,), ws)
         return out

@@ -17,7 +17,7 @@ from edge_infer.formats.quants import dequantize
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
 
-MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "in_proj", "out_proj", "w_gate", "w_up", "w_down")
+MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "in_proj", "out_proj", "w_gate", "w_up", "w_down")  # in/out_proj: recurrent blocks
 EXPERT_FIELDS = ("router", "gate", "up", "down")
 
 
@@ -25,7 +25,8 @@ EXPERT_FIELDS = ("router", "gate", "up", "down")
 class ExpertWeights:
     """A mixture-of-experts FFN: the router [E, D] (ffn_gate_inp) and the experts' gate, up
     [E, Fe, D] and down [E, D, Fe] stacks (QMatrix with 3-D data); n_used experts per token.
-    shared_gate f32 [D]: qwen2moe's gate of the shared expert (the layer's dense FFN)."""
+    shared_gate f32 [D]: qwen2moe's gate of the shared expert (the layer's dense FFN); None for
+    an ungated one (granitehybrid) or none."""
 
     router: QMatrix
     gate: QMatrix
@@ -36,9 +37,25 @@ class ExpertWeights:
 
 
 @dataclass(slots=True)
+class SsmWeights:
+    """A Mamba2 block's vectors (its in_proj and out_proj are the layer's): conv f32 [C, L] the
+    convolution's taps over x, B, C (C = ssm_conv_dim) and conv_bias [C] (zeros when the file
+    has none); per head dt_bias, a (-exp(A_log), as the converter stores it) and d; norm
+    [ssm_inner] the grouped RMSNorm's weight."""
+
+    conv: np.ndarray
+    conv_bias: np.ndarray
+    dt_bias: np.ndarray
+    a: np.ndarray
+    d: np.ndarray
+    norm: np.ndarray
+
+
+@dataclass(slots=True)
 class LayerWeights:
-    """One block's weights: attention (wq..wo), or a short convolution's in_proj [3D, D],
-    conv f32 [D, L] (each channel's L taps, oldest first) and out_proj [D, D]; then its FFN."""
+    """One block's weights: attention (wq..wo), a short convolution's in_proj [3D, D], conv f32
+    [D, L] (each channel's L taps, oldest first) and out_proj [D, D], or a Mamba2 block's
+    in_proj, out_proj and `ssm`; then its FFN."""
 
     attn_norm: np.ndarray | None  # None: no pre-norm (olmo2)
     wq: QMatrix | None  # None in a short-convolution layer
@@ -60,6 +77,7 @@ class LayerWeights:
     in_proj: QMatrix | None = None
     conv: np.ndarray | None = None
     out_proj: QMatrix | None = None
+    ssm: SsmWeights | None = None
 
     def matrices(self) -> list[tuple[str, QMatrix]]:
         """(field, matrix) of every matrix the layer has: dense ones, then its experts'."""
@@ -195,14 +213,14 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
         wq = wk = wv = wo = None
-        if cfg.is_conv(i):
-            pass  # a short convolution instead of attention (below)
+        if cfg.is_conv(i) or cfg.is_ssm(i):
+            pass  # a recurrent block instead of attention (below)
         elif cfg.fused_qkv:
             wq, wk, wv = row_slices(t.mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d), (q_dim, kv_dim, kv_dim))
         else:
             wq, wk, wv = (t.mat(p + "attn_q.weight", q_dim, d), t.mat(p + "attn_k.weight", kv_dim, d),
                           t.mat(p + "attn_v.weight", kv_dim, d))
-        if not cfg.is_conv(i):
+        if not (cfg.is_conv(i) or cfg.is_ssm(i)):
             wo = t.mat(p + "attn_output.weight", d, q_dim)
         w_gate = w_up = w_down = None
         if cfg.fused_gate_up:
@@ -227,9 +245,11 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
             lw.in_proj = t.mat(p + "shortconv.in_proj.weight", 3 * d, d)
             lw.conv = t.vec(p + "shortconv.conv.weight", d * cfg.conv_kernel).reshape(d, cfg.conv_kernel)
             lw.out_proj = t.mat(p + "shortconv.out_proj.weight", d, d)
+        elif cfg.is_ssm(i):
+            _mamba2(t, cfg, p, lw)
         elif cfg.qkv_bias or p + "attn_q.bias" in f.tensors:  # required (qwen2) or optional (llama)
             lw.bq, lw.bk, lw.bv = (t.vec(p + f"attn_{x}.bias", n) for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
-        if (cfg.qk_norm or cfg.qk_norm_full) and not cfg.is_conv(i):
+        if (cfg.qk_norm or cfg.qk_norm_full) and not (cfg.is_conv(i) or cfg.is_ssm(i)):
             lw.q_norm = t.vec(p + "attn_q_norm.weight", q_dim if cfg.qk_norm_full else hd)
             lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
         if cfg.post_norms:
@@ -246,6 +266,20 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
     return ModelWeights(emb, output_norm, prepared[-1], layers)
 
 
+def _mamba2(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
+    """Layer p's Mamba2 block (llama.cpp's tensor names and shapes)."""
+    d, e, c, h, k = cfg.d_model, cfg.ssm_inner, cfg.ssm_conv_dim, cfg.ssm_heads, cfg.ssm_conv_kernel
+    lw.in_proj = t.mat(p + "ssm_in.weight", 2 * e + 2 * cfg.ssm_groups * cfg.ssm_state + h, d)
+    lw.out_proj = t.mat(p + "ssm_out.weight", d, e)
+    bias = p + "ssm_conv1d.bias"
+    lw.ssm = SsmWeights(
+        conv=t.vec(p + "ssm_conv1d.weight", c * k).reshape(c, k),
+        conv_bias=t.vec(bias, c) if bias in t.f.tensors else np.zeros(c, np.float32),
+        dt_bias=t.vec(p + "ssm_dt.bias", h), a=t.vec(p + "ssm_a", h), d=t.vec(p + "ssm_d", h),
+        norm=t.vec(p + "ssm_norm.weight", e),
+    )
+
+
 def _experts(t: _Tensors, cfg: ModelConfig, p: str) -> ExpertWeights | None:
     """Layer p's mixture-of-experts FFN, or None in a dense model."""
     if not cfg.n_experts:
@@ -257,5 +291,5 @@ def _experts(t: _Tensors, cfg: ModelConfig, p: str) -> ExpertWeights | None:
         up=t.stack(p + "ffn_up_exps.weight", e, fe, d),
         down=t.stack(p + "ffn_down_exps.weight", e, d, fe),
         n_used=cfg.n_experts_used,
-        shared_gate=t.vec(p + "ffn_gate_inp_shexp.weight", d) if cfg.shared_ffn_dim else None,
+        shared_gate=t.vec(p + "ffn_gate_inp_shexp.weight", d) if cfg.shared_ffn_dim and cfg.shared_expert_gated else None,
     )

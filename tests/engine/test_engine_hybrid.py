@@ -1,4 +1,5 @@
-"""The engine on a tiny hybrid model (lfm2: short convolutions and attention): each sequence's
+"""The engine on tiny hybrid models (lfm2: short convolutions and attention; granitehybrid:
+Mamba2 blocks and attention): each sequence's
 recurrent state lives in a slot the block manager hands out, and every way the engine moves a
 sequence gives the greedy tokens of the sequence decoded alone: batched with others, chunked,
 preempted and recomputed (slots given back and taken again), n > 1 samples forked from the
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from engine.test_engine_tiny import GREEDY, PROMPTS, engine, run
-from hybrid_models import write_lfm2
+from hybrid_models import write_granitehybrid, write_lfm2
 
 from edge_infer import LLM, SamplingParams
 from edge_infer.engine.loader import SPARE_STATE_SLOTS
@@ -25,10 +26,12 @@ from edge_infer.formats.gguf import GGUFFile
 from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.models import config_from_gguf
 
+WRITERS = {"lfm2": write_lfm2, "granitehybrid": write_granitehybrid}
 
-@pytest.fixture(scope="module")
-def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_lfm2(tmp_path_factory.mktemp("hybrid") / "lfm2.gguf", context_length=1024)
+
+@pytest.fixture(scope="module", params=list(WRITERS))
+def hybrid(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return WRITERS[request.param](tmp_path_factory.mktemp("hybrid") / f"{request.param}.gguf", context_length=1024)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def test_ngram_speculation_rolls_the_state_back(hybrid: Path) -> None:
     prompts = [(_ids(24, 5) * 4)[:80], (_ids(9, 6) * 8)[:60], [7, 8, 9, 10] * 12]
     p = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     plain = [run(engine(hybrid), {"r": (q, p)})["r"].outputs[0].token_ids for q in prompts]
-    eng = engine(hybrid, speculative={"method": "ngram", "k": 4}, max_num_batched_tokens=64)
+    eng = engine(hybrid, speculative={"method": "ngram", "k": 4}, max_num_batched_tokens=64, max_num_seqs=4)
     got = run(eng, {str(i): (q, p) for i, q in enumerate(prompts)})
     assert [got[str(i)].outputs[0].token_ids for i in range(len(prompts))] == plain
     m = eng.metrics()
@@ -100,7 +103,7 @@ def test_what_cannot_work_is_refused(hybrid: Path, tiny_llama_path: Path) -> Non
     slots = 1 + SPARE_STATE_SLOTS
     with pytest.raises(InvalidRequest, match=rf"n={slots + 1} samples need as many recurrent-state slots.*has {slots}"):
         eng.add_request("r", "abc", SamplingParams(n=slots + 1, max_tokens=2))
-    with pytest.raises(UnsupportedModelError, match=r"speculative draft model .*lfm2 has recurrent layers"):
+    with pytest.raises(UnsupportedModelError, match=r"speculative draft model .*(lfm2|granitehybrid) has recurrent layers"):
         LLM(str(tiny_llama_path), n_threads=1, kv_cache_memory="8MiB",
             speculative={"method": "draft", "model": str(hybrid)})
 

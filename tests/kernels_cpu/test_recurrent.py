@@ -1,6 +1,7 @@
-"""The recurrent layers' kernels against their NumPy twins, and the invariance they keep: a
-token's output and its sequence's state are bit-identical alone or batched with other
-sequences, in one step or split over several, and for any thread count."""
+"""The recurrent layers' kernels (LFM2's short convolution; Mamba2's convolution, selective
+scan and gated group norm) against their NumPy twins, and the invariance they keep: a token's
+output and its sequence's state are bit-identical alone or batched with other sequences, in
+one step or split over several, and for any thread count."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import numpy as np
 import pytest
 
 from edge_infer.kernels_cpu import reference_recurrent as ref
-from edge_infer.kernels_cpu.recurrent import short_conv_kernel
+from edge_infer.kernels_cpu.recurrent import (
+    conv_silu_kernel,
+    gated_group_rmsnorm_kernel,
+    short_conv_kernel,
+    ssm_scan_kernel,
+)
 
 D, TAPS, SLOTS = 80, 4, 5  # 80 channels: a partial work item of the 64-channel split
 
@@ -72,3 +78,74 @@ def test_short_conv_is_batch_chunk_and_thread_invariant(data: tuple[np.ndarray, 
     finally:
         numba.set_num_threads(before)
     np.testing.assert_array_equal(s2, s1)
+
+
+# Mamba2: H heads of P, groups G of Ns state values, a convolution of L taps over [x | B | C]
+H, P, G, NS, L = 6, 8, 2, 16, 4
+E, C = H * P, H * P + 2 * G * NS
+ZXDT = 2 * E + 2 * G * NS + H  # the in_proj output [z | x B C | dt]
+
+
+def _mamba_data(n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {
+        "zxdt": rng.standard_normal((n, ZXDT)).astype(np.float32),
+        "w": rng.standard_normal((C, L)).astype(np.float32) * 0.5,
+        "bias": rng.standard_normal(C).astype(np.float32) * 0.1,
+        "dt_bias": rng.uniform(-4.0, 1.0, H).astype(np.float32),  # some softplus inputs past 20 below
+        "a": -np.exp(rng.uniform(-1.0, 0.5, H)).astype(np.float32),
+        "d": rng.standard_normal(H).astype(np.float32),
+        "conv_state": rng.standard_normal((SLOTS, L - 1, C)).astype(np.float32),
+        "scan_state": rng.standard_normal((SLOTS, H, P, NS)).astype(np.float32),
+        "norm": rng.uniform(0.5, 1.5, E).astype(np.float32),
+    }
+
+
+def _mamba(m: dict[str, np.ndarray], rows: slice, batch: tuple[np.ndarray, ...],
+           snapshots: tuple[np.ndarray, np.ndarray] = NO_SNAPSHOTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(convolved x B C, scan output, gated norm) of the tokens `rows` as one step."""
+    zxdt = np.ascontiguousarray(m["zxdt"][rows])
+    n = zxdt.shape[0]
+    xbc, y, out = (np.full((n, w), np.nan, np.float32) for w in (C, E, E))
+    conv_silu_kernel(zxdt, E, m["w"], m["bias"], m["conv_state"], *batch, *snapshots, xbc)
+    ssm_scan_kernel(xbc, zxdt, E + C, m["dt_bias"], m["a"], m["d"], m["scan_state"], *batch, *snapshots, y)
+    gated_group_rmsnorm_kernel(y, zxdt, m["norm"], G, np.float32(1e-5), out)
+    return xbc, y, out
+
+
+def test_mamba2_kernels_match_reference() -> None:
+    m = _mamba_data(30)
+    m["zxdt"][3, E + C] = 25.0  # softplus's linear branch
+    batch = _batch([18, 12], [0, 5], [1, 3])
+    snaps = (np.array([4, 20], np.int32), np.array([0, 2], np.int32))
+    conv_state, scan_state = m["conv_state"].copy(), m["scan_state"].copy()
+    xbc, y, out = _mamba(m, slice(0, 30), batch, snaps)
+    want_xbc, want_conv = ref.conv_silu(m["zxdt"], E, m["w"], m["bias"], conv_state, *batch, *snaps)
+    np.testing.assert_allclose(xbc, want_xbc, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(m["conv_state"], want_conv, rtol=1e-6, atol=1e-6)
+    want_y, want_scan = ref.ssm_scan(xbc, m["zxdt"], E + C, m["dt_bias"], m["a"], m["d"], scan_state, *batch, *snaps)
+    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(m["scan_state"], want_scan, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, ref.gated_group_rmsnorm(y, m["zxdt"], m["norm"], G, 1e-5), rtol=1e-4, atol=1e-4)
+
+
+def test_mamba2_kernels_are_batch_chunk_and_thread_invariant() -> None:
+    m = _mamba_data(30)
+    start = {k: v.copy() for k, v in m.items()}
+    together = _mamba(m, slice(0, 30), _batch([20, 10], [0, 0], [0, 1]))
+    after = (m["conv_state"].copy(), m["scan_state"].copy())
+    m = {k: v.copy() for k, v in start.items()}
+    first = _mamba(m, slice(0, 7), _batch([7], [0], [2]))
+    rest = _mamba(m, slice(7, 20), _batch([13], [7], [2]))
+    for a, b, whole in zip(first, rest, together):
+        np.testing.assert_array_equal(np.concatenate([a, b]), whole[:20])
+    np.testing.assert_array_equal(m["scan_state"][2], after[1][0])
+    np.testing.assert_array_equal(m["conv_state"][2], after[0][0])
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+        m = {k: v.copy() for k, v in start.items()}
+        for a, b in zip(_mamba(m, slice(0, 30), _batch([20, 10], [0, 0], [0, 1])), together):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        numba.set_num_threads(before)

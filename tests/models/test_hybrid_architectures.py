@@ -3,8 +3,11 @@ llama.cpp's layout (tests/support/hybrid_models.py), as test_architectures.py do
 transformers: relative L2 <= 1e-3 and top-1 >= 99% in one prefill, one token a step, in chunks
 of several sizes (bit-identical to the prefill: a chunk resumes from the state the last one
 left), and batched with another sequence (bit-identical). Each part of the recurrent block
-switched off (its state, its taps' order, the c gate) fails the comparison. Quantized to Q8_0
-and Q4_K (the convolution's taps stay float32, as llama-quantize leaves them): mean KL <= 0.01."""
+switched off fails the comparison: LFM2's convolution state, its taps' order, its c gate;
+Mamba2's scan state, its memory past 64 tokens (the state forgotten at token 16 changes the
+logits from token 80 on), its D skip, its gate, granite's multipliers. Quantized to Q8_0 and
+Q4_K (the convolution's taps and the SSM's vectors stay float32, as llama-quantize leaves
+them): mean KL <= 0.01."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from arch_compare import MEAN_KL, REL_L2, TOP1, assert_matches, compare, llama_cpp_logits, ours, token_ids
-from hybrid_models import write_lfm2
+from hybrid_models import write_granitehybrid, write_lfm2
 from llama_oracle import kl_rows
 
 from edge_infer.errors import UnsupportedModelError
@@ -24,10 +27,17 @@ from edge_infer.formats.gguf import GGUFFile
 from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.models import ARCHITECTURES, config_from_gguf
 
-# name: the writer options that make the case's features bite
-CASES: dict[str, dict[str, Any]] = {
-    "lfm2": {},
-    "lfm2-swa": dict(sliding_window=8),
+# name: (writer, the options that make the case's features bite, {feature: config change that
+# switches it off})
+CASES: dict[str, tuple[Any, dict[str, Any], dict[str, dict[str, Any]]]] = {
+    "lfm2": (write_lfm2, {}, {}),
+    "lfm2-swa": (write_lfm2, dict(sliding_window=8), {"sliding window": {"swa_layers": (False,) * 6}}),
+    "granitehybrid": (write_granitehybrid, {}, {
+        "embedding_scale": {"embed_scale": 1.0}, "residual_scale": {"residual_scale": 1.0},
+        "attention.scale": {"attn_scale": 0.0}, "logit_scale": {"logit_scale": 1.0}}),
+    "granitehybrid-rope": (write_granitehybrid, dict(rope=True, multipliers=False), {"rope": {"nope_layers": (True,) * 6}}),
+    "granitehybrid-moe": (write_granitehybrid, dict(experts=(8, 2, 32), shared_ffn=48), {
+        "top-k": {"n_experts_used": 1}, "shared expert": {"shared_ffn_dim": 0, "ignored_tensors": ("*shexp*",)}}),
 }
 
 
@@ -37,8 +47,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _write(files: Path, name: str, qtype: str = "F32") -> Path:
+    writer, options, _ = CASES[name]
     shape: dict[str, Any] = dict(d_model=256, ffn=512, n_heads=16, n_kv_heads=4, output_std=0.25) if qtype != "F32" else {}
-    return write_lfm2(files / f"{name}-{qtype}.gguf", qtype=qtype, **CASES[name], **shape)
+    if qtype != "F32" and "experts" in options:  # expert widths of 256 for the K-quants
+        options = dict(options, experts=(8, 2, 256), shared_ffn=256)
+    return writer(files / f"{name}-{qtype}.gguf", qtype=qtype, **options, **shape)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -51,8 +64,16 @@ def test_matches_llama_cpp(name: str, files: Path) -> None:
 
 
 def _no_state(kernel: Any) -> Any:
-    def run(bcx: Any, w: Any, state: Any, seq_slot: Any, token_seq: Any, positions: Any, *rest: Any) -> None:
-        kernel(bcx, w, state, seq_slot, token_seq, np.zeros_like(positions), *rest)  # every token starts afresh
+    def run(*args: Any) -> None:  # (..., seq_slot, token_seq, positions, snap_rows, snap_slots, out): every token afresh
+        kernel(*args[:-4], np.zeros_like(args[-4]), *args[-3:])
+
+    return run
+
+
+def _forgets_at_16(kernel: Any) -> Any:
+    def run(*args: Any) -> None:  # the state restarts at position 16 too
+        positions = args[-4]
+        kernel(*args[:-4], np.where(positions == 16, 0, positions).astype(np.int32), *args[-3:])
 
     return run
 
@@ -74,41 +95,74 @@ def _ungated(kernel: Any) -> Any:
     return run
 
 
-@pytest.mark.parametrize("broken", [_no_state, _taps_reversed, _ungated], ids=["state", "tap order", "c gate"])
-def test_recurrent_block_parts_bite(broken: Any, files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The comparison above cannot pass with a part of the short convolution broken."""
-    path = _write(files, "lfm2")
+def _no_skip(kernel: Any) -> Any:
+    def run(xbc: Any, zxdt: Any, dt_off: Any, dt_bias: Any, a: Any, d: Any, *rest: Any) -> None:
+        kernel(xbc, zxdt, dt_off, dt_bias, a, np.zeros_like(d), *rest)
+
+    return run
+
+
+def _norm_ungated(kernel: Any) -> Any:
+    def run(y: Any, z: Any, *rest: Any) -> None:
+        kernel(y, np.full_like(z, 30.0), *rest)  # silu(30) = 30: a constant gate
+
+    return run
+
+
+# (case, the backend kernel broken, how, rows compared (from)
+BROKEN = [("lfm2", "short_conv", _no_state, 0), ("lfm2", "short_conv", _taps_reversed, 0),
+          ("lfm2", "short_conv", _ungated, 0), ("granitehybrid", "ssm_scan", _no_state, 0),
+          ("granitehybrid", "ssm_scan", _forgets_at_16, 80), ("granitehybrid", "conv_silu", _no_state, 0),
+          ("granitehybrid", "ssm_scan", _no_skip, 0), ("granitehybrid", "gated_group_rmsnorm", _norm_ungated, 0)]
+
+
+@pytest.mark.parametrize(("name", "method", "broken", "first"), BROKEN,
+                         ids=[f"{n}-{m}-{b.__name__.strip('_')}" for n, m, b, _ in BROKEN])
+def test_recurrent_block_parts_bite(name: str, method: str, broken: Any, first: int, files: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison above cannot pass with a part of the recurrent block broken (compared
+    from row `first`: the Mamba2 state's reach past 64 tokens)."""
+    path = _write(files, name)
     ids = token_ids()
     ref = llama_cpp_logits(path, ids)
-    monkeypatch.setattr(CpuBackend, "short_conv", staticmethod(broken(CpuBackend.short_conv)))
-    rel, agree = compare(ours(path, ids), ref)
+    monkeypatch.setattr(CpuBackend, method, staticmethod(broken(getattr(CpuBackend, method))))
+    rel, agree = compare(ours(path, ids)[first:], ref[first:])
     assert rel > REL_L2 or agree < TOP1, f"still relative L2 {rel:.2e}, top-1 {agree:.3f}"
 
 
-def test_sliding_window_bites(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _write(files, "lfm2-swa")
+ABLATIONS = [(name, feature) for name, case in CASES.items() for feature in case[2]]
+
+
+@pytest.mark.parametrize(("name", "feature"), ABLATIONS, ids=[f"{n}-{f}" for n, f in ABLATIONS])
+def test_feature_off_disagrees(name: str, feature: str, files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(files, name)
     ids = token_ids()
     ref = llama_cpp_logits(path, ids)
-    module = ARCHITECTURES["lfm2"]
+    module = ARCHITECTURES[GGUFFile(path).architecture]
     real = module.config_from_gguf
-    monkeypatch.setattr(module, "config_from_gguf",
-                        lambda f: dataclasses.replace(real(f), swa_layers=(False,) * real(f).n_layers))
+    monkeypatch.setattr(module, "config_from_gguf", lambda f: dataclasses.replace(real(f), **CASES[name][2][feature]))
     rel, agree = compare(ours(path, ids), ref)
-    assert rel > REL_L2 or agree < TOP1, f"full attention: still relative L2 {rel:.2e}, top-1 {agree:.3f}"
+    assert rel > REL_L2 or agree < TOP1, f"{name} without {feature}: still relative L2 {rel:.2e}, top-1 {agree:.3f}"
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
-def test_quantized_kl(qtype: str, files: Path) -> None:
-    path = _write(files, "lfm2", qtype)
+QUANT = [(name, q) for name in ("lfm2", "granitehybrid", "granitehybrid-moe") for q in ("Q8_0", "Q4_K")]
+
+
+@pytest.mark.parametrize(("name", "qtype"), QUANT, ids=[f"{n}-{q}" for n, q in QUANT])
+def test_quantized_kl(name: str, qtype: str, files: Path) -> None:
+    path = _write(files, name, qtype)
     ids = token_ids()
     kl = float(kl_rows(llama_cpp_logits(path, ids), ours(path, ids)).mean())
-    assert kl <= MEAN_KL, f"lfm2 {qtype}: mean KL {kl:.4f} vs llama.cpp"
+    assert kl <= MEAN_KL, f"{name} {qtype}: mean KL {kl:.4f} vs llama.cpp"
 
 
 def test_layer_kinds_and_refusals(files: Path) -> None:
     cfg = config_from_gguf(GGUFFile(_write(files, "lfm2")))
     assert cfg.conv_layers == (True, False, True, True, False, True) and cfg.kv_layers == (1, 4)
-    assert cfg.state_shapes == ((2, 64),) * 4 and cfg.recurrent
+    assert cfg.state_shapes == (((2, 64),),) * 4 and cfg.recurrent
+    g = config_from_gguf(GGUFFile(_write(files, "granitehybrid")))
+    assert g.ssm_layers == (True, False, True, True, False, True) and g.kv_layers == (1, 4)
+    assert g.state_shapes == (((3, 192), (8, 16, 16)),) * 4 and g.state_bytes == 4 * 4 * (3 * 192 + 8 * 16 * 16)
     bad = write_lfm2(files / "lfm2-mixed-kv.gguf", layers=("conv", "attn", "attn"))
     f = GGUFFile(bad)
     f.metadata["lfm2.attention.head_count_kv"] = [0, 2, 4]  # two attention layers, two KV head counts

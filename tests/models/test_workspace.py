@@ -92,8 +92,8 @@ def test_every_buffer_is_allocated_by_its_field_name() -> None:
 
     t, d, q, kv, f = 4, 64, 96, 32, 128  # K_max = 128
     ws = Workspace.allocate(empty, t, workspace_shapes(t, d, q, kv, f))
-    assert len(made) == 24 and ws.capacity == t and ws.moe is None
-    assert ws.conv_in.shape == (t, 0) and ws.conv_y.shape == (t, 0)  # no short convolution: empty
+    assert len(made) == 26 and ws.capacity == t and ws.moe is None
+    assert ws.rec_in.shape == ws.rec_y.shape == ws.rec_out.shape == (t, 0)  # no recurrent block: empty
     assert ws.h.shape == (t, d) and ws.k.shape == (t, kv) and ws.attn.shape == (t, q) and ws.act.shape == (t, f)
     assert ws.seq_rows.shape == (t,) and ws.seq_rows.dtype == np.int32 and ws.no_out.shape == (t, 0)
     assert (ws.xq4.shape, ws.xd.shape, ws.xsum.shape, ws.xs16.shape) == ((128,), (16,), (16,), (32,))
@@ -104,8 +104,9 @@ def test_every_buffer_is_allocated_by_its_field_name() -> None:
     assert moe.logits.shape == (t, 8) and moe.offsets.shape == (9,) and moe.xg.shape == (8, d)
     assert moe.xq4.shape == (8 * 64 // 4,) and moe.xs16.dtype == np.int32
     assert make_workspace(t, d, q, kv, f, (8, 2, 32)).moe is not None
-    hybrid = make_workspace(t, d, q, kv, f, conv_width=3 * d)
-    assert hybrid.conv_in.shape == (t, 3 * d) and hybrid.conv_y.shape == (t, d) and hybrid.o_rows.shape == (t, d)
+    hybrid = make_workspace(t, d, q, kv, f, recurrent=(700, 300, 256))  # Mamba2: out_proj's input the widest
+    assert hybrid.rec_in.shape == (t, 700) and hybrid.rec_mid.shape == (t, 300) and hybrid.rec_out.shape == (t, 256)
+    assert hybrid.xq4.shape == (t * 256 // 4,) and hybrid.o_rows.shape == (t, d)
 
 
 def test_a_shape_table_must_name_exactly_the_fields() -> None:

@@ -96,15 +96,16 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
 
 
 def _experts(wt: _Weights, w: GGUFWriter, p: str, d: int, experts: tuple[int, int, int], shared_ffn: int,
-             router_std: float) -> None:
-    """One layer's router, expert stacks [E, rows, cols] and shared expert."""
+             router_std: float, shared_gate: bool = True) -> None:
+    """One layer's router, expert stacks [E, rows, cols] and shared expert (gated: qwen2moe)."""
     n_exp, _, fe = experts
     w.add_tensor(p + "ffn_gate_inp.weight", wt.rng.normal(0.0, router_std, (n_exp, d)).astype(np.float32))
     for name, rows, cols, std in (("ffn_gate_exps", fe, d, None), ("ffn_up_exps", fe, d, None),
                                   ("ffn_down_exps", d, fe, 0.3)):
         wt.stack(p + name + ".weight", n_exp, rows, cols, std=std)
-    if shared_ffn:
+    if shared_ffn and shared_gate:
         wt.vector(p + "ffn_gate_inp_shexp.weight", d, std=0.3)
+    if shared_ffn:
         wt.matrix(p + "ffn_gate_shexp.weight", shared_ffn, d)
         wt.matrix(p + "ffn_up_shexp.weight", shared_ffn, d)
         wt.matrix(p + "ffn_down_shexp.weight", d, shared_ffn, std=0.3)

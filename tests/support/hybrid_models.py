@@ -9,8 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from arch_models import _experts
 from gguf import GGUFWriter
 from tiny_models import VOCAB_SIZE, _add_tokenizer, _Weights, finish
+
+
+def _attention(wt: _Weights, p: str, d_model: int, kv_dim: int) -> None:
+    """A layer's pre-norms (its block's and its FFN's) and GQA projections."""
+    _norms(wt, p, d_model)
+    wt.matrix(p + "attn_q.weight", d_model, d_model, std=0.2)
+    wt.matrix(p + "attn_k.weight", kv_dim, d_model, std=0.2)
+    wt.matrix(p + "attn_v.weight", kv_dim, d_model, std=0.3)
+    wt.matrix(p + "attn_output.weight", d_model, d_model, std=0.3)
+
+
+def _norms(wt: _Weights, p: str, d_model: int) -> None:
+    wt.vector(p + "attn_norm.weight", d_model, mean=1.0)
+    wt.vector(p + "ffn_norm.weight", d_model, mean=1.0)
+
 
 # LFM2's layer kinds, shortened: a convolution first and last (the last layer's row selection)
 LFM2_LAYERS = ("conv", "attn", "conv", "conv", "attn", "conv")
@@ -39,20 +55,81 @@ def write_lfm2(path: Path, *, qtype: str = "F32", layers: tuple[str, ...] = LFM2
     wt.vector("token_embd_norm.weight", d_model, mean=1.0)
     for i, kind in enumerate(layers):
         p = f"blk.{i}."
-        wt.vector(p + "attn_norm.weight", d_model, mean=1.0)
-        wt.vector(p + "ffn_norm.weight", d_model, mean=1.0)
         if kind == "attn":
-            wt.matrix(p + "attn_q.weight", d_model, d_model, std=0.2)
-            wt.matrix(p + "attn_k.weight", n_kv_heads * hd, d_model, std=0.2)
-            wt.matrix(p + "attn_v.weight", n_kv_heads * hd, d_model, std=0.3)
-            wt.matrix(p + "attn_output.weight", d_model, d_model, std=0.3)
+            _attention(wt, p, d_model, n_kv_heads * hd)
             wt.vector(p + "attn_q_norm.weight", hd, mean=1.0, std=0.2)
             wt.vector(p + "attn_k_norm.weight", hd, mean=1.0, std=0.2)
         else:
+            _norms(wt, p, d_model)
             wt.matrix(p + "shortconv.in_proj.weight", 3 * d_model, d_model, std=0.3)
             # [D, L] taps (GGUF shape (L, D)), kept in float32 as llama.cpp's quantizer keeps them
             w.add_tensor(p + "shortconv.conv.weight", wt.rng.normal(0.0, conv_std, (d_model, l_cache)).astype(np.float32))
             wt.matrix(p + "shortconv.out_proj.weight", d_model, d_model, std=0.3)
+        wt.matrix(p + "ffn_gate.weight", ffn, d_model)
+        wt.matrix(p + "ffn_up.weight", ffn, d_model)
+        wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
+    finish(w)
+    return path
+
+
+GRANITE_LAYERS = ("ssm", "attn", "ssm", "ssm", "attn", "ssm")
+
+
+def write_granitehybrid(path: Path, *, qtype: str = "F32", layers: tuple[str, ...] = GRANITE_LAYERS,
+                        d_model: int = 64, n_heads: int = 4, n_kv_heads: int = 2, ffn: int = 128, d_state: int = 16,
+                        ssm_heads: int = 8, groups: int = 2, d_conv: int = 4, context_length: int = 256,
+                        rope: bool = False, multipliers: bool = True, seed: int = 0, output_std: float = 0.5,
+                        experts: tuple[int, int, int] | None = None, shared_ffn: int = 0) -> Path:
+    """A granitehybrid model: `layers` names each layer's kind ("ssm" for Mamba2, "attn");
+    d_inner = 2 * d_model (llama.cpp asserts it); experts (E, k, width) and an ungated shared
+    expert of shared_ffn instead of the dense FFN (Granite 4.0-H Tiny's layout). The scan's decay is slow (softplus(dt) * |A|
+    about 0.01-0.05 a token), so the state carries a token's influence over tens of tokens."""
+    arch, hd, d_inner = "granitehybrid", d_model // n_heads, 2 * d_model
+    conv_dim = d_inner + 2 * groups * d_state
+    w = GGUFWriter(str(path), arch)
+    w.add_name("tiny random model")
+    for key, value in {"block_count": len(layers), "embedding_length": d_model, "attention.head_count": n_heads,
+                       "feed_forward_length": experts[2] if experts else ffn, "context_length": context_length,
+                       "ssm.conv_kernel": d_conv,
+                       "ssm.inner_size": d_inner, "ssm.state_size": d_state, "ssm.time_step_rank": ssm_heads,
+                       "ssm.group_count": groups}.items():
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_array(f"{arch}.attention.head_count_kv", [n_kv_heads if k == "attn" else 0 for k in layers])
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_bool(f"{arch}.rope.scaling.finetuned", rope)
+    if experts:
+        w.add_uint32(f"{arch}.expert_count", experts[0])
+        w.add_uint32(f"{arch}.expert_used_count", experts[1])
+        if shared_ffn:
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", shared_ffn)
+    if multipliers:
+        for key, value in (("embedding_scale", 3.0), ("residual_scale", 0.4), ("attention.scale", 0.6),
+                           ("logit_scale", 4.0)):
+            w.add_float32(f"{arch}.{key}", value)
+    _add_tokenizer(w, add_bos=True)
+    wt = _Weights(w, qtype, seed, widen=float(np.sqrt(64 / d_model)))
+    wt.matrix("token_embd.weight", VOCAB_SIZE, d_model, std=output_std)
+    wt.vector("output_norm.weight", d_model, mean=1.0)
+    wt.matrix("output.weight", VOCAB_SIZE, d_model, std=output_std)
+    rng = wt.rng
+    for i, kind in enumerate(layers):
+        p = f"blk.{i}."
+        if kind == "attn":
+            _attention(wt, p, d_model, n_kv_heads * hd)
+        else:
+            _norms(wt, p, d_model)
+            wt.matrix(p + "ssm_in.weight", 2 * d_inner + 2 * groups * d_state + ssm_heads, d_model, std=0.2)
+            w.add_tensor(p + "ssm_conv1d.weight", rng.normal(0.0, 0.5, (conv_dim, d_conv)).astype(np.float32))
+            w.add_tensor(p + "ssm_conv1d.bias", rng.normal(0.0, 0.1, conv_dim).astype(np.float32))
+            w.add_tensor(p + "ssm_dt.bias", rng.uniform(-4.5, -3.0, ssm_heads).astype(np.float32))
+            w.add_tensor(p + "ssm_a", -np.exp(rng.uniform(-1.0, 0.5, (ssm_heads, 1))).astype(np.float32))
+            w.add_tensor(p + "ssm_d", rng.normal(1.0, 0.3, (ssm_heads, 1)).astype(np.float32))
+            w.add_tensor(p + "ssm_norm.weight", rng.normal(1.0, 0.1, (groups, d_inner // groups)).astype(np.float32))
+            wt.matrix(p + "ssm_out.weight", d_model, d_inner, std=0.2)
+        if experts:
+            _experts(wt, w, p, d_model, experts, shared_ffn, 0.3, shared_gate=False)
+            continue
         wt.matrix(p + "ffn_gate.weight", ffn, d_model)
         wt.matrix(p + "ffn_up.weight", ffn, d_model)
         wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
