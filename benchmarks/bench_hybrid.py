@@ -1,10 +1,10 @@
 """A hybrid recurrent model's speed against llama.cpp on the same file, same run, and what the
 state snapshots buy a prefix-cache hit:
 
-    python benchmarks/bench_hybrid.py [--path FILE.gguf] [--threads 2] [--n-prompt 512] [--n-gen 64]
-        [--prefix 2000] [--reps 3] [--json]
+    python benchmarks/bench_hybrid.py [--shape lfm2-1.2b|qwen35-0.8b] [--path FILE.gguf] [--threads 2]
+        [--n-prompt 512] [--n-gen 64] [--prefix 2000] [--reps 3] [--json]
 
-The file is benchmarks/hybrid_file.py's random Q4_K LFM2-1.2B shape, written on first use.
+The file is benchmarks/hybrid_file.py's random Q4_K file of the shape, written on first use.
 pp and decode at batch 1 are `edge-infer bench`'s measurement (llama.cpp before and after
 ours; ratios edge-infer / llama.cpp). Time to first token of a prompt of `--prefix` tokens plus
 16: cold (a fresh prefix), then the same prefix with another 16-token suffix, which resumes
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hybrid_file import DEFAULT_PATH, write_hybrid_file
+from hybrid_file import SHAPES, default_path, write_hybrid_file
 
 from edge_infer.bench.baseline import baseline_info, format_baseline
 from edge_infer.bench.pp_tg import BenchConfig, bench_prompt, format_table, run
@@ -51,7 +51,8 @@ def prefix_ttft(path: str, threads: int, prefix: int, reps: int) -> dict[str, An
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--path", type=Path, default=DEFAULT_PATH)
+    ap.add_argument("--shape", choices=SHAPES, default="lfm2-1.2b")
+    ap.add_argument("--path", type=Path)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-prompt", type=int, default=512)
     ap.add_argument("--n-gen", type=int, default=64)
@@ -59,10 +60,11 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    if not a.path.exists():
-        print(f"writing {a.path} ...", file=sys.stderr)
-        write_hybrid_file(a.path)
-    path = str(a.path)
+    file = a.path or default_path(a.shape)
+    if not file.exists():
+        print(f"writing {file} ...", file=sys.stderr)
+        write_hybrid_file(file, shape=a.shape)
+    path = str(file)
     single = run(BenchConfig(path, a.threads, a.n_prompt, a.n_gen, a.reps))
     ttft = prefix_ttft(path, a.threads, a.prefix, a.reps)
     res = {"single": single, "prefix_hit": ttft, "llama_cpp_build": baseline_info()}

@@ -120,6 +120,10 @@ Recurrent layers (recurrent.py; a state slot per sequence, seq_slot [S], token_s
   ssm_scan_kernel(xbc [N, H*P + 2*G*Ns], zxdt, dt_off, dt_bias [H], a [H], d [H],
       state [slots, H, P, Ns], ..., y [N, H*P])   the selective scan + D x (threads split heads).
   gated_group_rmsnorm_kernel(y, z, w, groups, eps, out)   rmsnorm per group of y * silu(z), * w.
+  delta_rule_kernel(qkv, beta, alpha, dt_bias, a, state [slots, H, S, S], ..., k_heads, eps, y)
+      Qwen3.5's gated delta rule (threads split value heads); head_rmsnorm_gate_kernel(y, z, w,
+      eps, out): rmsnorm per head * w * silu(z). ops: split_gated_q_kernel, sigmoid_mul_kernel
+      (gated attention's [q | gate] split and sigmoid gate).
 
 The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.models.backend
 .Backend); kernels_cuda's backend has the same methods over device arrays:

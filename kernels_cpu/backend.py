@@ -101,8 +101,8 @@ class CpuBackend:
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
                        experts: tuple[int, int, int] | None = None,
-                       recurrent: tuple[int, int, int] = (0, 0, 0)) -> Workspace:
-        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim, experts, recurrent)
+                       recurrent: tuple[int, ...] = (0, 0, 0, 0, 0), gated_attention: bool = False) -> Workspace:
+        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim, experts, recurrent, gated_attention)
 
     @staticmethod
     def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -146,6 +146,10 @@ class CpuBackend:
     conv_silu = staticmethod(recurrent.conv_silu_kernel)
     ssm_scan = staticmethod(recurrent.ssm_scan_kernel)
     gated_group_rmsnorm = staticmethod(recurrent.gated_group_rmsnorm_kernel)
+    delta_rule = staticmethod(recurrent.delta_rule_kernel)
+    head_rmsnorm_gate = staticmethod(recurrent.head_rmsnorm_gate_kernel)
+    split_gated_q = staticmethod(ops.split_gated_q_kernel)
+    sigmoid_mul = staticmethod(ops.sigmoid_mul_kernel)
 
     # -- memory and the step's inputs and outputs (host arrays already) -----------------------
     @staticmethod

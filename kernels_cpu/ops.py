@@ -103,3 +103,22 @@ def scale_kernel(x, factor):
     for t in range(x.shape[0]):
         for k in range(x.shape[1]):
             x[t, k] *= factor
+
+
+@kernel
+def split_gated_q_kernel(qg, head_dim, q, gate):
+    """Qwen3.5's gated attention: each head's projection [q (head_dim) | gate (head_dim)] of qg
+    f32 [T, 2Q] into q and gate f32 [T, Q]."""
+    for t in range(qg.shape[0]):
+        for h in range(q.shape[1] // head_dim):
+            for i in range(head_dim):
+                q[t, h * head_dim + i] = qg[t, 2 * h * head_dim + i]
+                gate[t, h * head_dim + i] = qg[t, (2 * h + 1) * head_dim + i]
+
+
+@kernel
+def sigmoid_mul_kernel(x, gate):
+    """x *= sigmoid(gate), in place; both f32 [T, Q]."""
+    for t in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            x[t, k] = x[t, k] * (np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-gate[t, k]))))

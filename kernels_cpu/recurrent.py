@@ -101,6 +101,24 @@ def conv_silu_kernel(src: np.ndarray, off: int, w: np.ndarray, bias: np.ndarray,
     causal_conv_kernel(src, off, False, w, bias, state, seq_slot, token_seq, positions, snap_rows, snap_slots, out)
 
 
+@kernel(inline=True)
+def _zero_head(state, s, h):
+    for r in range(state.shape[2]):
+        for c in range(state.shape[3]):
+            state[s, h, r, c] = np.float32(0.0)
+
+
+@kernel(inline=True)
+def _snapshot_head(state, s, h, snap_rows, snap_slots, j, t):
+    """Copy head h of slot s's state [slots, H, A, B] to the snapshot slots of token t; the next j."""
+    while j < snap_rows.shape[0] and snap_rows[j] == t:
+        for r in range(state.shape[2]):
+            for c in range(state.shape[3]):
+                state[snap_slots[j], h, r, c] = state[s, h, r, c]
+        j += 1
+    return j
+
+
 @kernel(parallel=True, fastmath=REORDER)
 def ssm_scan_kernel(xbc, zxdt, dt_off, dt_bias, a, d_skip, state, seq_slot, token_seq, positions, snap_rows,
                     snap_slots, y):
@@ -123,9 +141,7 @@ def ssm_scan_kernel(xbc, zxdt, dt_off, dt_bias, a, d_skip, state, seq_slot, toke
         for t in range(n):
             s = seq_slot[token_seq[t]]
             if positions[t] == 0:
-                for p in range(p_dim):
-                    for k in range(ns):
-                        state[s, h, p, k] = np.float32(0.0)
+                _zero_head(state, s, h)
             dt = zxdt[t, dt_off + h] + dt_bias[h]
             if dt <= np.float32(20.0):
                 dt = np.float32(math.log(np.float32(1.0) + np.float32(math.exp(dt))))
@@ -139,11 +155,7 @@ def ssm_scan_kernel(xbc, zxdt, dt_off, dt_bias, a, d_skip, state, seq_slot, toke
                     state[s, h, p, k] = st
                     acc += st * xbc[t, c_at + k]
                 y[t, h * p_dim + p] = acc + xv * d_skip[h]
-            while j < snap_rows.shape[0] and snap_rows[j] == t:
-                for p in range(p_dim):
-                    for k in range(ns):
-                        state[snap_slots[j], h, p, k] = state[s, h, p, k]
-                j += 1
+            j = _snapshot_head(state, s, h, snap_rows, snap_slots, j, t)
 
 
 @kernel(parallel=True)
@@ -164,3 +176,76 @@ def gated_group_rmsnorm_kernel(y, z, w, groups, eps, out):
             sc = np.float32(1.0 / math.sqrt(ss / width + eps))
             for k in range(lo, lo + width):
                 out[t, k] = np.float32(out[t, k] * sc) * w[k]
+
+
+@kernel(inline=True)
+def _l2_scale(x, t, lo, n, eps):
+    """1 / sqrt(sum of x[t, lo:lo+n]^2 + eps), as llama.cpp's build_gdn_l2_norm computes it:
+    rms_norm with eps / n (sum in float64), then a scale by 1 / sqrt(n)."""
+    s = 0.0
+    for i in range(lo, lo + n):
+        v = np.float64(x[t, i])
+        s += v * v
+    return np.float32(1.0 / math.sqrt(s / n + eps / n)) * np.float32(1.0 / math.sqrt(n))
+
+
+@kernel(parallel=True, fastmath=REORDER)
+def delta_rule_kernel(qkv, beta, alpha, dt_bias, a, state, seq_slot, token_seq, positions, snap_rows, snap_slots,
+                      k_heads, eps, y):
+    """Qwen3.5's gated delta rule (llama.cpp's gated_delta_net op, one token at a time): qkv f32
+    [N, 2*Hk*S + H*S] the convolved [q | k | v] (value head h reads key head h % Hk, ggml's
+    repeat); beta, alpha f32 [N, H] their projections; dt_bias, a (-exp(A_log)) f32 [H]; state
+    f32 [slots, H, S, S] (row j: value dim, column i: key dim); y f32 [N, H*S]. Per token and
+    value head: q, k l2-normalised; g = exp(softplus(alpha + dt_bias) * a); b = sigmoid(beta);
+    state *= g; d = (v - state k) * b; state += d k^T; y = state q / sqrt(S). Threads split
+    heads; every sum has one fixed order."""
+    n = y.shape[0]
+    heads, sd = state.shape[1], state.shape[2]
+    key_dim = k_heads * sd
+    scale = np.float32(1.0 / math.sqrt(sd))
+    for h in numba.prange(heads):
+        kh = h % k_heads
+        q_at, k_at, v_at = kh * sd, key_dim + kh * sd, 2 * key_dim + h * sd
+        j0 = 0
+        for t in range(n):
+            s = seq_slot[token_seq[t]]
+            if positions[t] == 0:
+                _zero_head(state, s, h)
+            sq = _l2_scale(qkv, t, q_at, sd, eps)
+            sk = _l2_scale(qkv, t, k_at, sd, eps)
+            g_in = alpha[t, h] + dt_bias[h]
+            if g_in <= np.float32(20.0):
+                g_in = np.float32(math.log(np.float32(1.0) + np.float32(math.exp(g_in))))
+            decay = np.float32(math.exp(g_in * a[h]))
+            b = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-beta[t, h])))
+            for r in range(sd):
+                acc = np.float32(0.0)
+                for c in range(sd):
+                    st = state[s, h, r, c] * decay
+                    state[s, h, r, c] = st
+                    acc += st * (qkv[t, k_at + c] * sk)
+                d = (qkv[t, v_at + r] - acc) * b
+                out = np.float32(0.0)
+                for c in range(sd):
+                    st = state[s, h, r, c] + (qkv[t, k_at + c] * sk) * d
+                    state[s, h, r, c] = st
+                    out += st * (qkv[t, q_at + c] * sq)
+                y[t, h * sd + r] = out * scale
+            j0 = _snapshot_head(state, s, h, snap_rows, snap_slots, j0, t)
+
+
+@kernel(parallel=True)
+def head_rmsnorm_gate_kernel(y, z, w, eps, out):
+    """Qwen3.5's gated norm: out = rmsnorm(y per head of len(w)) * w * silu(z) (sum of squares in
+    float64, index order); y, z, out f32 [N, H*S]; w f32 [S]."""
+    n, e = y.shape
+    sd = w.shape[0]
+    for t in numba.prange(n):
+        for lo in range(0, e, sd):
+            ss = 0.0
+            for k in range(lo, lo + sd):
+                v = np.float64(y[t, k])
+                ss += v * v
+            sc = np.float32(1.0 / math.sqrt(ss / sd + eps))
+            for k in range(sd):
+                out[t, lo + k] = np.float32(y[t, lo + k] * sc) * w[k] * silu(z[t, lo + k])

@@ -78,3 +78,44 @@ def gated_group_rmsnorm(y: np.ndarray, z: np.ndarray, w: np.ndarray, groups: int
     v = (y.astype(np.float64) * z64 / (1.0 + np.exp(-z64))).reshape(n, groups, e // groups)
     v = v / np.sqrt((v * v).mean(-1, keepdims=True) + eps)
     return (v.reshape(n, e) * w).astype(np.float32)
+
+
+def delta_rule(qkv: np.ndarray, beta: np.ndarray, alpha: np.ndarray, dt_bias: np.ndarray, a: np.ndarray,
+               state: np.ndarray, seq_slot: np.ndarray, token_seq: np.ndarray, positions: np.ndarray,
+               snap_rows: np.ndarray, snap_slots: np.ndarray, k_heads: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(y f32 [N, H*S], the state pool after the step); arguments as delta_rule_kernel's."""
+    st = state.astype(np.float64).copy()
+    heads, sd = state.shape[1], state.shape[2]
+    key_dim = k_heads * sd
+    x = qkv.astype(np.float64)
+    y = np.empty((qkv.shape[0], heads * sd), np.float64)
+    for t in range(qkv.shape[0]):
+        s = seq_slot[token_seq[t]]
+        if positions[t] == 0:
+            st[s] = 0.0
+        q = x[t, :key_dim].reshape(k_heads, sd)
+        k = x[t, key_dim : 2 * key_dim].reshape(k_heads, sd)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+        q, k = q[np.arange(heads) % k_heads], k[np.arange(heads) % k_heads]  # ggml's repeat: tiled
+        v = x[t, 2 * key_dim :].reshape(heads, sd)
+        g = alpha[t].astype(np.float64) + dt_bias
+        g = np.where(g > 20.0, g, np.log1p(np.exp(g))) * a
+        b = 1.0 / (1.0 + np.exp(-beta[t].astype(np.float64)))
+        st[s] *= np.exp(g)[:, None, None]
+        d = (v - np.einsum("hji,hi->hj", st[s], k)) * b[:, None]
+        st[s] += d[:, :, None] * k[:, None, :]
+        y[t] = (np.einsum("hji,hi->hj", st[s], q) / np.sqrt(sd)).reshape(-1)
+        for r, slot in zip(snap_rows, snap_slots):
+            if r == t:
+                st[slot] = st[s]
+    return y.astype(np.float32), st.astype(np.float32)
+
+
+def head_rmsnorm_gate(y: np.ndarray, z: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """rmsnorm per head of len(w) of y, times w, times silu(z)."""
+    n, e = y.shape
+    v = y.astype(np.float64).reshape(n, e // w.shape[0], w.shape[0])
+    v = v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * w
+    z64 = z.astype(np.float64)
+    return (v.reshape(n, e) * z64 / (1.0 + np.exp(-z64))).astype(np.float32)

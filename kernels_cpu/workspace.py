@@ -47,6 +47,13 @@ class Workspace:
     rec_mid: np.ndarray
     rec_y: np.ndarray
     rec_out: np.ndarray
+    rec_z: np.ndarray  # f32 [T, V] the delta rule's output gate (V value width)
+    rec_beta: np.ndarray  # f32 [T, H] its per-head beta and alpha projections
+    rec_alpha: np.ndarray
+    # gated attention (qwen35; width 0 without): Q's projection [q | gate] per head, the gate, its rows
+    qg: np.ndarray  # f32 [T, 2Q]
+    q_gate: np.ndarray  # f32 [T, Q]
+    q_gate_rows: np.ndarray  # f32 [T, Q]
     xq4: np.ndarray  # i32 [T * K_max / 4] int8 activation codes, 4 per int32 (viewed [n, K/4])
     xd: np.ndarray  # f32 [T * K_max / 32] activation block scales (viewed [n, K/32])
     xsum: np.ndarray  # i32 [T * K_max / 32] activation block sums (viewed [n, K/32])
@@ -100,14 +107,16 @@ def _buffers(cls: type, empty: Empty, shapes: dict[str, Shape], other: set[str])
 
 
 def workspace_shapes(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                     per_row: bool = False, recurrent: tuple[int, int, int] = (0, 0, 0)) -> dict[str, Shape]:
+                     per_row: bool = False, recurrent: tuple[int, ...] = (0, 0, 0, 0, 0),
+                     gated_attention: bool = False) -> dict[str, Shape]:
     """Each Workspace buffer's (shape, dtype) for steps of up to `capacity` tokens. The
     activation-code buffers (xq4, xd, xsum, xs16) are flat [T * K_max / g], viewed as a
     contiguous [n, K/g] per matmul (i8_views, k_views), or with per_row [T, K_max / g], sliced
     [:n, :K/g] per launch (the CUDA kernels index rows and columns). recurrent: a hybrid
-    model's ModelConfig.recurrent_widths."""
+    model's ModelConfig.recurrent_widths; gated_attention: ModelConfig.attn_output_gate."""
     t, f32, i32 = capacity, np.float32, np.int32
-    rec_in, rec_mid, rec_y = recurrent
+    rec_in, rec_mid, rec_y, rec_z, rec_h = recurrent
+    gq = q_dim if gated_attention else 0
     k_max = max(d_model, q_dim, ffn_dim, rec_y)
 
     def codes(group: int) -> tuple[int, ...]:
@@ -120,7 +129,9 @@ def workspace_shapes(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_d
         "up": ((t, ffn_dim), f32), "act": ((t, ffn_dim), f32), "q_rows": ((t, q_dim), f32),
         "h_rows": ((t, d_model), f32), "xn_rows": ((t, d_model), f32), "seq_rows": ((t,), i32),
         "pos_rows": ((t,), i32), "o_rows": ((t, d_model), f32), "rec_in": ((t, rec_in), f32),
-        "rec_mid": ((t, rec_mid), f32), "rec_y": ((t, rec_y), f32), "rec_out": ((t, rec_y if rec_mid else 0), f32), "xq4": (codes(4), i32), "xd": (codes(32), f32),
+        "rec_mid": ((t, rec_mid), f32), "rec_y": ((t, rec_y), f32), "rec_out": ((t, rec_y if rec_mid else 0), f32),
+        "rec_z": ((t, rec_z), f32), "rec_beta": ((t, rec_h), f32), "rec_alpha": ((t, rec_h), f32),
+        "qg": ((t, 2 * gq), f32), "q_gate": ((t, gq), f32), "q_gate_rows": ((t, gq), f32), "xq4": (codes(4), i32), "xd": (codes(32), f32),
         "xsum": (codes(32), i32), "xs16": (codes(16), i32), "no_out": ((t, 0), f32),
     }
 
@@ -140,12 +151,13 @@ def expert_shapes(capacity: int, d_model: int, n_experts: int, n_used: int, expe
 
 
 def make_workspace(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
-                   experts: tuple[int, int, int] | None = None,
-                   recurrent: tuple[int, int, int] = (0, 0, 0)) -> Workspace:
+                   experts: tuple[int, int, int] | None = None, recurrent: tuple[int, ...] = (0, 0, 0, 0, 0),
+                   gated_attention: bool = False) -> Workspace:
     """Host buffers for steps of up to `capacity` tokens; experts: (E, k, Fe) of a
-    mixture-of-experts model; recurrent: see workspace_shapes."""
+    mixture-of-experts model; recurrent, gated_attention: see workspace_shapes."""
     moe = ExpertWorkspace.allocate(np.empty, expert_shapes(capacity, d_model, *experts)) if experts else None
-    shapes = workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim, recurrent=recurrent)
+    shapes = workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim, recurrent=recurrent,
+                              gated_attention=gated_attention)
     return Workspace.allocate(np.empty, capacity, shapes, moe)
 
 

@@ -129,10 +129,10 @@ class CudaBackend:
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
                        experts: tuple[int, int, int] | None = None,
-                       recurrent: tuple[int, int, int] = (0, 0, 0)) -> Workspace:
+                       recurrent: tuple[int, ...] = (0, 0, 0, 0, 0), gated_attention: bool = False) -> Workspace:
         if experts is not None:
             raise UnsupportedModelError("device='cuda' has no mixture-of-experts kernels; use device='cpu'")
-        if any(recurrent):
+        if any(recurrent) or gated_attention:
             raise UnsupportedModelError(_NO_RECURRENT)
         self._steps.invalidate()  # recorded forwards hold the old workspace's addresses
         # The kernels slice the activation codes [:n, :K/g] (per_row) and keep no block sums.
@@ -165,7 +165,7 @@ class CudaBackend:
     def short_conv(self, *args: Any) -> None:
         raise UnsupportedModelError(_NO_RECURRENT)
 
-    conv_silu = ssm_scan = gated_group_rmsnorm = short_conv
+    conv_silu = ssm_scan = gated_group_rmsnorm = delta_rule = head_rmsnorm_gate = split_gated_q = sigmoid_mul = short_conv
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None:
         if not copies:

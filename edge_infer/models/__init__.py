@@ -21,6 +21,7 @@ from edge_infer.models import (
     qwen2moe,
     qwen3,
     qwen3moe,
+    qwen35,
     smollm3,
 )
 from edge_infer.models.config import ModelConfig
@@ -28,7 +29,7 @@ from edge_infer.models.config import ModelConfig
 ARCHITECTURES: dict[str, ModuleType] = {
     m.ARCH: m
     for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe, lfm2,
-              granitehybrid)
+              granitehybrid, qwen35)
 }
 
 

@@ -35,7 +35,7 @@ class Backend(Protocol):
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
                        experts: tuple[int, int, int] | None = None,
-                       recurrent: tuple[int, int, int] = (0, 0, 0)) -> Any:
+                       recurrent: tuple[int, ...] = (0, 0, 0, 0, 0), gated_attention: bool = False) -> Any:
         """The forward's scratch for steps of up to `capacity` tokens (kernels_cpu.workspace);
         experts: (E, k, Fe) of a mixture-of-experts model; recurrent: a hybrid model's
         ModelConfig.recurrent_widths."""
@@ -77,6 +77,18 @@ class Backend(Protocol):
         ...
 
     def gated_group_rmsnorm(self, y: Array, z: Array, w: Array, groups: int, eps: Any, out: Array) -> None: ...
+
+    def delta_rule(self, qkv: Array, beta: Array, alpha: Array, dt_bias: Array, a: Array, state: Array,
+                   seq_slot: Array, token_seq: Array, positions: Array, snap_rows: Array, snap_slots: Array,
+                   k_heads: int, eps: Any, y: Array) -> None:
+        """Qwen3.5's gated delta rule (kernels_cpu.recurrent.delta_rule_kernel)."""
+        ...
+
+    def head_rmsnorm_gate(self, y: Array, z: Array, w: Array, eps: Any, out: Array) -> None: ...
+
+    def split_gated_q(self, qg: Array, head_dim: int, q: Array, gate: Array) -> None: ...
+
+    def sigmoid_mul(self, x: Array, gate: Array) -> None: ...
 
     def memory_available(self) -> int:
         """Bytes the KV pool may be sized from (host memory available, or free device memory)."""

@@ -83,6 +83,11 @@ class ModelConfig:
     # into ssm_heads heads, B and C of ssm_state values in ssm_groups groups, a causal
     # convolution of ssm_conv_kernel tokens over [x | B | C]
     ssm_layers: tuple[bool, ...] = ()
+    # Gated DeltaNet blocks (qwen35), with the ssm_* fields: ssm_inner the value width, split into
+    # ssm_heads value heads of ssm_state; ssm_groups key heads of ssm_state
+    delta_layers: tuple[bool, ...] = ()
+    attn_output_gate: bool = False  # qwen35: Q's projection holds [q | gate] per head; attention * sigmoid(gate)
+    ffn_norm_tensor: str = "ffn_norm"  # qwen35 names the FFN's pre-norm post_attention_norm
     ssm_conv_kernel: int = 0
     ssm_inner: int = 0
     ssm_state: int = 0
@@ -127,9 +132,11 @@ class ModelConfig:
                 f"{self.arch}: conv_layers has {len(self.conv_layers)} entries for {self.n_layers} layers and a "
                 f"convolution width of {self.conv_kernel} (at least 2)"
             )
-        if self.ssm_layers:
+        if self.delta_layers and len(self.delta_layers) != self.n_layers:
+            raise UnsupportedModelError(f"{self.arch}: {len(self.delta_layers)} delta-rule layer flags for {self.n_layers} layers")
+        if self.ssm_layers or self.delta_layers:
             shape = (self.ssm_conv_kernel, self.ssm_inner, self.ssm_state, self.ssm_heads, self.ssm_groups)
-            if (len(self.ssm_layers) != self.n_layers or min(shape) < 1 or self.ssm_conv_kernel < 2
+            if ((self.ssm_layers and len(self.ssm_layers) != self.n_layers) or min(shape) < 1 or self.ssm_conv_kernel < 2
                     or self.ssm_inner % self.ssm_heads or self.ssm_heads % self.ssm_groups):
                 raise UnsupportedModelError(
                     f"{self.arch}: Mamba2 layers need a convolution of >= 2 tokens and an inner size split evenly into "
@@ -165,14 +172,21 @@ class ModelConfig:
         """Whether `layer` is a Mamba2 block (a recurrent state, no KV)."""
         return bool(self.ssm_layers) and self.ssm_layers[layer]
 
+    def is_delta(self, layer: int) -> bool:
+        """Whether `layer` is a Gated DeltaNet block (a recurrent state, no KV)."""
+        return bool(self.delta_layers) and self.delta_layers[layer]
+
+    def is_recurrent(self, layer: int) -> bool:
+        return self.is_conv(layer) or self.is_ssm(layer) or self.is_delta(layer)
+
     @property
     def kv_layers(self) -> tuple[int, ...]:
         """The layers with attention, which keep K/V in the paged pool."""
-        return tuple(i for i in range(self.n_layers) if not (self.is_conv(i) or self.is_ssm(i)))
+        return tuple(i for i in range(self.n_layers) if not self.is_recurrent(i))
 
     @property
     def ssm_conv_dim(self) -> int:
-        """Channels of the Mamba2 convolution: x, B and C."""
+        """Channels of the Mamba2 convolution (x, B and C) or the delta rule's (q, k, v)."""
         return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
 
     @property
@@ -188,19 +202,25 @@ class ModelConfig:
                 heads = self.ssm_heads
                 out.append(((self.ssm_conv_kernel - 1, self.ssm_conv_dim),
                             (heads, self.ssm_inner // heads, self.ssm_state)))
+            elif self.is_delta(i):
+                out.append(((self.ssm_conv_kernel - 1, self.ssm_conv_dim),
+                            (self.ssm_heads, self.ssm_state, self.ssm_state)))
         return tuple(out)
 
     @property
-    def recurrent_widths(self) -> tuple[int, int, int]:
+    def recurrent_widths(self) -> tuple[int, int, int, int, int]:
         """The widths of a recurrent block's scratch (in_proj output, convolution output, the
-        block's output before out_proj), the widest over its layer kinds; zeros without."""
-        widths = [(0, 0, 0)]
+        block's output before out_proj, the delta rule's z gate, its per-head beta and alpha),
+        the widest over its layer kinds; zeros without."""
+        widths = [(0, 0, 0, 0, 0)]
         if self.conv_layers and any(self.conv_layers):
-            widths.append((3 * self.d_model, 0, self.d_model))
+            widths.append((3 * self.d_model, 0, self.d_model, 0, 0))
         if self.ssm_layers and any(self.ssm_layers):
             d_in = 2 * self.ssm_inner + 2 * self.ssm_groups * self.ssm_state + self.ssm_heads
-            widths.append((d_in, self.ssm_conv_dim, self.ssm_inner))
-        return (max(w[0] for w in widths), max(w[1] for w in widths), max(w[2] for w in widths))
+            widths.append((d_in, self.ssm_conv_dim, self.ssm_inner, 0, 0))
+        if self.delta_layers and any(self.delta_layers):
+            widths.append((self.ssm_conv_dim, self.ssm_conv_dim, self.ssm_inner, self.ssm_inner, self.ssm_heads))
+        return tuple(max(w[i] for w in widths) for i in range(5))  # type: ignore[return-value]
 
     @property
     def state_bytes(self) -> int:

@@ -84,7 +84,7 @@ class Transformer:
             cfg = self.cfg
             experts = (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) if cfg.n_experts else None
             self.ws = self.b.make_workspace(n_tokens, cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.dense_ffn_dim, experts,
-                                            cfg.recurrent_widths)
+                                            cfg.recurrent_widths, cfg.attn_output_gate)
 
     def forward(self, inp: StepInputs, kv: list[Any], hidden: bool = False) -> np.ndarray:
         """Logits float32 [M, vocab] for inp.logits_rows, on the host; writes this step's K/V
@@ -123,8 +123,9 @@ class Transformer:
             x = xn
         for li, lw in enumerate(self.w.layers):
             last = li == cfg.n_layers - 1 and m < n
-            if lw.conv is not None or lw.ssm is not None:
-                mixed = self._short_conv(x, lw, kv[li], inp, o) if lw.conv is not None else self._mamba2(x, lw, kv[li], inp, o)
+            if cfg.is_recurrent(li):
+                block = self._short_conv if lw.conv is not None else self._mamba2 if lw.ssm is not None else self._gated_delta
+                mixed = block(x, lw, kv[li], inp, o)
                 if last:  # the block ran on every token (its state); the rest only on the wanted rows
                     b.take_rows(o, inp.logits_rows, ws.o_rows[:m])
                     b.take_rows(h, inp.logits_rows, ws.h_rows[:m])
@@ -133,7 +134,12 @@ class Transformer:
             else:
                 assert lw.wq is not None and lw.wk is not None and lw.wv is not None and lw.wo is not None
                 inv_freq, mscale = self.rope[li]
-                b.matmuls(x, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
+                qgate = ws.q_gate[:n]
+                if cfg.attn_output_gate:  # qwen35: [q | gate] per head
+                    b.matmuls(x, (lw.wq, lw.wk, lw.wv), (ws.qg[:n], k, v), ws)
+                    b.split_gated_q(ws.qg[:n], cfg.head_dim, q, qgate)
+                else:
+                    b.matmuls(x, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
                 b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
                              _or_empty(lw.k_norm), cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps,
                              inp.slot_mapping, kv[li])
@@ -145,11 +151,16 @@ class Transformer:
                     b.take_rows(h, sel, ws.h_rows[:m])
                     b.take_rows(inp.token_seq, sel, ws.seq_rows[:m])
                     b.take_rows(inp.positions, sel, ws.pos_rows[:m])
+                    if cfg.attn_output_gate:
+                        b.take_rows(qgate, sel, ws.q_gate_rows[:m])
+                        qgate = ws.q_gate_rows[:m]
                     q, h, xn = ws.q_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
                     token_seq, positions = ws.seq_rows[:m], ws.pos_rows[:m]
                     attn, o, o2, gate, up, act = attn[:m], o[:m], o2[:m], gate[:m], up[:m], act[:m]
                 b.attention(q, kv[li], inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
                             self.attn_softcap, attn)
+                if cfg.attn_output_gate:
+                    b.sigmoid_mul(attn, qgate)
                 b.matmuls(attn, (lw.wo,), (o,), ws)
                 mixed = o
             if lw.post_attn_norm is not None:
@@ -202,5 +213,24 @@ class Transformer:
         b.ssm_scan(xbc, zxdt, e + c, m.dt_bias, m.a, m.d, scan_state, inp.seq_slots, inp.token_seq, inp.positions,
                    inp.snap_rows, inp.snap_slots, y)
         b.gated_group_rmsnorm(y, zxdt, m.norm, cfg.ssm_groups, self.eps, g)
+        b.matmuls(g, (lw.out_proj,), (out,), ws)
+        return out
+
+    def _gated_delta(self, x: Any, lw: Any, states: Any, inp: StepInputs, out: Any) -> Any:
+        """A Gated DeltaNet block on every token of the step (llama.cpp's qwen35
+        build_layer_attn_linear): the q k v projection, silu(conv), the delta rule, an RMSNorm
+        per head times silu(z), out_proj into `out` (returned)."""
+        cfg, b, ws, n, dw = self.cfg, self.b, self.ws, x.shape[0], lw.delta
+        c, v = cfg.ssm_conv_dim, cfg.ssm_inner
+        qkv, conv, y, g = ws.rec_in[:n, :c], ws.rec_mid[:n, :c], ws.rec_y[:n, :v], ws.rec_out[:n, :v]
+        z, beta, alpha = ws.rec_z[:n, :v], ws.rec_beta[:n, : cfg.ssm_heads], ws.rec_alpha[:n, : cfg.ssm_heads]
+        conv_state, rule_state = states
+        b.matmuls(x, (lw.in_proj, dw.z, dw.beta), (qkv, z, beta), ws)
+        b.matmuls(x, (dw.alpha,), (alpha,), ws)
+        b.conv_silu(qkv, 0, dw.conv, dw.conv_bias, conv_state, inp.seq_slots, inp.token_seq, inp.positions,
+                    inp.snap_rows, inp.snap_slots, conv)
+        b.delta_rule(conv, beta, alpha, dw.dt_bias, dw.a, rule_state, inp.seq_slots, inp.token_seq, inp.positions,
+                     inp.snap_rows, inp.snap_slots, cfg.ssm_groups, self.eps, y)
+        b.head_rmsnorm_gate(y, z, dw.norm, self.eps, g)
         b.matmuls(g, (lw.out_proj,), (out,), ws)
         return out

@@ -52,6 +52,26 @@ class SsmWeights:
 
 
 @dataclass(slots=True)
+class DeltaWeights:
+    """A Gated DeltaNet block's own weights (its qkv projection and ssm_out are the layer's
+    in_proj and out_proj): z [V, D] the output gate's projection (attn_gate), beta and alpha
+    [H, D]; conv f32 [C, L] the convolution's taps over q, k, v (conv_bias: zeros, it has none);
+    per head dt_bias and a (-exp(A_log)); norm [S] the per-head RMSNorm's weight."""
+
+    z: QMatrix
+    beta: QMatrix
+    alpha: QMatrix
+    conv: np.ndarray
+    conv_bias: np.ndarray
+    dt_bias: np.ndarray
+    a: np.ndarray
+    norm: np.ndarray
+
+
+DELTA_FIELDS = ("z", "beta", "alpha")
+
+
+@dataclass(slots=True)
 class LayerWeights:
     """One block's weights: attention (wq..wo), a short convolution's in_proj [3D, D], conv f32
     [D, L] (each channel's L taps, oldest first) and out_proj [D, D], or a Mamba2 block's
@@ -78,17 +98,20 @@ class LayerWeights:
     conv: np.ndarray | None = None
     out_proj: QMatrix | None = None
     ssm: SsmWeights | None = None
+    delta: DeltaWeights | None = None
 
     def matrices(self) -> list[tuple[str, QMatrix]]:
         """(field, matrix) of every matrix the layer has: dense ones, then its experts'."""
         out = [(name, m) for name in MATRIX_FIELDS if (m := getattr(self, name)) is not None]
         if self.experts is not None:
             out += [(f"experts.{name}", getattr(self.experts, name)) for name in EXPERT_FIELDS]
+        if self.delta is not None:
+            out += [(f"delta.{name}", getattr(self.delta, name)) for name in DELTA_FIELDS]
         return out
 
     def set_matrix(self, field: str, m: QMatrix) -> None:
         owner, _, name = field.rpartition(".")
-        setattr(self.experts if owner else self, name, m)
+        setattr(getattr(self, owner) if owner else self, name, m)
 
 
 @dataclass(slots=True)
@@ -213,14 +236,15 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
         wq = wk = wv = wo = None
-        if cfg.is_conv(i) or cfg.is_ssm(i):
+        if cfg.is_recurrent(i):
             pass  # a recurrent block instead of attention (below)
         elif cfg.fused_qkv:
             wq, wk, wv = row_slices(t.mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d), (q_dim, kv_dim, kv_dim))
         else:
-            wq, wk, wv = (t.mat(p + "attn_q.weight", q_dim, d), t.mat(p + "attn_k.weight", kv_dim, d),
+            q_rows = 2 * q_dim if cfg.attn_output_gate else q_dim  # qwen35: [q | gate] per head
+            wq, wk, wv = (t.mat(p + "attn_q.weight", q_rows, d), t.mat(p + "attn_k.weight", kv_dim, d),
                           t.mat(p + "attn_v.weight", kv_dim, d))
-        if not (cfg.is_conv(i) or cfg.is_ssm(i)):
+        if not cfg.is_recurrent(i):
             wo = t.mat(p + "attn_output.weight", d, q_dim)
         w_gate = w_up = w_down = None
         if cfg.fused_gate_up:
@@ -236,7 +260,7 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
             attn_norm=t.vec(p + "attn_norm.weight", d) if cfg.pre_norms else None,
             wq=wq, wk=wk, wv=wv,
             wo=wo,
-            ffn_norm=t.vec(p + "ffn_norm.weight", d) if cfg.pre_norms else None,
+            ffn_norm=t.vec(p + cfg.ffn_norm_tensor + ".weight", d) if cfg.pre_norms else None,
             w_gate=w_gate, w_up=w_up,
             w_down=w_down if cfg.n_experts else t.mat(p + "ffn_down.weight", d, ff),
             experts=_experts(t, cfg, p),
@@ -247,9 +271,11 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
             lw.out_proj = t.mat(p + "shortconv.out_proj.weight", d, d)
         elif cfg.is_ssm(i):
             _mamba2(t, cfg, p, lw)
+        elif cfg.is_delta(i):
+            _gated_delta(t, cfg, p, lw)
         elif cfg.qkv_bias or p + "attn_q.bias" in f.tensors:  # required (qwen2) or optional (llama)
             lw.bq, lw.bk, lw.bv = (t.vec(p + f"attn_{x}.bias", n) for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
-        if (cfg.qk_norm or cfg.qk_norm_full) and not (cfg.is_conv(i) or cfg.is_ssm(i)):
+        if (cfg.qk_norm or cfg.qk_norm_full) and not cfg.is_recurrent(i):
             lw.q_norm = t.vec(p + "attn_q_norm.weight", q_dim if cfg.qk_norm_full else hd)
             lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
         if cfg.post_norms:
@@ -277,6 +303,19 @@ def _mamba2(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
         conv_bias=t.vec(bias, c) if bias in t.f.tensors else np.zeros(c, np.float32),
         dt_bias=t.vec(p + "ssm_dt.bias", h), a=t.vec(p + "ssm_a", h), d=t.vec(p + "ssm_d", h),
         norm=t.vec(p + "ssm_norm.weight", e),
+    )
+
+
+def _gated_delta(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
+    """Layer p's Gated DeltaNet block (llama.cpp's qwen35 tensor names and shapes)."""
+    d, v, c, h, k = cfg.d_model, cfg.ssm_inner, cfg.ssm_conv_dim, cfg.ssm_heads, cfg.ssm_conv_kernel
+    lw.in_proj = t.mat(p + "attn_qkv.weight", c, d)
+    lw.out_proj = t.mat(p + "ssm_out.weight", d, v)
+    lw.delta = DeltaWeights(
+        z=t.mat(p + "attn_gate.weight", v, d), beta=t.mat(p + "ssm_beta.weight", h, d),
+        alpha=t.mat(p + "ssm_alpha.weight", h, d), conv=t.vec(p + "ssm_conv1d.weight", c * k).reshape(c, k),
+        conv_bias=np.zeros(c, np.float32),
+        dt_bias=t.vec(p + "ssm_dt.bias", h), a=t.vec(p + "ssm_a", h), norm=t.vec(p + "ssm_norm.weight", cfg.ssm_state),
     )
 
 

@@ -209,10 +209,12 @@ def test_verbose_counts_before_and_after_the_subcommand() -> None:
 
 
 def test_inspect_names_layer_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from hybrid_models import write_granitehybrid, write_lfm2
+    from hybrid_models import write_granitehybrid, write_lfm2, write_qwen35
 
     rc, out, _ = run(capsys, "inspect", str(write_granitehybrid(tmp_path / "granite.gguf")))
     assert rc == 0 and "layers: 6 (4 mamba2, 2 attention); recurrent state 41.0 KiB per sequence" in out
+    rc, out, _ = run(capsys, "inspect", str(write_qwen35(tmp_path / "qwen35.gguf")))
+    assert rc == 0 and "layers: 8 (6 gated_deltanet, 2 attention); recurrent state 33.0 KiB per sequence" in out
     path = write_lfm2(tmp_path / "lfm2.gguf")
     rc, out, _ = run(capsys, "inspect", str(path))
     assert rc == 0 and "layers: 6 (4 short_conv, 2 attention); recurrent state 2.0 KiB per sequence" in out

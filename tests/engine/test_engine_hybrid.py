@@ -1,5 +1,5 @@
 """The engine on tiny hybrid models (lfm2: short convolutions and attention; granitehybrid:
-Mamba2 blocks and attention): each sequence's
+Mamba2 blocks and attention; qwen35: Gated DeltaNet and gated attention): each sequence's
 recurrent state lives in a slot the block manager hands out, and every way the engine moves a
 sequence gives the greedy tokens of the sequence decoded alone: batched with others, chunked,
 preempted and recomputed (slots given back and taken again), n > 1 samples forked from the
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from engine.test_engine_tiny import GREEDY, PROMPTS, engine, run
-from hybrid_models import write_granitehybrid, write_lfm2
+from hybrid_models import write_granitehybrid, write_lfm2, write_qwen35
 
 from edge_infer import LLM, SamplingParams
 from edge_infer.engine.loader import SPARE_STATE_SLOTS
@@ -26,7 +26,7 @@ from edge_infer.formats.gguf import GGUFFile
 from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.models import config_from_gguf
 
-WRITERS = {"lfm2": write_lfm2, "granitehybrid": write_granitehybrid}
+WRITERS = {"lfm2": write_lfm2, "granitehybrid": write_granitehybrid, "qwen35": write_qwen35}
 
 
 @pytest.fixture(scope="module", params=list(WRITERS))
@@ -103,7 +103,7 @@ def test_what_cannot_work_is_refused(hybrid: Path, tiny_llama_path: Path) -> Non
     slots = 1 + SPARE_STATE_SLOTS
     with pytest.raises(InvalidRequest, match=rf"n={slots + 1} samples need as many recurrent-state slots.*has {slots}"):
         eng.add_request("r", "abc", SamplingParams(n=slots + 1, max_tokens=2))
-    with pytest.raises(UnsupportedModelError, match=r"speculative draft model .*(lfm2|granitehybrid) has recurrent layers"):
+    with pytest.raises(UnsupportedModelError, match=r"speculative draft model .*(lfm2|granitehybrid|qwen35) has recurrent layers"):
         LLM(str(tiny_llama_path), n_threads=1, kv_cache_memory="8MiB",
             speculative={"method": "draft", "model": str(hybrid)})
 

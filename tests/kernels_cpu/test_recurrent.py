@@ -1,5 +1,6 @@
 """The recurrent layers' kernels (LFM2's short convolution; Mamba2's convolution, selective
-scan and gated group norm) against their NumPy twins, and the invariance they keep: a token's
+scan and gated group norm; Qwen3.5's gated delta rule, its per-head gated norm and gated
+attention's split and sigmoid gate) against their NumPy twins, and the invariance they keep: a token's
 output and its sequence's state are bit-identical alone or batched with other sequences, in
 one step or split over several, and for any thread count."""
 
@@ -10,9 +11,12 @@ import numpy as np
 import pytest
 
 from edge_infer.kernels_cpu import reference_recurrent as ref
+from edge_infer.kernels_cpu.ops import sigmoid_mul_kernel, split_gated_q_kernel
 from edge_infer.kernels_cpu.recurrent import (
     conv_silu_kernel,
+    delta_rule_kernel,
     gated_group_rmsnorm_kernel,
+    head_rmsnorm_gate_kernel,
     short_conv_kernel,
     ssm_scan_kernel,
 )
@@ -147,5 +151,70 @@ def test_mamba2_kernels_are_batch_chunk_and_thread_invariant() -> None:
         m = {k: v.copy() for k, v in start.items()}
         for a, b in zip(_mamba(m, slice(0, 30), _batch([20, 10], [0, 0], [0, 1])), together):
             np.testing.assert_array_equal(a, b)
+    finally:
+        numba.set_num_threads(before)
+
+
+# Qwen3.5's delta rule: H value heads and HK key heads of S
+DH, DHK, DS = 4, 2, 16
+DC = 2 * DHK * DS + DH * DS
+
+
+def _delta_data(n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    return {"qkv": rng.standard_normal((n, DC)).astype(np.float32), "beta": rng.standard_normal((n, DH)).astype(np.float32),
+            "alpha": rng.standard_normal((n, DH)).astype(np.float32),
+            "dt_bias": rng.uniform(-4.0, 1.0, DH).astype(np.float32), "a": -np.exp(rng.uniform(-1.0, 0.5, DH)).astype(np.float32),
+            "state": rng.standard_normal((SLOTS, DH, DS, DS)).astype(np.float32)}
+
+
+def _delta(m: dict[str, np.ndarray], rows: slice, batch: tuple[np.ndarray, ...],
+           snapshots: tuple[np.ndarray, np.ndarray] = NO_SNAPSHOTS) -> np.ndarray:
+    y = np.full((m["qkv"][rows].shape[0], DH * DS), np.nan, np.float32)
+    delta_rule_kernel(np.ascontiguousarray(m["qkv"][rows]), np.ascontiguousarray(m["beta"][rows]),
+                      np.ascontiguousarray(m["alpha"][rows]), m["dt_bias"], m["a"], m["state"], *batch, *snapshots,
+                      DHK, np.float32(1e-6), y)
+    return y
+
+
+def test_delta_rule_and_gates_match_reference() -> None:
+    m = _delta_data(30)
+    batch = _batch([18, 12], [0, 5], [1, 3])
+    snaps = (np.array([4, 20], np.int32), np.array([0, 2], np.int32))
+    start = m["state"].copy()
+    y = _delta(m, slice(0, 30), batch, snaps)
+    want, want_state = ref.delta_rule(m["qkv"], m["beta"], m["alpha"], m["dt_bias"], m["a"], start, *batch, *snaps,
+                                      DHK, 1e-6)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(m["state"], want_state, rtol=1e-4, atol=1e-4)
+    rng = np.random.default_rng(6)
+    z, w = rng.standard_normal(y.shape).astype(np.float32), rng.uniform(0.5, 1.5, DS).astype(np.float32)
+    out = np.empty_like(y)
+    head_rmsnorm_gate_kernel(y, z, w, np.float32(1e-6), out)
+    np.testing.assert_allclose(out, ref.head_rmsnorm_gate(y, z, w, 1e-6), rtol=1e-4, atol=1e-4)
+    qg = rng.standard_normal((3, 4 * 2 * 8)).astype(np.float32)  # 4 heads of 8: [q | gate] each
+    q, gate = np.empty((3, 32), np.float32), np.empty((3, 32), np.float32)
+    split_gated_q_kernel(qg, 8, q, gate)
+    np.testing.assert_array_equal(q, qg.reshape(3, 4, 2, 8)[:, :, 0].reshape(3, 32))
+    np.testing.assert_array_equal(gate, qg.reshape(3, 4, 2, 8)[:, :, 1].reshape(3, 32))
+    x = q.copy()
+    sigmoid_mul_kernel(x, gate)
+    np.testing.assert_allclose(x, q / (1.0 + np.exp(-gate.astype(np.float64))), rtol=1e-6)
+
+
+def test_delta_rule_is_batch_chunk_and_thread_invariant() -> None:
+    m = _delta_data(30)
+    start = m["state"].copy()
+    together = _delta(m, slice(0, 30), _batch([20, 10], [0, 0], [0, 1]))
+    after = m["state"].copy()
+    m["state"] = start.copy()
+    parts = np.concatenate([_delta(m, slice(0, 7), _batch([7], [0], [2])), _delta(m, slice(7, 20), _batch([13], [7], [2]))])
+    np.testing.assert_array_equal(parts, together[:20])
+    np.testing.assert_array_equal(m["state"][2], after[0])
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+        m["state"] = start.copy()
+        np.testing.assert_array_equal(_delta(m, slice(0, 30), _batch([20, 10], [0, 0], [0, 1])), together)
     finally:
         numba.set_num_threads(before)

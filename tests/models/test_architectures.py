@@ -17,9 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from arch_cases import CASES, write
-from arch_compare import MEAN_KL, REL_L2, TOP1, assert_matches, compare, llama_cpp_logits, ours, token_ids
+from arch_compare import (
+    REL_L2,
+    TOP1,
+    assert_matches,
+    assert_quantized_kl,
+    compare,
+    llama_cpp_logits,
+    ours,
+    token_ids,
+)
 from arch_models import write_arch_model
-from llama_oracle import kl_rows
 
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
@@ -62,22 +70,9 @@ QUANT = [(name, q) for name in CASES for q in ("Q8_0", "Q4_K")]
 
 @pytest.mark.parametrize(("name", "qtype"), QUANT, ids=[f"{n}-{q}" for n, q in QUANT])
 def test_quantized_kl(name: str, qtype: str, files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mean KL vs llama.cpp <= 0.01; where llama.cpp is the further of the two from exact math
-    (the file's dequantized weights in float32 with float activations: our float path), ours
-    within 0.01 of exact math instead (llama.cpp quantizes activations per 256 for the K-quants,
-    we per 32: phi3 with long rope factors measured KL 0.011 for llama.cpp, 0.006 for ours)."""
-    path = write(files, name, qtype)
-    ids = token_ids()
-    ref, got = llama_cpp_logits(path, ids), ours(path, ids)
-    kl = float(kl_rows(ref, got).mean())
-    if kl <= MEAN_KL:
-        return
-    monkeypatch.setattr(CpuBackend, "prepare_weights", lambda self, f, roles: [m for _, m in roles])
-    exact = ours(path, ids)
-    ours_kl, theirs_kl = float(kl_rows(exact, got).mean()), float(kl_rows(exact, ref).mean())
-    assert ours_kl <= MEAN_KL and ours_kl < theirs_kl, (
-        f"{name} {qtype}: mean KL {kl:.4f} vs llama.cpp; from exact math ours {ours_kl:.4f}, llama.cpp's {theirs_kl:.4f}"
-    )
+    """arch_compare.assert_quantized_kl (phi3 with long rope factors measured KL 0.011 for
+    llama.cpp, 0.006 for ours, from exact math)."""
+    assert_quantized_kl(f"{name} {qtype}", write(files, name, qtype), monkeypatch)
 
 
 def _load(path: Path) -> None:

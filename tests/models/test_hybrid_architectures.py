@@ -18,9 +18,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from arch_compare import MEAN_KL, REL_L2, TOP1, assert_matches, compare, llama_cpp_logits, ours, token_ids
-from hybrid_models import write_granitehybrid, write_lfm2
-from llama_oracle import kl_rows
+from arch_compare import (
+    REL_L2,
+    TOP1,
+    assert_matches,
+    assert_quantized_kl,
+    compare,
+    llama_cpp_logits,
+    ours,
+    token_ids,
+)
+from hybrid_models import write_granitehybrid, write_lfm2, write_qwen35
 
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
@@ -38,6 +46,9 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, dict[str, Any]]]] = {
     "granitehybrid-rope": (write_granitehybrid, dict(rope=True, multipliers=False), {"rope": {"nope_layers": (True,) * 6}}),
     "granitehybrid-moe": (write_granitehybrid, dict(experts=(8, 2, 32), shared_ffn=48), {
         "top-k": {"n_experts_used": 1}, "shared expert": {"shared_ffn_dim": 0, "ignored_tensors": ("*shexp*",)}}),
+    "qwen35": (write_qwen35, {}, {}),
+    # a rotary pair left to M-RoPE's 4th section (position 0 for text): unrotated
+    "qwen35-sections": (write_qwen35, dict(sections=(1, 0, 1, 2), n_rot=12), {"unrotated pairs": {"rope_freqs": ()}}),
 }
 
 
@@ -51,6 +62,8 @@ def _write(files: Path, name: str, qtype: str = "F32") -> Path:
     shape: dict[str, Any] = dict(d_model=256, ffn=512, n_heads=16, n_kv_heads=4, output_std=0.25) if qtype != "F32" else {}
     if qtype != "F32" and "experts" in options:  # expert widths of 256 for the K-quants
         options = dict(options, experts=(8, 2, 256), shared_ffn=256)
+    if qtype != "F32" and writer is write_qwen35:  # value width 256, 16 heads of 16 for the K-quants
+        options, shape = dict(options, d_state=64), dict(shape, n_kv_heads=4)
     return writer(files / f"{name}-{qtype}.gguf", qtype=qtype, **options, **shape)
 
 
@@ -63,29 +76,35 @@ def test_matches_llama_cpp(name: str, files: Path) -> None:
         np.testing.assert_array_equal(ours(path, ids, step_tokens=step), prefill, err_msg=f"{name}: chunks of {step}")
 
 
-def _no_state(kernel: Any) -> Any:
-    def run(*args: Any) -> None:  # (..., seq_slot, token_seq, positions, snap_rows, snap_slots, out): every token afresh
-        kernel(*args[:-4], np.zeros_like(args[-4]), *args[-3:])
+# where each recurrent kernel takes its positions (a token at position 0 starts a fresh state)
+POSITIONS_AT = {"short_conv": 5, "conv_silu": 7, "ssm_scan": 9, "delta_rule": 8}
+
+
+def _restarting(kernel: Any, method: str, restart: Any) -> Any:
+    at = POSITIONS_AT[method]
+
+    def run(*args: Any) -> None:
+        kernel(*args[:at], restart(args[at]).astype(np.int32), *args[at + 1 :])
 
     return run
 
 
-def _forgets_at_16(kernel: Any) -> Any:
-    def run(*args: Any) -> None:  # the state restarts at position 16 too
-        positions = args[-4]
-        kernel(*args[:-4], np.where(positions == 16, 0, positions).astype(np.int32), *args[-3:])
-
-    return run
+def _no_state(kernel: Any, method: str) -> Any:  # every token afresh
+    return _restarting(kernel, method, np.zeros_like)
 
 
-def _taps_reversed(kernel: Any) -> Any:
+def _forgets_at_16(kernel: Any, method: str) -> Any:  # the state restarts at position 16 too
+    return _restarting(kernel, method, lambda p: np.where(p == 16, 0, p))
+
+
+def _taps_reversed(kernel: Any, method: str) -> Any:
     def run(bcx: Any, w: Any, *rest: Any) -> None:
         kernel(bcx, np.ascontiguousarray(w[:, ::-1]), *rest)
 
     return run
 
 
-def _ungated(kernel: Any) -> Any:
+def _ungated(kernel: Any, method: str) -> Any:
     def run(bcx: Any, *rest: Any) -> None:
         d = bcx.shape[1] // 3
         plain = bcx.copy()
@@ -95,16 +114,23 @@ def _ungated(kernel: Any) -> Any:
     return run
 
 
-def _no_skip(kernel: Any) -> Any:
+def _no_skip(kernel: Any, method: str) -> Any:
     def run(xbc: Any, zxdt: Any, dt_off: Any, dt_bias: Any, a: Any, d: Any, *rest: Any) -> None:
         kernel(xbc, zxdt, dt_off, dt_bias, a, np.zeros_like(d), *rest)
 
     return run
 
 
-def _norm_ungated(kernel: Any) -> Any:
+def _norm_ungated(kernel: Any, method: str) -> Any:
     def run(y: Any, z: Any, *rest: Any) -> None:
         kernel(y, np.full_like(z, 30.0), *rest)  # silu(30) = 30: a constant gate
+
+    return run
+
+
+def _attention_ungated(kernel: Any, method: str) -> Any:
+    def run(x: Any, gate: Any) -> None:  # the attention output passes as it is
+        pass
 
     return run
 
@@ -113,7 +139,10 @@ def _norm_ungated(kernel: Any) -> Any:
 BROKEN = [("lfm2", "short_conv", _no_state, 0), ("lfm2", "short_conv", _taps_reversed, 0),
           ("lfm2", "short_conv", _ungated, 0), ("granitehybrid", "ssm_scan", _no_state, 0),
           ("granitehybrid", "ssm_scan", _forgets_at_16, 80), ("granitehybrid", "conv_silu", _no_state, 0),
-          ("granitehybrid", "ssm_scan", _no_skip, 0), ("granitehybrid", "gated_group_rmsnorm", _norm_ungated, 0)]
+          ("granitehybrid", "ssm_scan", _no_skip, 0), ("granitehybrid", "gated_group_rmsnorm", _norm_ungated, 0),
+          ("qwen35", "delta_rule", _no_state, 0), ("qwen35", "delta_rule", _forgets_at_16, 80),
+          ("qwen35", "conv_silu", _no_state, 0), ("qwen35", "head_rmsnorm_gate", _norm_ungated, 0),
+          ("qwen35", "sigmoid_mul", _attention_ungated, 0)]
 
 
 @pytest.mark.parametrize(("name", "method", "broken", "first"), BROKEN,
@@ -125,7 +154,7 @@ def test_recurrent_block_parts_bite(name: str, method: str, broken: Any, first: 
     path = _write(files, name)
     ids = token_ids()
     ref = llama_cpp_logits(path, ids)
-    monkeypatch.setattr(CpuBackend, method, staticmethod(broken(getattr(CpuBackend, method))))
+    monkeypatch.setattr(CpuBackend, method, staticmethod(broken(getattr(CpuBackend, method), method)))
     rel, agree = compare(ours(path, ids)[first:], ref[first:])
     assert rel > REL_L2 or agree < TOP1, f"still relative L2 {rel:.2e}, top-1 {agree:.3f}"
 
@@ -145,15 +174,12 @@ def test_feature_off_disagrees(name: str, feature: str, files: Path, monkeypatch
     assert rel > REL_L2 or agree < TOP1, f"{name} without {feature}: still relative L2 {rel:.2e}, top-1 {agree:.3f}"
 
 
-QUANT = [(name, q) for name in ("lfm2", "granitehybrid", "granitehybrid-moe") for q in ("Q8_0", "Q4_K")]
+QUANT = [(name, q) for name in ("lfm2", "granitehybrid", "granitehybrid-moe", "qwen35") for q in ("Q8_0", "Q4_K")]
 
 
 @pytest.mark.parametrize(("name", "qtype"), QUANT, ids=[f"{n}-{q}" for n, q in QUANT])
-def test_quantized_kl(name: str, qtype: str, files: Path) -> None:
-    path = _write(files, name, qtype)
-    ids = token_ids()
-    kl = float(kl_rows(llama_cpp_logits(path, ids), ours(path, ids)).mean())
-    assert kl <= MEAN_KL, f"{name} {qtype}: mean KL {kl:.4f} vs llama.cpp"
+def test_quantized_kl(name: str, qtype: str, files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_quantized_kl(f"{name} {qtype}", _write(files, name, qtype), monkeypatch)
 
 
 def test_layer_kinds_and_refusals(files: Path) -> None:

@@ -92,7 +92,7 @@ def test_every_buffer_is_allocated_by_its_field_name() -> None:
 
     t, d, q, kv, f = 4, 64, 96, 32, 128  # K_max = 128
     ws = Workspace.allocate(empty, t, workspace_shapes(t, d, q, kv, f))
-    assert len(made) == 26 and ws.capacity == t and ws.moe is None
+    assert len(made) == 32 and ws.capacity == t and ws.moe is None
     assert ws.rec_in.shape == ws.rec_y.shape == ws.rec_out.shape == (t, 0)  # no recurrent block: empty
     assert ws.h.shape == (t, d) and ws.k.shape == (t, kv) and ws.attn.shape == (t, q) and ws.act.shape == (t, f)
     assert ws.seq_rows.shape == (t,) and ws.seq_rows.dtype == np.int32 and ws.no_out.shape == (t, 0)
@@ -104,9 +104,11 @@ def test_every_buffer_is_allocated_by_its_field_name() -> None:
     assert moe.logits.shape == (t, 8) and moe.offsets.shape == (9,) and moe.xg.shape == (8, d)
     assert moe.xq4.shape == (8 * 64 // 4,) and moe.xs16.dtype == np.int32
     assert make_workspace(t, d, q, kv, f, (8, 2, 32)).moe is not None
-    hybrid = make_workspace(t, d, q, kv, f, recurrent=(700, 300, 256))  # Mamba2: out_proj's input the widest
+    hybrid = make_workspace(t, d, q, kv, f, recurrent=(700, 300, 256, 0, 0))  # Mamba2: out_proj's input the widest
     assert hybrid.rec_in.shape == (t, 700) and hybrid.rec_mid.shape == (t, 300) and hybrid.rec_out.shape == (t, 256)
-    assert hybrid.xq4.shape == (t * 256 // 4,) and hybrid.o_rows.shape == (t, d)
+    assert hybrid.xq4.shape == (t * 256 // 4,) and hybrid.o_rows.shape == (t, d) and hybrid.qg.shape == (t, 0)
+    gated = make_workspace(t, d, q, kv, f, recurrent=(160, 160, 64, 64, 4), gated_attention=True)  # qwen35
+    assert gated.qg.shape == (t, 2 * q) and gated.q_gate_rows.shape == (t, q) and gated.rec_beta.shape == (t, 4)
 
 
 def test_a_shape_table_must_name_exactly_the_fields() -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from llama_oracle import LlamaCpp
+import pytest
+from llama_oracle import LlamaCpp, kl_rows
 
 from edge_infer import LLM, SamplingParams
 from edge_infer.engine.scheduler import ScheduledChunk
@@ -72,3 +73,23 @@ def assert_matches(name: str, path: Path, ids: list[int], ref: np.ndarray) -> np
     together = batched(path, ids, token_ids(1)[:40])
     np.testing.assert_array_equal(together, prefill, err_msg=f"{name}: batched with another sequence")
     return prefill
+
+
+def assert_quantized_kl(name: str, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mean KL vs llama.cpp <= MEAN_KL; where llama.cpp is the further of the two from exact math
+    (the file's dequantized weights in float32 with float activations: our float path), ours
+    within MEAN_KL of exact math instead (llama.cpp quantizes activations per 256 for the
+    K-quants, we per 32)."""
+    from edge_infer.kernels_cpu.backend import CpuBackend
+
+    ids = token_ids()
+    ref, got = llama_cpp_logits(path, ids), ours(path, ids)
+    kl = float(kl_rows(ref, got).mean())
+    if kl <= MEAN_KL:
+        return
+    monkeypatch.setattr(CpuBackend, "prepare_weights", lambda self, f, roles: [m for _, m in roles])
+    exact = ours(path, ids)
+    ours_kl, theirs_kl = float(kl_rows(exact, got).mean()), float(kl_rows(exact, ref).mean())
+    assert ours_kl <= MEAN_KL and ours_kl < theirs_kl, (
+        f"{name}: mean KL {kl:.4f} vs llama.cpp; from exact math ours {ours_kl:.4f}, llama.cpp's {theirs_kl:.4f}"
+    )

@@ -23,6 +23,23 @@ def _attention(wt: _Weights, p: str, d_model: int, kv_dim: int) -> None:
     wt.matrix(p + "attn_output.weight", d_model, d_model, std=0.3)
 
 
+def _head(w: GGUFWriter, qtype: str, seed: int, d_model: int, output_std: float) -> _Weights:
+    """The tokenizer, the embedding, the output norm and an untied output matrix; the writer of
+    the rest (wider models get proportionally smaller weights)."""
+    _add_tokenizer(w, add_bos=True)
+    wt = _Weights(w, qtype, seed, widen=float(np.sqrt(64 / d_model)))
+    wt.matrix("token_embd.weight", VOCAB_SIZE, d_model, std=output_std)
+    wt.vector("output_norm.weight", d_model, mean=1.0)
+    wt.matrix("output.weight", VOCAB_SIZE, d_model, std=output_std)
+    return wt
+
+
+def _ffn(wt: _Weights, p: str, d_model: int, ffn: int) -> None:
+    wt.matrix(p + "ffn_gate.weight", ffn, d_model)
+    wt.matrix(p + "ffn_up.weight", ffn, d_model)
+    wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
+
+
 def _norms(wt: _Weights, p: str, d_model: int) -> None:
     wt.vector(p + "attn_norm.weight", d_model, mean=1.0)
     wt.vector(p + "ffn_norm.weight", d_model, mean=1.0)
@@ -65,9 +82,7 @@ def write_lfm2(path: Path, *, qtype: str = "F32", layers: tuple[str, ...] = LFM2
             # [D, L] taps (GGUF shape (L, D)), kept in float32 as llama.cpp's quantizer keeps them
             w.add_tensor(p + "shortconv.conv.weight", wt.rng.normal(0.0, conv_std, (d_model, l_cache)).astype(np.float32))
             wt.matrix(p + "shortconv.out_proj.weight", d_model, d_model, std=0.3)
-        wt.matrix(p + "ffn_gate.weight", ffn, d_model)
-        wt.matrix(p + "ffn_up.weight", ffn, d_model)
-        wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
+        _ffn(wt, p, d_model, ffn)
     finish(w)
     return path
 
@@ -107,11 +122,7 @@ def write_granitehybrid(path: Path, *, qtype: str = "F32", layers: tuple[str, ..
         for key, value in (("embedding_scale", 3.0), ("residual_scale", 0.4), ("attention.scale", 0.6),
                            ("logit_scale", 4.0)):
             w.add_float32(f"{arch}.{key}", value)
-    _add_tokenizer(w, add_bos=True)
-    wt = _Weights(w, qtype, seed, widen=float(np.sqrt(64 / d_model)))
-    wt.matrix("token_embd.weight", VOCAB_SIZE, d_model, std=output_std)
-    wt.vector("output_norm.weight", d_model, mean=1.0)
-    wt.matrix("output.weight", VOCAB_SIZE, d_model, std=output_std)
+    wt = _head(w, qtype, seed, d_model, output_std)
     rng = wt.rng
     for i, kind in enumerate(layers):
         p = f"blk.{i}."
@@ -130,8 +141,56 @@ def write_granitehybrid(path: Path, *, qtype: str = "F32", layers: tuple[str, ..
         if experts:
             _experts(wt, w, p, d_model, experts, shared_ffn, 0.3, shared_gate=False)
             continue
-        wt.matrix(p + "ffn_gate.weight", ffn, d_model)
-        wt.matrix(p + "ffn_up.weight", ffn, d_model)
-        wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
+        _ffn(wt, p, d_model, ffn)
+    finish(w)
+    return path
+
+
+def write_qwen35(path: Path, *, qtype: str = "F32", n_layers: int = 8, d_model: int = 64, n_heads: int = 4,
+                 n_kv_heads: int = 2, head_dim: int = 16, n_rot: int = 8, sections: tuple[int, ...] = (2, 1, 1, 0),
+                 ffn: int = 128, d_state: int = 16, v_heads: int = 4, k_heads: int = 2, d_conv: int = 4,
+                 context_length: int = 256, seed: int = 0, output_std: float = 0.5, qkv_std: float = 0.6) -> Path:
+    """A qwen35 model: every 4th layer gated attention (head_dim 16, partial RoPE of n_rot dims
+    in `sections`), the rest Gated DeltaNet (v_heads value heads and k_heads key heads of
+    d_state). The decay is slow (g about -0.01 to -0.05 a token): a token's write lasts."""
+    arch, q_dim, kv_dim = "qwen35", n_heads * head_dim, n_kv_heads * head_dim
+    value_dim, key_dim = v_heads * d_state, k_heads * d_state
+    conv_dim = 2 * key_dim + value_dim
+    w = GGUFWriter(str(path), arch)
+    w.add_name("tiny random model")
+    for key, value in {"block_count": n_layers, "embedding_length": d_model, "attention.head_count": n_heads,
+                       "attention.head_count_kv": n_kv_heads, "attention.key_length": head_dim,
+                       "attention.value_length": head_dim, "feed_forward_length": ffn, "context_length": context_length,
+                       "rope.dimension_count": n_rot, "ssm.conv_kernel": d_conv, "ssm.inner_size": value_dim,
+                       "ssm.state_size": d_state, "ssm.time_step_rank": v_heads, "ssm.group_count": k_heads,
+                       "full_attention_interval": 4}.items():
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_array(f"{arch}.rope.dimension_sections", list(sections))
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    wt = _head(w, qtype, seed, d_model, output_std)
+    rng = wt.rng
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        wt.vector(p + "attn_norm.weight", d_model, mean=1.0)
+        wt.vector(p + "post_attention_norm.weight", d_model, mean=1.0)
+        if (i + 1) % 4 == 0:
+            wt.matrix(p + "attn_q.weight", 2 * q_dim, d_model, std=0.3)
+            wt.matrix(p + "attn_k.weight", kv_dim, d_model, std=0.2)
+            wt.matrix(p + "attn_v.weight", kv_dim, d_model, std=0.3)
+            wt.matrix(p + "attn_output.weight", d_model, q_dim, std=0.3)
+            wt.vector(p + "attn_q_norm.weight", head_dim, mean=1.0, std=0.2)
+            wt.vector(p + "attn_k_norm.weight", head_dim, mean=1.0, std=0.2)
+        else:
+            wt.matrix(p + "attn_qkv.weight", conv_dim, d_model, std=qkv_std)
+            wt.matrix(p + "attn_gate.weight", value_dim, d_model, std=0.3)
+            w.add_tensor(p + "ssm_conv1d.weight", rng.normal(0.0, 0.5, (conv_dim, d_conv)).astype(np.float32))
+            w.add_tensor(p + "ssm_dt.bias", rng.uniform(-4.5, -3.0, v_heads).astype(np.float32))
+            w.add_tensor(p + "ssm_a", -np.exp(rng.uniform(-1.0, 0.5, v_heads)).astype(np.float32))
+            wt.matrix(p + "ssm_beta.weight", v_heads, d_model, std=0.3)
+            wt.matrix(p + "ssm_alpha.weight", v_heads, d_model, std=0.3)
+            w.add_tensor(p + "ssm_norm.weight", rng.normal(1.0, 0.1, d_state).astype(np.float32))
+            wt.matrix(p + "ssm_out.weight", d_model, value_dim, std=0.3)
+        _ffn(wt, p, d_model, ffn)
     finish(w)
     return path
