@@ -36,7 +36,7 @@ def prefix_ttft(path: str, threads: int, prefix: int, reps: int) -> dict[str, An
     one = SamplingParams(max_tokens=1, temperature=0.0)
     cold: list[float] = []
     hit: list[float] = []
-    with LLM(path, n_threads=threads, kv_cache_memory=512 * 2**20, max_num_batched_tokens=512) as llm:
+    with LLM(path, n_threads=threads, kv_cache_memory=2**30, max_num_batched_tokens=512, max_num_seqs=4) as llm:
         llm.generate([bench_prompt(vocab, 8, 0)], one)  # warm-up
         for r in range(reps):
             shared = bench_prompt(vocab, prefix, 1000 + r)  # a new prefix each repetition: cold

@@ -69,25 +69,23 @@ def kv_budget(config: EngineConfig, per_token: int = 0, context: int = 0, backen
     return int(budget)
 
 
-def state_pool_slots(config: EngineConfig, cfg: ModelConfig, budget: int, per_block: int) -> tuple[int, int, int]:
+def state_pool_slots(config: EngineConfig, cfg: ModelConfig, budget: int) -> tuple[int, int, int]:
     """A hybrid model's state pool out of the KV budget: (sequence slots, prefix-cache
     snapshots, verification slots). Sequences: max_num_seqs + SPARE_STATE_SLOTS, with k_max
-    verification slots each under speculation, fewer when they do not fit in half of the default
-    budget, or in an explicit kv_cache_memory less two KV blocks (admission then waits for a free
-    slot). Snapshots: state_snapshots, by default 4 per max_num_seqs within a quarter of the
-    budget, and within what the sequences leave of an explicit one. (0, 0, 0) for a model
-    without recurrent layers."""
+    verification slots each under speculation, fewer when they would take more than half the
+    budget (admission then waits for a free slot: the log says how many fit). Snapshots:
+    state_snapshots, by default 4 per max_num_seqs within a quarter of the budget. The KV pool
+    keeps the rest. (0, 0, 0) for a model without recurrent layers."""
     if not cfg.recurrent:
         return 0, 0, 0
     per = cfg.state_bytes
     k = config.speculative.k_max if isinstance(config.speculative, SpecConfig) else 0
-    room = budget - 2 * per_block if config.kv_cache_memory is not None else budget // 2
-    seqs = min(config.max_num_seqs + SPARE_STATE_SLOTS, max(0, room) // (per * (1 + k)))
+    seqs = min(config.max_num_seqs + SPARE_STATE_SLOTS, budget // 2 // (per * (1 + k)))
     if seqs <= SPARE_STATE_SLOTS:
         raise OutOfMemoryBudget(
             f"{cfg.arch}: a sequence's recurrent state takes {per} bytes" + (f" ({1 + k}x with speculation)" if k else "")
-            + f"; {SPARE_STATE_SLOTS + 1} of them and 2 KV blocks need more than kv_cache_memory ({budget} bytes) "
-            "allows: raise kv_cache_memory"
+            + f"; {SPARE_STATE_SLOTS + 1} of them need more than half of kv_cache_memory ({budget} bytes): "
+            "raise kv_cache_memory"
         )
     if seqs < config.max_num_seqs + SPARE_STATE_SLOTS:
         log.info("%s: %d recurrent-state slots fit the KV budget: at most %d sequences at once", cfg.arch, seqs,
@@ -95,8 +93,6 @@ def state_pool_slots(config: EngineConfig, cfg: ModelConfig, budget: int, per_bl
     snaps = 0
     if config.enable_prefix_caching:
         snaps = min(4 * config.max_num_seqs, budget // 4 // per) if config.state_snapshots is None else config.state_snapshots
-        if config.kv_cache_memory is not None and config.state_snapshots is None:
-            snaps = min(snaps, max(0, room - seqs * per * (1 + k)) // per)
     return seqs, snaps, seqs * k
 
 
@@ -130,7 +126,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
 
     per_block = kv_block_bytes(backend, cfg, config.block_size, config.kv_cache_dtype)
     budget = kv_budget(config, per_block // config.block_size, cfg.context_length, backend)
-    num_slots, num_snaps, num_spec = state_pool_slots(config, cfg, budget, per_block)
+    num_slots, num_snaps, num_spec = state_pool_slots(config, cfg, budget)
     state_bytes = (num_slots + num_snaps + num_spec) * cfg.state_bytes
     num_blocks = (budget - state_bytes) // per_block
     if num_blocks < 2:
