@@ -22,6 +22,7 @@ from edge_infer.models import (
     qwen3,
     qwen3moe,
     qwen35,
+    qwen35moe,
     smollm3,
 )
 from edge_infer.models.config import ModelConfig
@@ -29,7 +30,7 @@ from edge_infer.models.config import ModelConfig
 ARCHITECTURES: dict[str, ModuleType] = {
     m.ARCH: m
     for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe, lfm2,
-              granitehybrid, qwen35)
+              granitehybrid, qwen35, qwen35moe)
 }
 
 

@@ -24,15 +24,15 @@ ARCH = "qwen35"
 
 
 def recurrent_layers(f: GGUFFile, md: MetadataReader, n_layers: int) -> tuple[bool, ...]:
-    flags = f.metadata.get(f"{ARCH}.attention.recurrent_layers")
+    flags = f.metadata.get(f"{md.arch}.attention.recurrent_layers")
     if isinstance(flags, list):
         if len(flags) < n_layers:
-            raise UnsupportedModelError(f"{f.path}: {ARCH}.attention.recurrent_layers has {len(flags)} entries for "
+            raise UnsupportedModelError(f"{f.path}: {md.arch}.attention.recurrent_layers has {len(flags)} entries for "
                                         f"{n_layers} layers")
         return tuple(bool(x) for x in flags[:n_layers])
     interval = md.get("full_attention_interval", 4)
     if interval < 1:
-        raise UnsupportedModelError(f"{f.path}: {ARCH}.full_attention_interval must be positive, got {interval}")
+        raise UnsupportedModelError(f"{f.path}: {md.arch}.full_attention_interval must be positive, got {interval}")
     return tuple((i + 1) % interval != 0 for i in range(n_layers))
 
 
@@ -51,25 +51,26 @@ def unrotated_pairs(sections: list[int], n_pairs: int) -> tuple[float, ...]:
     return () if all(x == 1.0 for x in out) else tuple(out)
 
 
-def config_from_gguf(f: GGUFFile) -> ModelConfig:
-    md = MetadataReader(f, ARCH)
+def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: object) -> ModelConfig:
+    """qwen35's reader; qwen35moe passes its experts as overrides."""
+    md = MetadataReader(f, arch)
     n_layers = md.get("block_count") - md.get("nextn_predict_layers", 0)
     if n_layers < 1:
-        raise UnsupportedModelError(f"{f.path}: {ARCH} has no layers besides its multi-token-prediction ones")
+        raise UnsupportedModelError(f"{f.path}: {arch} has no layers besides its multi-token-prediction ones")
     d_model, n_heads = md.get("embedding_length"), md.get("attention.head_count")
     head_dim = md.get("attention.key_length", d_model // n_heads)
     n_rot = md.get("rope.dimension_count", head_dim)
-    sections = f.metadata.get(f"{ARCH}.rope.dimension_sections", [n_rot // 2, 0, 0, 0])
+    sections = f.metadata.get(f"{arch}.rope.dimension_sections", [n_rot // 2, 0, 0, 0])
     if not isinstance(sections, list) or len(sections) < 3:
-        raise UnsupportedModelError(f"{f.path}: {ARCH}.rope.dimension_sections must hold 4 integers, got {sections!r}")
+        raise UnsupportedModelError(f"{f.path}: {arch}.rope.dimension_sections must hold 4 integers, got {sections!r}")
     state, v_heads = md.get("ssm.state_size"), md.get("ssm.time_step_rank")
     inner = md.get("ssm.inner_size")
     if inner != state * v_heads:
-        raise UnsupportedModelError(f"{f.path}: {ARCH}.ssm.inner_size {inner} must be ssm.time_step_rank {v_heads} "
+        raise UnsupportedModelError(f"{f.path}: {arch}.ssm.inner_size {inner} must be ssm.time_step_rank {v_heads} "
                                     f"value heads of ssm.state_size {state}")
     return llama.config_from_gguf(
         f,
-        ARCH,
+        arch,
         rope_neox=True,
         qk_norm=True,
         rope_freqs=unrotated_pairs(sections, n_rot // 2),
@@ -84,4 +85,5 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         n_layers=n_layers,
         swa_layers=(False,) * n_layers,
         ignored_tensors=tuple(f"blk.{i}.*" for i in range(n_layers, md.get("block_count"))),
+        **overrides,
     )

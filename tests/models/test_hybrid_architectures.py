@@ -49,6 +49,9 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, dict[str, Any]]]] = {
     "qwen35": (write_qwen35, {}, {}),
     # a rotary pair left to M-RoPE's 4th section (position 0 for text): unrotated
     "qwen35-sections": (write_qwen35, dict(sections=(1, 0, 1, 2), n_rot=12), {"unrotated pairs": {"rope_freqs": ()}}),
+    "qwen35moe": (write_qwen35, dict(experts=(8, 2, 32), shared_ffn=48), {
+        "top-k": {"n_experts_used": 1}, "weights norm": {"expert_weights_norm": False},
+        "shared expert": {"shared_ffn_dim": 0, "ignored_tensors": ("*shexp*",)}}),
 }
 
 
@@ -174,7 +177,8 @@ def test_feature_off_disagrees(name: str, feature: str, files: Path, monkeypatch
     assert rel > REL_L2 or agree < TOP1, f"{name} without {feature}: still relative L2 {rel:.2e}, top-1 {agree:.3f}"
 
 
-QUANT = [(name, q) for name in ("lfm2", "granitehybrid", "granitehybrid-moe", "qwen35") for q in ("Q8_0", "Q4_K")]
+QUANT = [(name, q) for name in ("lfm2", "granitehybrid", "granitehybrid-moe", "qwen35", "qwen35moe")
+         for q in ("Q8_0", "Q4_K")]
 
 
 @pytest.mark.parametrize(("name", "qtype"), QUANT, ids=[f"{n}-{q}" for n, q in QUANT])

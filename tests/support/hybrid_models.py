@@ -149,11 +149,12 @@ def write_granitehybrid(path: Path, *, qtype: str = "F32", layers: tuple[str, ..
 def write_qwen35(path: Path, *, qtype: str = "F32", n_layers: int = 8, d_model: int = 64, n_heads: int = 4,
                  n_kv_heads: int = 2, head_dim: int = 16, n_rot: int = 8, sections: tuple[int, ...] = (2, 1, 1, 0),
                  ffn: int = 128, d_state: int = 16, v_heads: int = 4, k_heads: int = 2, d_conv: int = 4,
-                 context_length: int = 256, seed: int = 0, output_std: float = 0.5, qkv_std: float = 0.6) -> Path:
+                 context_length: int = 256, seed: int = 0, output_std: float = 0.5, qkv_std: float = 0.6,
+                 experts: tuple[int, int, int] | None = None, shared_ffn: int = 0) -> Path:
     """A qwen35 model: every 4th layer gated attention (head_dim 16, partial RoPE of n_rot dims
     in `sections`), the rest Gated DeltaNet (v_heads value heads and k_heads key heads of
     d_state). The decay is slow (g about -0.01 to -0.05 a token): a token's write lasts."""
-    arch, q_dim, kv_dim = "qwen35", n_heads * head_dim, n_kv_heads * head_dim
+    arch, q_dim, kv_dim = "qwen35moe" if experts else "qwen35", n_heads * head_dim, n_kv_heads * head_dim
     value_dim, key_dim = v_heads * d_state, k_heads * d_state
     conv_dim = 2 * key_dim + value_dim
     w = GGUFWriter(str(path), arch)
@@ -166,6 +167,10 @@ def write_qwen35(path: Path, *, qtype: str = "F32", n_layers: int = 8, d_model: 
                        "full_attention_interval": 4}.items():
         w.add_uint32(f"{arch}.{key}", value)
     w.add_array(f"{arch}.rope.dimension_sections", list(sections))
+    if experts:  # qwen35moe: experts (E, k, width) and a gated shared expert
+        for key, value in (("expert_count", experts[0]), ("expert_used_count", experts[1]),
+                           ("expert_feed_forward_length", experts[2]), ("expert_shared_feed_forward_length", shared_ffn)):
+            w.add_uint32(f"{arch}.{key}", value)
     w.add_float32(f"{arch}.rope.freq_base", 10000.0)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     wt = _head(w, qtype, seed, d_model, output_std)
@@ -191,6 +196,9 @@ def write_qwen35(path: Path, *, qtype: str = "F32", n_layers: int = 8, d_model: 
             wt.matrix(p + "ssm_alpha.weight", v_heads, d_model, std=0.3)
             w.add_tensor(p + "ssm_norm.weight", rng.normal(1.0, 0.1, d_state).astype(np.float32))
             wt.matrix(p + "ssm_out.weight", d_model, value_dim, std=0.3)
-        _ffn(wt, p, d_model, ffn)
+        if experts:
+            _experts(wt, w, p, d_model, experts, shared_ffn, 0.3)
+        else:
+            _ffn(wt, p, d_model, ffn)
     finish(w)
     return path
