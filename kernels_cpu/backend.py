@@ -42,6 +42,7 @@ _NO_EXPERT_I8 = (np.empty((1, 0, 1, 256), np.uint8), np.empty((1, 0, 1, 16), np.
                  np.empty((1, 0, 0, 0), np.uint16), 0, 4)
 _NO_EXPERT_ROWS = (np.empty((1, 0, 1), np.uint8), 0)
 _NO_ROUTER = np.empty((0, 1), np.float32)  # logits given: the routing kernel multiplies nothing
+_NO_BIAS = np.empty(0, np.float32)  # no selection bias
 
 
 def _stack_experts(packed: I8Weights | KWeights, n_exp: int) -> I8Weights | KWeights:
@@ -206,10 +207,12 @@ class CpuBackend:
             matmul.matmul3_kernel(x, *args, self.n_threads)
 
     # -- mixture of experts (kernels_cpu.moe, matmul_experts) --------------------------------
-    def route_experts(self, router: QMatrix, x: np.ndarray, norm: bool, work: Workspace) -> None:
+    def route_experts(self, router: QMatrix, x: np.ndarray, norm: bool, work: Workspace, sigmoid: bool = False,
+                      bias: np.ndarray = _NO_BIAS) -> None:
         """Each token's experts and weights from its router logits x @ router.T [N, E] (an F32
-        router inside the routing kernel, others by a matmul first), the pairs grouped by expert
-        and x [N, D] gathered into work.moe.xg [N * k, D]."""
+        router inside the routing kernel, others by a matmul first; softmax, or sigmoid
+        probabilities, ranked with a selection bias f32 [E] when given), the pairs grouped by
+        expert and x [N, D] gathered into work.moe.xg [N * k, D]."""
         m = work.moe
         assert m is not None  # allocated for a model with experts
         n, k = x.shape[0], m.sel.shape[1]
@@ -219,7 +222,7 @@ class CpuBackend:
         else:
             self.matmuls(x, (router,), (logits,), work)
             r = _NO_ROUTER
-        moe.route_kernel(logits, r, norm, x, m.sel[:n], m.wts[:n], m.offsets, m.pair_token[: n * k], m.pair_of[:n],
+        moe.route_kernel(logits, r, norm, sigmoid, bias, x, m.sel[:n], m.wts[:n], m.offsets, m.pair_token[: n * k], m.pair_of[:n],
                          m.xg[: n * k])
 
     def expert_matmuls(self, x: np.ndarray, ws: Sequence[QMatrix], outs: Sequence[np.ndarray], work: Workspace) -> None:
@@ -286,6 +289,7 @@ class CpuBackend:
     add_rmsnorm = staticmethod(ops.add_rmsnorm_kernel)
     silu_mul = staticmethod(ops.silu_mul_kernel)
     gelu_mul = staticmethod(ops.gelu_mul_kernel)
+    relu_sqr = staticmethod(ops.relu_sqr_kernel)
 
     @staticmethod
     def take_rows(x: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:

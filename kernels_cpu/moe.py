@@ -22,29 +22,38 @@ SERIAL_PAIRS = 64  # below this many pairs the gather runs on the calling thread
 
 
 @kernel(inline=True)
-def _route_token(logits, t, k, norm, sel, wts, probs, taken):
-    """Softmax over the token's E router logits (float64 sum in index order), the k largest
-    probabilities in descending order (ties: the lower expert id), their weights, divided by
-    their sum when norm."""
+def _route_token(logits, t, k, norm, sigmoid, bias, sel, wts, probs, taken):
+    """The token's E router probabilities: softmax (float64 sum in index order) or, when sigmoid,
+    each logit's sigmoid; the k largest in descending order (ties: the lower expert id), ranked
+    by probability + bias[e] when a selection bias is given (bias [0]: none), weighted by the
+    unbiased probability, divided by the weights' sum when norm."""
     E = logits.shape[1]
-    m = logits[t, 0]
-    for e in range(1, E):
-        m = max(m, logits[t, e])
-    s = 0.0
+    if sigmoid:
+        for e in range(E):
+            probs[e] = np.float32(1.0 / (1.0 + math.exp(-logits[t, e])))
+    else:
+        m = logits[t, 0]
+        for e in range(1, E):
+            m = max(m, logits[t, e])
+        s = 0.0
+        for e in range(E):
+            p = np.float32(math.exp(logits[t, e] - m))
+            probs[e] = p
+            s += p
+        inv = np.float32(1.0 / s)
+        for e in range(E):
+            probs[e] = probs[e] * inv
+    biased = bias.shape[0] > 0
     for e in range(E):
-        p = np.float32(math.exp(logits[t, e] - m))
-        probs[e] = p
-        s += p
-    inv = np.float32(1.0 / s)
-    for e in range(E):
-        probs[e] = probs[e] * inv
         taken[e] = False
     total = np.float32(0.0)
     for j in range(k):
         best = -1
+        best_score = np.float32(0.0)
         for e in range(E):
-            if not taken[e] and (best < 0 or probs[e] > probs[best]):
-                best = e
+            score = probs[e] + bias[e] if biased else probs[e]
+            if not taken[e] and (best < 0 or score > best_score):
+                best, best_score = e, score
         taken[best] = True
         sel[t, j] = best
         wts[t, j] = probs[best]
@@ -70,10 +79,11 @@ SERIAL_TOKENS = 8  # below this many tokens routing runs on the calling thread
 
 
 @kernel(parallel=True)
-def route_kernel(logits, router, norm, x, sel, wts, offsets, pair_token, pair_of, xg):
+def route_kernel(logits, router, norm, sigmoid, bias, x, sel, wts, offsets, pair_token, pair_of, xg):
     """logits f32 [N, E] router logits, computed here from router f32 [E, D] (an F32 router
     matrix) or given (router [0, D]: another type, multiplied by the caller); norm: divide the
-    chosen weights by their sum; x f32 [N, D] the FFN input. Writes sel i32 [N, k] the chosen
+    chosen weights by their sum; sigmoid: sigmoid probabilities instead of the softmax; bias f32
+    [E] added to the probabilities for the choice only ([0]: none); x f32 [N, D] the FFN input. Writes sel i32 [N, k] the chosen
     experts (descending probability), wts f32 [N, k] their weights, offsets i32 [E + 1] each
     expert's pair range, pair_token i32 [P] the token of each pair, pair_of i32 [N, k] the pair
     of (token, choice j), and xg f32 [P, D] = x[pair_token] (the experts' gathered input)."""
@@ -86,14 +96,14 @@ def route_kernel(logits, router, norm, x, sel, wts, offsets, pair_token, pair_of
         for t in range(N):
             if not given:
                 _router_logits(x, router, logits, t)
-            _route_token(logits, t, k, norm, sel, wts, probs, taken)
+            _route_token(logits, t, k, norm, sigmoid, bias, sel, wts, probs, taken)
     else:
         for t in numba.prange(N):
             probs = np.empty(E, np.float32)
             taken = np.empty(E, np.bool_)
             if not given:
                 _router_logits(x, router, logits, t)
-            _route_token(logits, t, k, norm, sel, wts, probs, taken)
+            _route_token(logits, t, k, norm, sigmoid, bias, sel, wts, probs, taken)
     for e in range(E + 1):
         offsets[e] = 0
     for t in range(N):

@@ -87,6 +87,24 @@ def silu_mul_kernel(gate, up, out):
 
 
 @kernel(parallel=True)
+def relu_sqr_kernel(x, out):
+    """out = relu(x)^2 (nemotron_h's ungated FFN activation); both f32 [T, F]."""
+    if x.size < SERIAL_VALUES:
+        for t in range(x.shape[0]):
+            _relu_sqr_row(x, out, t)
+    else:
+        for t in numba.prange(x.shape[0]):
+            _relu_sqr_row(x, out, t)
+
+
+@kernel(inline=True)
+def _relu_sqr_row(x, out, t):
+    for k in range(x.shape[1]):
+        v = max(x[t, k], np.float32(0.0))
+        out[t, k] = v * v
+
+
+@kernel(parallel=True)
 def gelu_mul_kernel(gate, up, out):
     """out = gelu_tanh(gate) * up (GeGLU, the tanh approximation); all [T, F]."""
     if gate.size < SERIAL_VALUES:

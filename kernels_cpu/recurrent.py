@@ -23,20 +23,6 @@ CHANNELS = 64  # channels per work item
 
 
 @kernel(inline=True)
-def _conv_step(state, s, ch, w, v, keep):
-    """One channel's causal convolution at a new input v: the window [state, v] times the taps
-    (summed in tap order from 0.0, as ggml_ssm_conv), then v enters the state."""
-    acc = np.float32(0.0)
-    for i in range(keep):
-        acc += state[s, i, ch] * w[ch, i]
-    acc += v * w[ch, keep]
-    for i in range(keep - 1):
-        state[s, i, ch] = state[s, i + 1, ch]
-    state[s, keep - 1, ch] = v
-    return acc
-
-
-@kernel(inline=True)
 def _start_channels(state, s, lo, hi, keep):
     for i in range(keep):
         for ch in range(lo, hi):
@@ -67,18 +53,42 @@ def causal_conv_kernel(src, off, gated, w, bias, state, seq_slot, token_seq, pos
     for item in numba.prange((c + CHANNELS - 1) // CHANNELS):
         lo = item * CHANNELS
         hi = min(c, lo + CHANNELS)
+        # per token, each loop runs across the item's channels (contiguous in the state and the
+        # rows: vectorised); a channel's sum is its taps in order from 0.0, as ggml_ssm_conv
+        x_new, acc = np.empty(hi - lo, np.float32), np.empty(hi - lo, np.float32)
         j = 0
         for t in range(n):
             s = seq_slot[token_seq[t]]
             if positions[t] == 0:
                 _start_channels(state, s, lo, hi, keep)
+            row = src[t]
             if gated:
                 for ch in range(lo, hi):
-                    acc = _conv_step(state, s, ch, w, src[t, ch] * src[t, 2 * c + ch], keep)
-                    out[t, ch] = src[t, c + ch] * acc
+                    x_new[ch - lo] = row[ch] * row[2 * c + ch]
             else:
                 for ch in range(lo, hi):
-                    out[t, ch] = silu(_conv_step(state, s, ch, w, src[t, off + ch], keep) + bias[ch])
+                    x_new[ch - lo] = row[off + ch]
+            for ch in range(lo, hi):
+                acc[ch - lo] = np.float32(0.0)
+            for i in range(keep):
+                past = state[s, i]
+                for ch in range(lo, hi):
+                    acc[ch - lo] += past[ch] * w[ch, i]
+            for ch in range(lo, hi):
+                acc[ch - lo] += x_new[ch - lo] * w[ch, keep]
+            for i in range(keep - 1):  # the window moves on one token
+                dst, nxt = state[s, i], state[s, i + 1]
+                for ch in range(lo, hi):
+                    dst[ch] = nxt[ch]
+            last = state[s, keep - 1]
+            for ch in range(lo, hi):
+                last[ch] = x_new[ch - lo]
+            if gated:
+                for ch in range(lo, hi):
+                    out[t, ch] = row[c + ch] * acc[ch - lo]
+            else:
+                for ch in range(lo, hi):
+                    out[t, ch] = silu(acc[ch - lo] + bias[ch])
             j = _snapshot_channels(state, s, lo, hi, keep, snap_rows, snap_slots, j, t)
 
 
@@ -162,9 +172,11 @@ def ssm_scan_kernel(xbc, zxdt, dt_off, dt_bias, a, d_skip, state, seq_slot, toke
 def gated_group_rmsnorm_kernel(y, z, w, groups, eps, out):
     """Mamba2's output: out = rmsnorm(y * silu(z)) * w, the norm over each of `groups` equal
     slices of a row (sum of squares in float64, index order, as ggml's rms_norm); y, out f32
-    [N, E]; z f32 [N, *] (its first E columns); w f32 [E]."""
+    [N, E]; z f32 [N, *] (its first E columns); w f32 [E], or [0]: no norm (falcon-h1 without
+    ssm_norm), out = y * silu(z)."""
     n, e = y.shape
     width = e // groups
+    normed = w.shape[0] > 0
     for t in numba.prange(n):
         for g in range(groups):
             lo = g * width
@@ -173,6 +185,8 @@ def gated_group_rmsnorm_kernel(y, z, w, groups, eps, out):
                 v = y[t, k] * silu(z[t, k])
                 out[t, k] = v
                 ss += np.float64(v) * np.float64(v)
+            if not normed:
+                continue
             sc = np.float32(1.0 / math.sqrt(ss / width + eps))
             for k in range(lo, lo + width):
                 out[t, k] = np.float32(out[t, k] * sc) * w[k]
@@ -191,21 +205,23 @@ def _l2_scale(x, t, lo, n, eps):
 
 @kernel(parallel=True, fastmath=REORDER)
 def delta_rule_kernel(qkv, beta, alpha, dt_bias, a, state, seq_slot, token_seq, positions, snap_rows, snap_slots,
-                      k_heads, eps, y):
+                      k_head_of, eps, y):
     """Qwen3.5's gated delta rule (llama.cpp's gated_delta_net op, one token at a time): qkv f32
-    [N, 2*Hk*S + H*S] the convolved [q | k | v] (value head h reads key head h % Hk, ggml's
-    repeat); beta, alpha f32 [N, H] their projections; dt_bias, a (-exp(A_log)) f32 [H]; state
+    [N, 2*Hk*S + H*S] the convolved [q | k | v]; value head h reads key head k_head_of[h] (i32
+    [H]: h % Hk in Qwen3.5, ggml's repeat; h // (H / Hk) in Qwen3-Next, grouped); beta, alpha f32
+    [N, H] their projections; dt_bias, a (-exp(A_log)) f32 [H]; state
     f32 [slots, H, S, S] (row j: value dim, column i: key dim); y f32 [N, H*S]. Per token and
     value head: q, k l2-normalised; g = exp(softplus(alpha + dt_bias) * a); b = sigmoid(beta);
     state *= g; d = (v - state k) * b; state += d k^T; y = state q / sqrt(S). Threads split
     heads; every sum has one fixed order."""
     n = y.shape[0]
     heads, sd = state.shape[1], state.shape[2]
-    key_dim = k_heads * sd
+    key_dim = (qkv.shape[1] - heads * sd) // 2
     scale = np.float32(1.0 / math.sqrt(sd))
     for h in numba.prange(heads):
-        kh = h % k_heads
+        kh = k_head_of[h]
         q_at, k_at, v_at = kh * sd, key_dim + kh * sd, 2 * key_dim + h * sd
+        qn, kn = np.empty(sd, np.float32), np.empty(sd, np.float32)  # the token's normed q and k
         j0 = 0
         for t in range(n):
             s = seq_slot[token_seq[t]]
@@ -213,23 +229,30 @@ def delta_rule_kernel(qkv, beta, alpha, dt_bias, a, state, seq_slot, token_seq, 
                 _zero_head(state, s, h)
             sq = _l2_scale(qkv, t, q_at, sd, eps)
             sk = _l2_scale(qkv, t, k_at, sd, eps)
+            row_in = qkv[t]
+            for c in range(sd):
+                qn[c] = row_in[q_at + c] * sq
+                kn[c] = row_in[k_at + c] * sk
             g_in = alpha[t, h] + dt_bias[h]
             if g_in <= np.float32(20.0):
                 g_in = np.float32(math.log(np.float32(1.0) + np.float32(math.exp(g_in))))
             decay = np.float32(math.exp(g_in * a[h]))
             b = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-beta[t, h])))
+            head = state[s, h]
             for r in range(sd):
+                # one contiguous row of the state (1-D: LLVM vectorises both sweeps)
+                row = head[r]
                 acc = np.float32(0.0)
                 for c in range(sd):
-                    st = state[s, h, r, c] * decay
-                    state[s, h, r, c] = st
-                    acc += st * (qkv[t, k_at + c] * sk)
-                d = (qkv[t, v_at + r] - acc) * b
+                    st = row[c] * decay
+                    row[c] = st
+                    acc += st * kn[c]
+                d = (row_in[v_at + r] - acc) * b
                 out = np.float32(0.0)
                 for c in range(sd):
-                    st = state[s, h, r, c] + (qkv[t, k_at + c] * sk) * d
-                    state[s, h, r, c] = st
-                    out += st * (qkv[t, q_at + c] * sq)
+                    st = row[c] + kn[c] * d
+                    row[c] = st
+                    out += st * qn[c]
                 y[t, h * sd + r] = out * scale
             j0 = _snapshot_head(state, s, h, snap_rows, snap_slots, j0, t)
 

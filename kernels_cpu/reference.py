@@ -53,6 +53,10 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
 
 
+def relu_sqr(x: np.ndarray) -> np.ndarray:
+    return (np.maximum(x.astype(np.float64), 0.0) ** 2).astype(np.float32)
+
+
 def gelu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     g = gate.astype(np.float64)
     return (0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3))) * up).astype(np.float32)
@@ -306,13 +310,19 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
     return acc
 
 
-def route(logits: np.ndarray, k: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Twin of moe.route_kernel's choice: softmax of each row of logits [N, E], the k largest
-    (descending, ties to the lower expert), their probabilities, divided by their sum when norm
-    (clamped below at 2^-14). Returns (experts i32 [N, k], weights f32 [N, k])."""
-    z = np.exp((logits - logits.max(axis=1, keepdims=True)).astype(np.float64))
-    p = z / z.sum(axis=1, keepdims=True)
-    sel = np.argsort(-p, axis=1, kind="stable")[:, :k].astype(np.int32)
+def route(logits: np.ndarray, k: int, norm: bool, sigmoid: bool = False,
+          bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Twin of moe.route_kernel's choice: softmax (or sigmoid) of each row of logits [N, E], the
+    k largest of probability + bias [E] (descending, ties to the lower expert), their
+    probabilities, divided by their sum when norm (clamped below at 2^-14). Returns (experts
+    i32 [N, k], weights f32 [N, k])."""
+    if sigmoid:
+        p = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    else:
+        z = np.exp((logits - logits.max(axis=1, keepdims=True)).astype(np.float64))
+        p = z / z.sum(axis=1, keepdims=True)
+    score = p if bias is None else p + bias[None, :]
+    sel = np.argsort(-score, axis=1, kind="stable")[:, :k].astype(np.int32)
     w = np.take_along_axis(p, sel, axis=1)
     if norm:
         w = w / np.maximum(w.sum(axis=1, keepdims=True), 2.0**-14)

@@ -72,21 +72,25 @@ def ssm_scan(xbc: np.ndarray, zxdt: np.ndarray, dt_off: int, dt_bias: np.ndarray
 
 
 def gated_group_rmsnorm(y: np.ndarray, z: np.ndarray, w: np.ndarray, groups: int, eps: float) -> np.ndarray:
-    """rmsnorm per group of y * silu(z) (z's first E columns), times w."""
+    """rmsnorm per group of y * silu(z) (z's first E columns), times w; w [0]: no norm."""
     n, e = y.shape
     z64 = z[:, :e].astype(np.float64)
     v = (y.astype(np.float64) * z64 / (1.0 + np.exp(-z64))).reshape(n, groups, e // groups)
+    if not w.shape[0]:
+        return v.reshape(n, e).astype(np.float32)
     v = v / np.sqrt((v * v).mean(-1, keepdims=True) + eps)
     return (v.reshape(n, e) * w).astype(np.float32)
 
 
 def delta_rule(qkv: np.ndarray, beta: np.ndarray, alpha: np.ndarray, dt_bias: np.ndarray, a: np.ndarray,
                state: np.ndarray, seq_slot: np.ndarray, token_seq: np.ndarray, positions: np.ndarray,
-               snap_rows: np.ndarray, snap_slots: np.ndarray, k_heads: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
+               snap_rows: np.ndarray, snap_slots: np.ndarray, k_head_of: np.ndarray,
+               eps: float) -> tuple[np.ndarray, np.ndarray]:
     """(y f32 [N, H*S], the state pool after the step); arguments as delta_rule_kernel's."""
     st = state.astype(np.float64).copy()
     heads, sd = state.shape[1], state.shape[2]
-    key_dim = k_heads * sd
+    key_dim = (qkv.shape[1] - heads * sd) // 2
+    k_heads = key_dim // sd
     x = qkv.astype(np.float64)
     y = np.empty((qkv.shape[0], heads * sd), np.float64)
     for t in range(qkv.shape[0]):
@@ -97,7 +101,7 @@ def delta_rule(qkv: np.ndarray, beta: np.ndarray, alpha: np.ndarray, dt_bias: np
         k = x[t, key_dim : 2 * key_dim].reshape(k_heads, sd)
         q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
         k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
-        q, k = q[np.arange(heads) % k_heads], k[np.arange(heads) % k_heads]  # ggml's repeat: tiled
+        q, k = q[k_head_of], k[k_head_of]  # each value head's key head
         v = x[t, 2 * key_dim :].reshape(heads, sd)
         g = alpha[t].astype(np.float64) + dt_bias
         g = np.where(g > 20.0, g, np.log1p(np.exp(g))) * a

@@ -9,6 +9,8 @@ step. The transformer owns the forward's preallocated workspace.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from edge_infer.engine.scheduler import ScheduledChunk, SchedulerOutput
@@ -37,9 +39,14 @@ class ModelRunner:
         self.kv_pool = backend.make_kv_pool(len(kv_layers), num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim,
                                             kv_dtype)
         self.states = backend.make_state_pool(cfg.state_shapes, num_state_slots) if cfg.recurrent else []
-        # what each layer's forward reads and writes: its KV pair, or its recurrent state pool
+        # what each layer's forward reads and writes: its KV pair, its recurrent state pool, both
+        # (falcon-h1: (KV, states)), or None (nemotron_h's FFN layers)
         kv_of, state_of = iter(self.kv_pool), iter(self.states)
-        self.kv = [next(kv_of) if i in kv_layers else next(state_of) for i in range(cfg.n_layers)]
+        self.kv: list[Any] = []
+        for i in range(cfg.n_layers):
+            attn = next(kv_of) if i in kv_layers else None
+            state = next(state_of) if cfg.is_recurrent(i) else None
+            self.kv.append((attn, state) if attn is not None and state is not None else state if attn is None else attn)
 
     def build_inputs(self, chunks: list[ScheduledChunk]) -> StepInputs:
         """The kernels' token-level arguments for a step's chunks (each starts at its

@@ -8,12 +8,15 @@ from types import ModuleType
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import (
+    falcon_h1,
     gemma2,
     gemma3,
     granite,
     granitehybrid,
     lfm2,
+    lfm2moe,
     llama,
+    nemotron_h,
     olmo2,
     olmoe,
     phi3,
@@ -21,6 +24,7 @@ from edge_infer.models import (
     qwen2moe,
     qwen3,
     qwen3moe,
+    qwen3next,
     qwen35,
     qwen35moe,
     smollm3,
@@ -30,7 +34,8 @@ from edge_infer.models.config import ModelConfig
 ARCHITECTURES: dict[str, ModuleType] = {
     m.ARCH: m
     for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe, lfm2,
-              granitehybrid, qwen35, qwen35moe)
+              lfm2moe, granitehybrid, nemotron_h, falcon_h1, qwen35, qwen35moe,
+              qwen3next)
 }
 
 

@@ -80,8 +80,9 @@ class Backend(Protocol):
 
     def delta_rule(self, qkv: Array, beta: Array, alpha: Array, dt_bias: Array, a: Array, state: Array,
                    seq_slot: Array, token_seq: Array, positions: Array, snap_rows: Array, snap_slots: Array,
-                   k_heads: int, eps: Any, y: Array) -> None:
-        """Qwen3.5's gated delta rule (kernels_cpu.recurrent.delta_rule_kernel)."""
+                   k_head_of: Array, eps: Any, y: Array) -> None:
+        """The gated delta rule (kernels_cpu.recurrent.delta_rule_kernel); k_head_of i32 [H]: each
+        value head's key head."""
         ...
 
     def head_rmsnorm_gate(self, y: Array, z: Array, w: Array, eps: Any, out: Array) -> None: ...
@@ -118,9 +119,11 @@ class Backend(Protocol):
 
     def matmuls(self, x: Array, ws: Sequence[QMatrix], outs: Sequence[Array], work: Any) -> None: ...
 
-    def route_experts(self, router: QMatrix, x: Array, norm: bool, work: Any) -> None:
-        """Router logits x @ router.T [N, E] -> each token's k experts and weights, pairs grouped
-        by expert, x gathered per pair into work.moe.xg."""
+    def route_experts(self, router: QMatrix, x: Array, norm: bool, work: Any, sigmoid: bool = False,
+                      bias: Array = ...) -> None:
+        """Router logits x @ router.T [N, E] -> each token's k experts and weights (softmax or
+        sigmoid probabilities, chosen by probability + bias [E] when given), pairs grouped by
+        expert, x gathered per pair into work.moe.xg."""
         ...
 
     def expert_matmuls(self, x: Array, ws: Sequence[QMatrix], outs: Sequence[Array], work: Any) -> None:
@@ -147,6 +150,8 @@ class Backend(Protocol):
     def silu_mul(self, gate: Array, up: Array, out: Array) -> None: ...
 
     def gelu_mul(self, gate: Array, up: Array, out: Array) -> None: ...
+
+    def relu_sqr(self, x: Array, out: Array) -> None: ...
 
     def take_rows(self, x: Array, rows: Array, out: Array) -> None: ...
 

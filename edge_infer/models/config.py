@@ -75,6 +75,13 @@ class ModelConfig:
     expert_weights_norm: bool = False
     shared_ffn_dim: int = 0
     shared_expert_gated: bool = True  # qwen2moe's shared expert has a sigmoid gate; granite's is added as it is
+    expert_gating: str = "softmax"  # the router's probabilities: "softmax" | "sigmoid" (lfm2moe)
+    expert_select_bias: bool = False  # lfm2moe: exp_probs_b added to the probabilities for the choice only
+    dense_lead: int = 0  # lfm2moe: the first layers keep a dense FFN (leading_dense_block_count)
+    # nemotron_h: a layer is one block, its mixer (attention or Mamba2) or its FFN, after attn_norm
+    ffn_only_layers: tuple[bool, ...] = ()
+    mixer_only_layers: tuple[bool, ...] = ()
+    parallel_ssm: bool = False  # falcon-h1: every layer's attention and Mamba2 read one input, summed
     # hybrid recurrent models (lfm2): conv_layers[i] says layer i is a gated short convolution
     # (no attention, no KV; a per-sequence state of its last conv_kernel - 1 inputs instead)
     conv_layers: tuple[bool, ...] = ()
@@ -86,6 +93,7 @@ class ModelConfig:
     # Gated DeltaNet blocks (qwen35), with the ssm_* fields: ssm_inner the value width, split into
     # ssm_heads value heads of ssm_state; ssm_groups key heads of ssm_state
     delta_layers: tuple[bool, ...] = ()
+    delta_grouped: bool = False  # qwen3next: value head h reads key head h // (H / Hk) (qwen35: h % Hk)
     attn_output_gate: bool = False  # qwen35: Q's projection holds [q | gate] per head; attention * sigmoid(gate)
     ffn_norm_tensor: str = "ffn_norm"  # qwen35 names the FFN's pre-norm post_attention_norm
     ssm_conv_kernel: int = 0
@@ -106,7 +114,7 @@ class ModelConfig:
             raise UnsupportedModelError(f"{self.arch}: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim:
             raise UnsupportedModelError(f"{self.arch}: rope dimension {self.n_rot} must be even and at most head_dim {self.head_dim}")
-        if self.activation not in ("silu", "gelu"):
+        if self.activation not in ("silu", "gelu", "relu2"):
             raise UnsupportedModelError(f"{self.arch}: unknown activation {self.activation!r}")
         if len(self.swa_layers) != self.n_layers:
             raise UnsupportedModelError(f"{self.arch}: swa_layers has {len(self.swa_layers)} entries for {self.n_layers} layers")
@@ -132,6 +140,13 @@ class ModelConfig:
                 f"{self.arch}: conv_layers has {len(self.conv_layers)} entries for {self.n_layers} layers and a "
                 f"convolution width of {self.conv_kernel} (at least 2)"
             )
+        if self.expert_gating not in ("softmax", "sigmoid") or not 0 <= self.dense_lead <= self.n_layers:
+            raise UnsupportedModelError(f"{self.arch}: expert gating {self.expert_gating!r} (softmax or sigmoid), "
+                                        f"{self.dense_lead} leading dense layers of {self.n_layers}")
+        for name in ("ffn_only_layers", "mixer_only_layers"):
+            if getattr(self, name) and len(getattr(self, name)) != self.n_layers:
+                raise UnsupportedModelError(f"{self.arch}: {name} has {len(getattr(self, name))} entries for "
+                                            f"{self.n_layers} layers")
         if self.delta_layers and len(self.delta_layers) != self.n_layers:
             raise UnsupportedModelError(f"{self.arch}: {len(self.delta_layers)} delta-rule layer flags for {self.n_layers} layers")
         if self.ssm_layers or self.delta_layers:
@@ -157,8 +172,27 @@ class ModelConfig:
 
     @property
     def dense_ffn_dim(self) -> int:
-        """Width of the dense FFN buffers: the FFN's, or a MoE model's shared expert's."""
-        return self.ffn_dim if not self.n_experts else max(1, self.shared_ffn_dim)
+        """Width of the dense FFN buffers: the FFN's, or a MoE model's shared expert's (and its
+        leading dense layers' FFN)."""
+        dense = self.ffn_dim if not self.n_experts or self.dense_lead else 1
+        return max(dense, self.shared_ffn_dim)
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether `layer`'s FFN is the mixture of experts (not a leading dense one)."""
+        return self.n_experts > 0 and layer >= self.dense_lead
+
+    def has_mixer(self, layer: int) -> bool:
+        """Whether `layer` has attention or a recurrent block (nemotron_h's FFN layers do not)."""
+        return not (self.ffn_only_layers and self.ffn_only_layers[layer])
+
+    def has_ffn(self, layer: int) -> bool:
+        """Whether `layer` ends with an FFN (nemotron_h's attention and Mamba2 layers do not)."""
+        return not (self.mixer_only_layers and self.mixer_only_layers[layer])
+
+    def has_attention(self, layer: int) -> bool:
+        """Whether `layer` attends (and keeps K/V in the paged pool): a mixer that is not a
+        recurrent block, or falcon-h1's beside its Mamba2."""
+        return self.has_mixer(layer) and (self.parallel_ssm or not self.is_recurrent(layer))
 
     @property
     def softmax_scale(self) -> float:
@@ -182,7 +216,13 @@ class ModelConfig:
     @property
     def kv_layers(self) -> tuple[int, ...]:
         """The layers with attention, which keep K/V in the paged pool."""
-        return tuple(i for i in range(self.n_layers) if not self.is_recurrent(i))
+        return tuple(i for i in range(self.n_layers) if self.has_attention(i))
+
+    @property
+    def delta_key_heads(self) -> tuple[int, ...]:
+        """The key head each of a delta-rule block's value heads reads."""
+        per = self.ssm_heads // max(self.ssm_groups, 1)
+        return tuple(h // per if self.delta_grouped else h % self.ssm_groups for h in range(self.ssm_heads))
 
     @property
     def ssm_conv_dim(self) -> int:

@@ -29,22 +29,23 @@ def layer_kv_heads(f: GGUFFile, arch: str, n_layers: int) -> list[int]:
     return counts
 
 
-def config_from_gguf(f: GGUFFile) -> ModelConfig:
-    md = MetadataReader(f, ARCH)
+def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: Any) -> ModelConfig:
+    """lfm2's config; lfm2moe passes its arch and mixture-of-experts fields."""
+    md = MetadataReader(f, arch)
     n_layers = md.get("block_count")
     if not md.get("attention.causal", True, bool):
-        raise UnsupportedModelError(f"{f.path}: a bidirectional lfm2 (an embedding model) is not supported")
-    counts = layer_kv_heads(f, ARCH, n_layers)
+        raise UnsupportedModelError(f"{f.path}: a bidirectional {arch} (an embedding model) is not supported")
+    counts = layer_kv_heads(f, arch, n_layers)
     attn = sorted({c for c in counts if c})
     if len(attn) != 1:
         raise UnsupportedModelError(
-            f"{f.path}: {ARCH}.attention.head_count_kv {counts} must give its attention layers one KV head count"
+            f"{f.path}: {arch}.attention.head_count_kv {counts} must give its attention layers one KV head count"
         )
     conv = tuple(c == 0 for c in counts)
     window = md.get("attention.sliding_window", 0)
     return llama.config_from_gguf(
         f,
-        ARCH,
+        arch,
         n_kv_heads=attn[0],
         rope_neox=True,
         qk_norm=True,
@@ -53,4 +54,5 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         output_norm_tensor="token_embd_norm.weight",
         sliding_window=window,
         swa_layers=tuple(window > 0 and not c for c in conv),
+        **overrides,
     )

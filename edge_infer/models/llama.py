@@ -32,7 +32,7 @@ def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: object) -> Mode
         # a hybrid model passes its own (its file holds one count per layer)
         n_kv_heads=overrides.pop("n_kv_heads", None) or md.get("attention.head_count_kv", n_heads),
         head_dim=head_dim,
-        ffn_dim=md.get("feed_forward_length"),
+        ffn_dim=overrides.pop("ffn_dim", None) or md.get("feed_forward_length"),  # nemotron_h: per layer
         vocab_size=md.vocab_size(),
         context_length=md.get("context_length"),
         norm_eps=md.get("attention.layer_norm_rms_epsilon", 1e-5, float),

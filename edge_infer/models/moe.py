@@ -1,6 +1,6 @@
 """The mixture-of-experts FFN, beside the dense block of transformer.py: a router picks each
-token's experts (softmax over the router logits, top k, weights normalised when the
-architecture says), every chosen expert's SwiGLU runs on the tokens routed to it (one read of
+token's experts (softmax over the router logits, or lfm2moe's sigmoid ranked with a selection
+bias; top k, weights normalised when the architecture says), every chosen expert's SwiGLU runs on the tokens routed to it (one read of
 its weights per step, kernels_cpu.matmul_experts), and their outputs are summed with the
 weights in choice order; qwen2moe adds a shared expert gated per token by a sigmoid, granite
 (granitehybrid) one without a gate."""
@@ -23,7 +23,7 @@ def moe_ffn(b: Backend, cfg: ModelConfig, lw: LayerWeights, x: np.ndarray, out: 
     assert e is not None
     n = x.shape[0]
     p = n * cfg.n_experts_used
-    b.route_experts(e.router, x, cfg.expert_weights_norm, ws)
+    b.route_experts(e.router, x, cfg.expert_weights_norm, ws, cfg.expert_gating == "sigmoid", e.select_bias)
     gate, up, act, y = m.gate[:p], m.up[:p], m.act[:p], m.y[:p]
     b.expert_matmuls(m.xg[:p], (e.gate, e.up), (gate, up), ws)
     b.silu_mul(gate, up, act)

@@ -60,8 +60,8 @@ def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: object) -> Mode
     d_model, n_heads = md.get("embedding_length"), md.get("attention.head_count")
     head_dim = md.get("attention.key_length", d_model // n_heads)
     n_rot = md.get("rope.dimension_count", head_dim)
-    sections = f.metadata.get(f"{arch}.rope.dimension_sections", [n_rot // 2, 0, 0, 0])
-    if not isinstance(sections, list) or len(sections) < 3:
+    sections = f.metadata.get(f"{arch}.rope.dimension_sections")  # qwen3next: none, NEOX order
+    if arch != "qwen3next" and (not isinstance(sections, list) or len(sections) < 3):
         raise UnsupportedModelError(f"{f.path}: {arch}.rope.dimension_sections must hold 4 integers, got {sections!r}")
     state, v_heads = md.get("ssm.state_size"), md.get("ssm.time_step_rank")
     inner = md.get("ssm.inner_size")
@@ -73,7 +73,7 @@ def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: object) -> Mode
         arch,
         rope_neox=True,
         qk_norm=True,
-        rope_freqs=unrotated_pairs(sections, n_rot // 2),
+        rope_freqs=unrotated_pairs(sections, n_rot // 2) if sections is not None else (),
         attn_output_gate=True,
         ffn_norm_tensor="post_attention_norm",
         delta_layers=recurrent_layers(f, md, n_layers),

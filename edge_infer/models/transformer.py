@@ -65,6 +65,7 @@ class Transformer:
         self.embed_scale, self.softcap = np.float32(cfg.embed_scale), np.float32(cfg.final_logit_softcap)
         self.attn_softcap = np.float32(cfg.attn_softcap)
         self.residual_scale, self.inv_logit_scale = np.float32(cfg.residual_scale), np.float32(1.0 / cfg.logit_scale)
+        self.k_head_of = np.array(cfg.delta_key_heads, np.int32)
         self.ws: Any = None
         self._reserve(capacity)
 
@@ -123,7 +124,14 @@ class Transformer:
             x = xn
         for li, lw in enumerate(self.w.layers):
             last = li == cfg.n_layers - 1 and m < n
-            if cfg.is_recurrent(li):
+            next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
+            if not cfg.has_mixer(li):  # nemotron_h's FFN layer: attn_norm is the FFN's pre-norm
+                if last:
+                    b.take_rows(h, inp.logits_rows, ws.h_rows[:m])
+                    b.take_rows(x, inp.logits_rows, ws.xn_rows[:m])
+                    h, xn = ws.h_rows[:m], ws.xn_rows[:m]
+                    x, o, o2, gate, up, act = xn, o[:m], o2[:m], gate[:m], up[:m], act[:m]
+            elif cfg.is_recurrent(li) and not cfg.parallel_ssm:
                 block = self._short_conv if lw.conv is not None else self._mamba2 if lw.ssm is not None else self._gated_delta
                 mixed = block(x, lw, kv[li], inp, o)
                 if last:  # the block ran on every token (its state); the rest only on the wanted rows
@@ -133,6 +141,10 @@ class Transformer:
                     o, o2, gate, up, act = o[:m], o2[:m], gate[:m], up[:m], act[:m]
             else:
                 assert lw.wq is not None and lw.wk is not None and lw.wv is not None and lw.wo is not None
+                layer_kv, ssm_out = kv[li], None
+                if cfg.parallel_ssm:  # falcon-h1: Mamba2 beside attention, on the same normed input
+                    layer_kv, states = kv[li]
+                    ssm_out = self._mamba2(x, lw, states, inp, o2)
                 inv_freq, mscale = self.rope[li]
                 qgate = ws.q_gate[:n]
                 if cfg.attn_output_gate:  # qwen35: [q | gate] per head
@@ -142,7 +154,7 @@ class Transformer:
                     b.matmuls(x, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
                 b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
                              _or_empty(lw.k_norm), cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps,
-                             inp.slot_mapping, kv[li])
+                             inp.slot_mapping, layer_kv)
                 if last:
                     # Last layer: K/V of every token are stored; the rest is only needed for the
                     # rows whose logits are wanted (llama.cpp's inp_out_ids does the same).
@@ -154,28 +166,30 @@ class Transformer:
                     if cfg.attn_output_gate:
                         b.take_rows(qgate, sel, ws.q_gate_rows[:m])
                         qgate = ws.q_gate_rows[:m]
+                    if ssm_out is not None:
+                        b.take_rows(ssm_out, sel, ws.o_rows[:m])
+                        ssm_out = ws.o_rows[:m]
                     q, h, xn = ws.q_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
                     token_seq, positions = ws.seq_rows[:m], ws.pos_rows[:m]
                     attn, o, o2, gate, up, act = attn[:m], o[:m], o2[:m], gate[:m], up[:m], act[:m]
-                b.attention(q, kv[li], inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
+                b.attention(q, layer_kv, inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
                             self.attn_softcap, attn)
                 if cfg.attn_output_gate:
                     b.sigmoid_mul(attn, qgate)
                 b.matmuls(attn, (lw.wo,), (o,), ws)
+                if ssm_out is not None:
+                    b.add(o, ssm_out)
                 mixed = o
-            if lw.post_attn_norm is not None:
-                b.rmsnorm(mixed, lw.post_attn_norm, eps, o2)
-            x = self._residual(h, mixed if lw.post_attn_norm is None else o2, lw.ffn_norm, xn)
-            if lw.experts is not None:
-                moe_ffn(b, cfg, lw, x, o, ws)
-            else:
-                assert lw.w_gate is not None and lw.w_up is not None and lw.w_down is not None
-                b.matmuls(x, (lw.w_gate, lw.w_up), (gate, up), ws)
-                (b.gelu_mul if cfg.activation == "gelu" else b.silu_mul)(gate, up, act)
-                b.matmuls(act, (lw.w_down,), (o,), ws)
+            if cfg.has_mixer(li):
+                if lw.post_attn_norm is not None:
+                    b.rmsnorm(mixed, lw.post_attn_norm, eps, o2)
+                ffn_norm = lw.ffn_norm if cfg.has_ffn(li) else next_norm
+                x = self._residual(h, mixed if lw.post_attn_norm is None else o2, ffn_norm, xn)
+                if not cfg.has_ffn(li):  # nemotron_h's attention and Mamba2 layers
+                    continue
+            self._ffn(lw, x, o, gate, up, act)
             if lw.post_ffn_norm is not None:
                 b.rmsnorm(o, lw.post_ffn_norm, eps, o2)
-            next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
             x = self._residual(h, o if lw.post_ffn_norm is None else o2, next_norm, xn)
         if hidden:
             return x[:m]
@@ -186,6 +200,23 @@ class Transformer:
         if cfg.logit_scale != 1.0:
             b.scale(logits, self.inv_logit_scale)
         return logits
+
+    def _ffn(self, lw: Any, x: Any, out: Any, gate: Any, up: Any, act: Any) -> None:
+        """The layer's FFN of x into `out`: the mixture of experts, SwiGLU / GeGLU, or nemotron_h's
+        ungated relu(up x)^2."""
+        cfg, b, ws = self.cfg, self.b, self.ws
+        if lw.experts is not None:
+            moe_ffn(b, cfg, lw, x, out, ws)
+            return
+        assert lw.w_up is not None and lw.w_down is not None
+        if cfg.activation == "relu2":
+            b.matmuls(x, (lw.w_up,), (up,), ws)
+            b.relu_sqr(up, act)
+        else:
+            assert lw.w_gate is not None
+            b.matmuls(x, (lw.w_gate, lw.w_up), (gate, up), ws)
+            (b.gelu_mul if cfg.activation == "gelu" else b.silu_mul)(gate, up, act)
+        b.matmuls(act, (lw.w_down,), (out,), ws)
 
     def _short_conv(self, x: Any, lw: Any, states: Any, inp: StepInputs, out: Any) -> Any:
         """LFM2's short-convolution block on every token of the step: in_proj to [b | c | x],
@@ -230,7 +261,7 @@ class Transformer:
         b.conv_silu(qkv, 0, dw.conv, dw.conv_bias, conv_state, inp.seq_slots, inp.token_seq, inp.positions,
                     inp.snap_rows, inp.snap_slots, conv)
         b.delta_rule(conv, beta, alpha, dw.dt_bias, dw.a, rule_state, inp.seq_slots, inp.token_seq, inp.positions,
-                     inp.snap_rows, inp.snap_slots, cfg.ssm_groups, self.eps, y)
+                     inp.snap_rows, inp.snap_slots, self.k_head_of, self.eps, y)
         b.head_rmsnorm_gate(y, z, dw.norm, self.eps, g)
         b.matmuls(g, (lw.out_proj,), (out,), ws)
         return out

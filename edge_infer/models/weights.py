@@ -4,7 +4,7 @@ norms and biases become float32."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatch
 
 import numpy as np
@@ -16,6 +16,7 @@ from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.formats.quants import dequantize
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.weights_recurrent import DELTA_FIELDS, DeltaWeights, SsmWeights, load_recurrent
 
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "in_proj", "out_proj", "w_gate", "w_up", "w_down")  # in/out_proj: recurrent blocks
 EXPERT_FIELDS = ("router", "gate", "up", "down")
@@ -26,7 +27,8 @@ class ExpertWeights:
     """A mixture-of-experts FFN: the router [E, D] (ffn_gate_inp) and the experts' gate, up
     [E, Fe, D] and down [E, D, Fe] stacks (QMatrix with 3-D data); n_used experts per token.
     shared_gate f32 [D]: qwen2moe's gate of the shared expert (the layer's dense FFN); None for
-    an ungated one (granitehybrid) or none."""
+    an ungated one (granitehybrid) or none; select_bias (lfm2moe's exp_probs_b) ranks the
+    experts, not weighting them."""
 
     router: QMatrix
     gate: QMatrix
@@ -34,41 +36,7 @@ class ExpertWeights:
     down: QMatrix
     n_used: int
     shared_gate: np.ndarray | None = None
-
-
-@dataclass(slots=True)
-class SsmWeights:
-    """A Mamba2 block's vectors (its in_proj and out_proj are the layer's): conv f32 [C, L] the
-    convolution's taps over x, B, C (C = ssm_conv_dim) and conv_bias [C] (zeros when the file
-    has none); per head dt_bias, a (-exp(A_log), as the converter stores it) and d; norm
-    [ssm_inner] the grouped RMSNorm's weight."""
-
-    conv: np.ndarray
-    conv_bias: np.ndarray
-    dt_bias: np.ndarray
-    a: np.ndarray
-    d: np.ndarray
-    norm: np.ndarray
-
-
-@dataclass(slots=True)
-class DeltaWeights:
-    """A Gated DeltaNet block's own weights (its qkv projection and ssm_out are the layer's
-    in_proj and out_proj): z [V, D] the output gate's projection (attn_gate), beta and alpha
-    [H, D]; conv f32 [C, L] the convolution's taps over q, k, v (conv_bias: zeros, it has none);
-    per head dt_bias and a (-exp(A_log)); norm [S] the per-head RMSNorm's weight."""
-
-    z: QMatrix
-    beta: QMatrix
-    alpha: QMatrix
-    conv: np.ndarray
-    conv_bias: np.ndarray
-    dt_bias: np.ndarray
-    a: np.ndarray
-    norm: np.ndarray
-
-
-DELTA_FIELDS = ("z", "beta", "alpha")
+    select_bias: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # f32 [E], or [0]: none
 
 
 @dataclass(slots=True)
@@ -210,6 +178,9 @@ class _Tensors:
         self.used.add(name)
         return vector(self.f, name, n)
 
+    def has(self, name: str) -> bool:
+        return name in self.f.tensors
+
     def check_all_used(self, cfg: ModelConfig) -> None:
         """Every tensor is used or on the architecture's list of tensors it may ignore."""
         used = self.used | {name for name, factors in (("rope_freqs.weight", cfg.rope_freqs),
@@ -228,56 +199,21 @@ class _Tensors:
 def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeights:
     """All weights of a model, prepared by the backend; nothing is copied but small vectors (and
     what the backend repacks). Every tensor of the file must be used (or ignorable)."""
-    d, q_dim, kv_dim, ff, hd = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim, cfg.head_dim
+    d = cfg.d_model
     t = _Tensors(f, tuple(backend.matrix_types))
     emb = t.mat("token_embd.weight", cfg.vocab_size, d)
     output = emb if cfg.tied_embeddings else t.mat("output.weight", cfg.vocab_size, d)
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        wq = wk = wv = wo = None
-        if cfg.is_recurrent(i):
-            pass  # a recurrent block instead of attention (below)
-        elif cfg.fused_qkv:
-            wq, wk, wv = row_slices(t.mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d), (q_dim, kv_dim, kv_dim))
-        else:
-            q_rows = 2 * q_dim if cfg.attn_output_gate else q_dim  # qwen35: [q | gate] per head
-            wq, wk, wv = (t.mat(p + "attn_q.weight", q_rows, d), t.mat(p + "attn_k.weight", kv_dim, d),
-                          t.mat(p + "attn_v.weight", kv_dim, d))
-        if not cfg.is_recurrent(i):
-            wo = t.mat(p + "attn_output.weight", d, q_dim)
-        w_gate = w_up = w_down = None
-        if cfg.fused_gate_up:
-            w_gate, w_up = row_slices(t.mat(p + "ffn_up.weight", 2 * ff, d), (ff, ff))
-        elif cfg.n_experts:
-            if cfg.shared_ffn_dim:
-                fs = cfg.shared_ffn_dim
-                w_gate, w_up = t.mat(p + "ffn_gate_shexp.weight", fs, d), t.mat(p + "ffn_up_shexp.weight", fs, d)
-                w_down = t.mat(p + "ffn_down_shexp.weight", d, fs)
-        else:
-            w_gate, w_up = t.mat(p + "ffn_gate.weight", ff, d), t.mat(p + "ffn_up.weight", ff, d)
-        lw = LayerWeights(
-            attn_norm=t.vec(p + "attn_norm.weight", d) if cfg.pre_norms else None,
-            wq=wq, wk=wk, wv=wv,
-            wo=wo,
-            ffn_norm=t.vec(p + cfg.ffn_norm_tensor + ".weight", d) if cfg.pre_norms else None,
-            w_gate=w_gate, w_up=w_up,
-            w_down=w_down if cfg.n_experts else t.mat(p + "ffn_down.weight", d, ff),
-            experts=_experts(t, cfg, p),
-        )
-        if cfg.is_conv(i):
-            lw.in_proj = t.mat(p + "shortconv.in_proj.weight", 3 * d, d)
-            lw.conv = t.vec(p + "shortconv.conv.weight", d * cfg.conv_kernel).reshape(d, cfg.conv_kernel)
-            lw.out_proj = t.mat(p + "shortconv.out_proj.weight", d, d)
-        elif cfg.is_ssm(i):
-            _mamba2(t, cfg, p, lw)
-        elif cfg.is_delta(i):
-            _gated_delta(t, cfg, p, lw)
-        elif cfg.qkv_bias or p + "attn_q.bias" in f.tensors:  # required (qwen2) or optional (llama)
-            lw.bq, lw.bk, lw.bv = (t.vec(p + f"attn_{x}.bias", n) for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
-        if (cfg.qk_norm or cfg.qk_norm_full) and not cfg.is_recurrent(i):
-            lw.q_norm = t.vec(p + "attn_q_norm.weight", q_dim if cfg.qk_norm_full else hd)
-            lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
+        lw = LayerWeights(attn_norm=t.vec(p + "attn_norm.weight", d) if cfg.pre_norms else None,
+                          wq=None, wk=None, wv=None, wo=None, ffn_norm=None, w_gate=None, w_up=None, w_down=None)
+        if cfg.has_attention(i):
+            _attention(t, cfg, p, lw)
+        if cfg.has_mixer(i) and cfg.is_recurrent(i):
+            load_recurrent(t, cfg, i, lw)
+        if cfg.has_ffn(i):
+            _ffn(t, cfg, i, lw)
         if cfg.post_norms:
             lw.post_attn_norm = t.vec(p + "post_attention_norm.weight", d)
             lw.post_ffn_norm = t.vec(p + "post_ffw_norm.weight", d)
@@ -285,44 +221,56 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
     output_norm = t.vec(cfg.output_norm_tensor, d)
     t.check_all_used(cfg)
     # the backend's form of every matrix (the token embedding is read by rows: left as it is)
-    fields = [(lw, field, m) for lw in layers for field, m in lw.matrices()]
+    fields = [(lw, name, m) for lw in layers for name, m in lw.matrices()]
     prepared = backend.prepare_weights(f, [("layer", m) for _, _, m in fields] + [("output", output)])
-    for (lw, field, _), m in zip(fields, prepared):
-        lw.set_matrix(field, m)
+    for (lw, name, _), m in zip(fields, prepared):
+        lw.set_matrix(name, m)
     return ModelWeights(emb, output_norm, prepared[-1], layers)
 
 
-def _mamba2(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
-    """Layer p's Mamba2 block (llama.cpp's tensor names and shapes)."""
-    d, e, c, h, k = cfg.d_model, cfg.ssm_inner, cfg.ssm_conv_dim, cfg.ssm_heads, cfg.ssm_conv_kernel
-    lw.in_proj = t.mat(p + "ssm_in.weight", 2 * e + 2 * cfg.ssm_groups * cfg.ssm_state + h, d)
-    lw.out_proj = t.mat(p + "ssm_out.weight", d, e)
-    bias = p + "ssm_conv1d.bias"
-    lw.ssm = SsmWeights(
-        conv=t.vec(p + "ssm_conv1d.weight", c * k).reshape(c, k),
-        conv_bias=t.vec(bias, c) if bias in t.f.tensors else np.zeros(c, np.float32),
-        dt_bias=t.vec(p + "ssm_dt.bias", h), a=t.vec(p + "ssm_a", h), d=t.vec(p + "ssm_d", h),
-        norm=t.vec(p + "ssm_norm.weight", e),
-    )
+def _attention(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
+    """Layer p's attention projections, biases and QK norms."""
+    d, q_dim, kv_dim, hd = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.head_dim
+    if cfg.fused_qkv:
+        lw.wq, lw.wk, lw.wv = row_slices(t.mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d), (q_dim, kv_dim, kv_dim))
+    else:
+        q_rows = 2 * q_dim if cfg.attn_output_gate else q_dim  # qwen35: [q | gate] per head
+        lw.wq, lw.wk, lw.wv = (t.mat(p + "attn_q.weight", q_rows, d), t.mat(p + "attn_k.weight", kv_dim, d),
+                               t.mat(p + "attn_v.weight", kv_dim, d))
+    lw.wo = t.mat(p + "attn_output.weight", d, q_dim)
+    if cfg.qkv_bias or t.has(p + "attn_q.bias"):  # required (qwen2) or optional (llama)
+        lw.bq, lw.bk, lw.bv = (t.vec(p + f"attn_{x}.bias", n) for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
+    if cfg.qk_norm or cfg.qk_norm_full:
+        lw.q_norm = t.vec(p + "attn_q_norm.weight", q_dim if cfg.qk_norm_full else hd)
+        lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
 
 
-def _gated_delta(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
-    """Layer p's Gated DeltaNet block (llama.cpp's qwen35 tensor names and shapes)."""
-    d, v, c, h, k = cfg.d_model, cfg.ssm_inner, cfg.ssm_conv_dim, cfg.ssm_heads, cfg.ssm_conv_kernel
-    lw.in_proj = t.mat(p + "attn_qkv.weight", c, d)
-    lw.out_proj = t.mat(p + "ssm_out.weight", d, v)
-    lw.delta = DeltaWeights(
-        z=t.mat(p + "attn_gate.weight", v, d), beta=t.mat(p + "ssm_beta.weight", h, d),
-        alpha=t.mat(p + "ssm_alpha.weight", h, d), conv=t.vec(p + "ssm_conv1d.weight", c * k).reshape(c, k),
-        conv_bias=np.zeros(c, np.float32),
-        dt_bias=t.vec(p + "ssm_dt.bias", h), a=t.vec(p + "ssm_a", h), norm=t.vec(p + "ssm_norm.weight", cfg.ssm_state),
-    )
+def _ffn(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
+    """Layer i's FFN: its pre-norm (none in nemotron_h's FFN-only layers, where attn_norm is
+    it), then a dense SwiGLU / GeGLU (gate, up, down), an ungated one (relu2: up, down), or the
+    mixture of experts with its shared expert, if any, as the dense matrices."""
+    p, d, ff = f"blk.{i}.", cfg.d_model, cfg.ffn_dim
+    if cfg.pre_norms and cfg.has_mixer(i):
+        norm = p + cfg.ffn_norm_tensor + ".weight"  # falcon-h1's converter writes it without ".weight"
+        lw.ffn_norm = t.vec(norm if t.has(norm) or not t.has(norm[:-7]) else norm[:-7], d)
+    if cfg.is_moe(i):
+        lw.experts = _experts(t, cfg, p)
+        if cfg.shared_ffn_dim:
+            fs = cfg.shared_ffn_dim
+            lw.w_gate, lw.w_up = t.mat(p + "ffn_gate_shexp.weight", fs, d), t.mat(p + "ffn_up_shexp.weight", fs, d)
+            lw.w_down = t.mat(p + "ffn_down_shexp.weight", d, fs)
+        return
+    if cfg.fused_gate_up:
+        lw.w_gate, lw.w_up = row_slices(t.mat(p + "ffn_up.weight", 2 * ff, d), (ff, ff))
+    elif cfg.activation != "relu2":
+        lw.w_gate, lw.w_up = t.mat(p + "ffn_gate.weight", ff, d), t.mat(p + "ffn_up.weight", ff, d)
+    else:
+        lw.w_up = t.mat(p + "ffn_up.weight", ff, d)
+    lw.w_down = t.mat(p + "ffn_down.weight", d, ff)
 
 
-def _experts(t: _Tensors, cfg: ModelConfig, p: str) -> ExpertWeights | None:
-    """Layer p's mixture-of-experts FFN, or None in a dense model."""
-    if not cfg.n_experts:
-        return None
+def _experts(t: _Tensors, cfg: ModelConfig, p: str) -> ExpertWeights:
+    """Layer p's mixture-of-experts FFN (lfm2moe: with the selection bias exp_probs_b)."""
     d, e, fe = cfg.d_model, cfg.n_experts, cfg.expert_ffn_dim
     return ExpertWeights(
         router=t.mat(p + "ffn_gate_inp.weight", e, d),
@@ -331,4 +279,5 @@ def _experts(t: _Tensors, cfg: ModelConfig, p: str) -> ExpertWeights | None:
         down=t.stack(p + "ffn_down_exps.weight", e, d, fe),
         n_used=cfg.n_experts_used,
         shared_gate=t.vec(p + "ffn_gate_inp_shexp.weight", d) if cfg.shared_ffn_dim and cfg.shared_expert_gated else None,
+        select_bias=t.vec(p + "exp_probs_b.bias", e) if cfg.expert_select_bias else np.zeros(0, np.float32),
     )

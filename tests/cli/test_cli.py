@@ -209,8 +209,12 @@ def test_verbose_counts_before_and_after_the_subcommand() -> None:
 
 
 def test_inspect_names_layer_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from hybrid_models import write_granitehybrid, write_lfm2, write_qwen35
+    from hybrid_models import write_falcon_h1, write_granitehybrid, write_lfm2, write_nemotron_h, write_qwen35
 
+    rc, out, _ = run(capsys, "inspect", str(write_nemotron_h(tmp_path / "nemotron.gguf")))
+    assert rc == 0 and "layers: 10 (4 mamba2, 4 ffn, 2 attention)" in out
+    rc, out, _ = run(capsys, "inspect", str(write_falcon_h1(tmp_path / "falcon.gguf")))
+    assert rc == 0 and "layers: 4 (4 attention+mamba2)" in out
     rc, out, _ = run(capsys, "inspect", str(write_granitehybrid(tmp_path / "granite.gguf")))
     assert rc == 0 and "layers: 6 (4 mamba2, 2 attention); recurrent state 41.0 KiB per sequence" in out
     rc, out, _ = run(capsys, "inspect", str(write_qwen35(tmp_path / "qwen35.gguf")))

@@ -1,5 +1,6 @@
 """The engine on tiny hybrid models (lfm2: short convolutions and attention; granitehybrid:
-Mamba2 blocks and attention; qwen35: Gated DeltaNet and gated attention): each sequence's
+Mamba2 blocks and attention; qwen35: Gated DeltaNet and gated attention; nemotron_h: Mamba2,
+attention and FFN layers apart; falcon-h1: KV and a state in every layer): each sequence's
 recurrent state lives in a slot the block manager hands out, and every way the engine moves a
 sequence gives the greedy tokens of the sequence decoded alone: batched with others, chunked,
 preempted and recomputed (slots given back and taken again), n > 1 samples forked from the
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from engine.test_engine_tiny import GREEDY, PROMPTS, engine, run
-from hybrid_models import write_granitehybrid, write_lfm2, write_qwen35
+from hybrid_models import write_falcon_h1, write_granitehybrid, write_lfm2, write_nemotron_h, write_qwen35
 
 from edge_infer import LLM, SamplingParams
 from edge_infer.engine.loader import SPARE_STATE_SLOTS
@@ -26,7 +27,8 @@ from edge_infer.formats.gguf import GGUFFile
 from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.models import config_from_gguf
 
-WRITERS = {"lfm2": write_lfm2, "granitehybrid": write_granitehybrid, "qwen35": write_qwen35}
+WRITERS = {"lfm2": write_lfm2, "granitehybrid": write_granitehybrid, "qwen35": write_qwen35,
+           "nemotron_h": write_nemotron_h, "falcon-h1": write_falcon_h1}
 
 
 @pytest.fixture(scope="module", params=list(WRITERS))
@@ -66,9 +68,10 @@ def test_preempted_and_recomputed_equal_alone(hybrid: Path) -> None:
     seqs, snaps = 5, 2  # recomputed prompts may resume from a snapshot
     states = (seqs + SPARE_STATE_SLOTS + snaps) * cfg.state_bytes
     memory = max(2 * (seqs + SPARE_STATE_SLOTS) * cfg.state_bytes, states + 24 * kv_block_bytes(CpuBackend, cfg, 4, "f16"))
-    # prompts prefill side by side (no cap while others decode), so they contend for the blocks
+    # prompts prefill side by side in chunks of a small step (no cap while others decode), so all
+    # five are admitted and contend for the blocks (however large a state is beside a KV block)
     eng = engine(hybrid, kv_cache_memory=memory, block_size=4, max_num_seqs=seqs, state_snapshots=snaps,
-                 prefill_chunk_while_decoding=0)
+                 prefill_chunk_while_decoding=0, max_num_batched_tokens=32)
     assert eng.plan.num_state_slots == seqs + SPARE_STATE_SLOTS and eng.plan.num_kv_blocks >= 24
     length = max(40, int(0.35 * eng.plan.kv_capacity_tokens))
     prompts = [_ids(length, 20 + i) for i in range(5)]
@@ -110,7 +113,7 @@ def test_what_cannot_work_is_refused(hybrid: Path, tiny_llama_path: Path) -> Non
     slots = 1 + SPARE_STATE_SLOTS
     with pytest.raises(InvalidRequest, match=rf"n={slots + 1} samples need as many recurrent-state slots.*has {slots}"):
         eng.add_request("r", "abc", SamplingParams(n=slots + 1, max_tokens=2))
-    with pytest.raises(UnsupportedModelError, match=r"speculative draft model .*(lfm2|granitehybrid|qwen35) has recurrent layers"):
+    with pytest.raises(UnsupportedModelError, match=r"speculative draft model .*(lfm2|granitehybrid|qwen35|nemotron_h|falcon-h1) has recurrent layers"):
         LLM(str(tiny_llama_path), n_threads=1, kv_cache_memory="8MiB",
             speculative={"method": "draft", "model": str(hybrid)})
 

@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent(
     t, e, d, k = 12, 8, 100, 2
     x = rng.standard_normal((t, d)).astype(np.float32)
     logits, sel, wts = np.zeros((t, e), np.float32), np.zeros((t, k), np.int32), np.zeros((t, k), np.float32)
-    route_kernel(logits, rng.standard_normal((e, d)).astype(np.float32), True, x, sel, wts,
+    route_kernel(logits, rng.standard_normal((e, d)).astype(np.float32), True, False, np.zeros(0, np.float32), x, sel, wts,
                  np.zeros(e + 1, np.int32), np.zeros(t * k, np.int32), np.zeros((t, k), np.int32),
                  np.zeros((t * k, d), np.float32))
     out["router_logits"], out["route_weights"] = logits, wts

@@ -54,13 +54,22 @@ def test_routing_matches_twin_and_groups_pairs_by_expert() -> None:
     backend, n = CpuBackend(2), 37
     ws = make_workspace(n, D, D, D, FE, (E, K_USED, FE))
     x = np.abs(rng.standard_normal((n, D))).astype(np.float32)
-    for norm, qtype in ((True, dq.F32), (False, dq.F32), (True, dq.Q8_0)):  # F32: in the kernel; Q8_0: a matmul
+    # F32: in the kernel; Q8_0: a matmul; sigmoid probabilities with a selection bias (lfm2moe)
+    bias = np.array([0.0, 0.0, 0.4, 0.0, -0.4, 0.0], np.float32)
+    for norm, qtype, sigmoid, b in ((True, dq.F32, False, None), (False, dq.F32, False, None),
+                                    (True, dq.Q8_0, False, None), (True, dq.F32, True, bias), (False, dq.F32, True, None)):
         router = _router(rng, backend, qtype)
-        backend.route_experts(router, x, norm, ws)
+        if b is None:
+            backend.route_experts(router, x, norm, ws, sigmoid)
+        else:
+            backend.route_experts(router, x, norm, ws, sigmoid, b)
         m = ws.moe
         if qtype == dq.F32:
             np.testing.assert_allclose(m.logits[:n], x @ router.data.view(np.float32).T, rtol=1e-4, atol=1e-4)
-        sel, wts = ref.route(m.logits[:n], K_USED, norm)
+        sel, wts = ref.route(m.logits[:n], K_USED, norm, sigmoid, b)
+        if b is not None:  # the bias changes the choice, not the weights
+            unbiased, _ = ref.route(m.logits[:n], K_USED, norm, sigmoid)
+            assert (sel != unbiased).any()
         assert 0 not in sel
         np.testing.assert_array_equal(m.sel[:n], sel)
         np.testing.assert_allclose(m.wts[:n], wts, rtol=1e-6)

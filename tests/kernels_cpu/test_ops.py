@@ -44,6 +44,13 @@ def test_gated_activations() -> None:
     close(out, ref.silu_mul(g, u), 1e-5)
     ops.gelu_mul_kernel(g, u, out)
     close(out, ref.gelu_mul(g, u), 1e-5)
+    ops.relu_sqr_kernel(g, out)  # nemotron_h's ungated FFN
+    close(out, ref.relu_sqr(g), 1e-6)
+    assert (out[g < 0] == 0).all()
+    big = np.tile(g, (40, 1))  # the parallel path: every row as alone
+    out_big = np.empty_like(big)
+    ops.relu_sqr_kernel(big, out_big)
+    np.testing.assert_array_equal(out_big[:3], out)
 
 
 def test_scale() -> None:

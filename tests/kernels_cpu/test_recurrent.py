@@ -131,6 +131,11 @@ def test_mamba2_kernels_match_reference() -> None:
     np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(m["scan_state"], want_scan, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(out, ref.gated_group_rmsnorm(y, m["zxdt"], m["norm"], G, 1e-5), rtol=1e-4, atol=1e-4)
+    plain, no_norm = np.empty_like(out), np.empty(0, np.float32)  # falcon-h1 without ssm_norm: y * silu(z)
+    gated_group_rmsnorm_kernel(y, m["zxdt"], no_norm, G, np.float32(1e-5), plain)
+    np.testing.assert_allclose(plain, ref.gated_group_rmsnorm(y, m["zxdt"], no_norm, G, 1e-5), rtol=1e-5, atol=1e-6)
+    z = m["zxdt"][:, :E].astype(np.float64)
+    np.testing.assert_allclose(plain, z / (1.0 + np.exp(-z)) * y, rtol=1e-5, atol=1e-6)
 
 
 def test_mamba2_kernels_are_batch_chunk_and_thread_invariant() -> None:
@@ -157,6 +162,8 @@ def test_mamba2_kernels_are_batch_chunk_and_thread_invariant() -> None:
 
 # Qwen3.5's delta rule: H value heads and HK key heads of S
 DH, DHK, DS = 4, 2, 16
+TILED = np.arange(DH, dtype=np.int32) % DHK  # Qwen3.5: value head h reads key head h % Hk
+GROUPED = np.arange(DH, dtype=np.int32) // (DH // DHK)  # Qwen3-Next: h // (H / Hk)
 DC = 2 * DHK * DS + DH * DS
 
 
@@ -173,7 +180,7 @@ def _delta(m: dict[str, np.ndarray], rows: slice, batch: tuple[np.ndarray, ...],
     y = np.full((m["qkv"][rows].shape[0], DH * DS), np.nan, np.float32)
     delta_rule_kernel(np.ascontiguousarray(m["qkv"][rows]), np.ascontiguousarray(m["beta"][rows]),
                       np.ascontiguousarray(m["alpha"][rows]), m["dt_bias"], m["a"], m["state"], *batch, *snapshots,
-                      DHK, np.float32(1e-6), y)
+                      m.get("k_head_of", TILED), np.float32(1e-6), y)
     return y
 
 
@@ -184,9 +191,16 @@ def test_delta_rule_and_gates_match_reference() -> None:
     start = m["state"].copy()
     y = _delta(m, slice(0, 30), batch, snaps)
     want, want_state = ref.delta_rule(m["qkv"], m["beta"], m["alpha"], m["dt_bias"], m["a"], start, *batch, *snaps,
-                                      DHK, 1e-6)
+                                      TILED, 1e-6)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(m["state"], want_state, rtol=1e-4, atol=1e-4)
+    m["state"], m["k_head_of"] = start.copy(), GROUPED  # Qwen3-Next's key head per value head
+    y_grouped = _delta(m, slice(0, 30), batch, snaps)
+    want, want_state = ref.delta_rule(m["qkv"], m["beta"], m["alpha"], m["dt_bias"], m["a"], start, *batch, *snaps,
+                                      GROUPED, 1e-6)
+    np.testing.assert_allclose(y_grouped, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(m["state"], want_state, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(y_grouped, y, rtol=1e-2, atol=1e-2)
     rng = np.random.default_rng(6)
     z, w = rng.standard_normal(y.shape).astype(np.float32), rng.uniform(0.5, 1.5, DS).astype(np.float32)
     out = np.empty_like(y)

@@ -101,7 +101,7 @@ def test_missing_tensor_and_unknown_architecture(files: Path) -> None:
     with pytest.raises(UnsupportedModelError, match=r"missing tensor 'blk\.0\.attn_q_norm\.weight'"):
         load_weights(f, cfg, CpuBackend(1))
     other = write_arch_model(files / "mamba.gguf", "mamba")
-    with pytest.raises(UnsupportedModelError, match=r"architecture 'mamba' is not supported \(supported: gemma2, gemma3, granite"):
+    with pytest.raises(UnsupportedModelError, match=r"architecture 'mamba' is not supported \(supported: falcon-h1, gemma2, gemma3, granite"):
         config_from_gguf(GGUFFile(other))
 
 

@@ -28,18 +28,34 @@ from arch_compare import (
     ours,
     token_ids,
 )
-from hybrid_models import write_granitehybrid, write_lfm2, write_qwen35
+from hybrid_models import (
+    NEMOTRON_LAYERS,
+    write_falcon_h1,
+    write_granitehybrid,
+    write_lfm2,
+    write_nemotron_h,
+    write_qwen35,
+)
 
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.kernels_cpu.backend import CpuBackend
 from edge_infer.models import ARCHITECTURES, config_from_gguf
+from edge_infer.models.weights import load_weights
 
 # name: (writer, the options that make the case's features bite, {feature: config change that
 # switches it off})
 CASES: dict[str, tuple[Any, dict[str, Any], dict[str, dict[str, Any]]]] = {
     "lfm2": (write_lfm2, {}, {}),
     "lfm2-swa": (write_lfm2, dict(sliding_window=8), {"sliding window": {"swa_layers": (False,) * 6}}),
+    # the first 2 layers dense, then experts chosen by sigmoid + a selection bias
+    "lfm2moe": (write_lfm2, dict(experts=(8, 2, 32)), {
+        "sigmoid": {"expert_gating": "softmax"}, "top-k": {"n_experts_used": 1},
+        "weights norm": {"expert_weights_norm": False},
+        "selection bias": {"expert_select_bias": False, "ignored_tensors": ("*exp_probs_b*",)}}),
+    "nemotron_h": (write_nemotron_h, {}, {"no rope": {"nope_layers": ()}}),
+    "falcon-h1": (write_falcon_h1, {}, {"neox": {"rope_neox": False}}),
+    "falcon-h1-no-ssm-norm": (write_falcon_h1, dict(ssm_norm=False), {}),
     "granitehybrid": (write_granitehybrid, {}, {
         "embedding_scale": {"embed_scale": 1.0}, "residual_scale": {"residual_scale": 1.0},
         "attention.scale": {"attn_scale": 0.0}, "logit_scale": {"logit_scale": 1.0}}),
@@ -49,6 +65,8 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, dict[str, Any]]]] = {
     "qwen35": (write_qwen35, {}, {}),
     # a rotary pair left to M-RoPE's 4th section (position 0 for text): unrotated
     "qwen35-sections": (write_qwen35, dict(sections=(1, 0, 1, 2), n_rot=12), {"unrotated pairs": {"rope_freqs": ()}}),
+    "qwen3next": (write_qwen35, dict(experts=(8, 2, 32), shared_ffn=48, qwen3next=True), {
+        "grouped value heads": {"delta_grouped": False}}),
     "qwen35moe": (write_qwen35, dict(experts=(8, 2, 32), shared_ffn=48), {
         "top-k": {"n_experts_used": 1}, "weights norm": {"expert_weights_norm": False},
         "shared expert": {"shared_ffn_dim": 0, "ignored_tensors": ("*shexp*",)}}),
@@ -64,7 +82,9 @@ def _write(files: Path, name: str, qtype: str = "F32") -> Path:
     writer, options, _ = CASES[name]
     shape: dict[str, Any] = dict(d_model=256, ffn=512, n_heads=16, n_kv_heads=4, output_std=0.25) if qtype != "F32" else {}
     if qtype != "F32" and "experts" in options:  # expert widths of 256 for the K-quants
-        options = dict(options, experts=(8, 2, 256), shared_ffn=256)
+        options = dict(options, experts=(8, 2, 256), **({"shared_ffn": 256} if "shared_ffn" in options else {}))
+    if qtype != "F32" and writer in (write_nemotron_h, write_falcon_h1):  # ssm_out's rows of 512
+        shape = dict(shape, d_inner=512, ssm_heads=8)
     if qtype != "F32" and writer is write_qwen35:  # value width 256, 16 heads of 16 for the K-quants
         options, shape = dict(options, d_state=64), dict(shape, n_kv_heads=4)
     return writer(files / f"{name}-{qtype}.gguf", qtype=qtype, **options, **shape)
@@ -138,6 +158,20 @@ def _attention_ungated(kernel: Any, method: str) -> Any:
     return run
 
 
+def _relu_unsquared(kernel: Any, method: str) -> Any:
+    def run(x: Any, out: Any) -> None:
+        np.maximum(x, 0.0, out=out)
+
+    return run
+
+
+def _attention_off(kernel: Any, method: str) -> Any:  # falcon-h1's Mamba2 alone
+    def run(*args: Any) -> None:
+        args[-1][:] = 0.0
+
+    return run
+
+
 # (case, the backend kernel broken, how, rows compared (from)
 BROKEN = [("lfm2", "short_conv", _no_state, 0), ("lfm2", "short_conv", _taps_reversed, 0),
           ("lfm2", "short_conv", _ungated, 0), ("granitehybrid", "ssm_scan", _no_state, 0),
@@ -145,7 +179,9 @@ BROKEN = [("lfm2", "short_conv", _no_state, 0), ("lfm2", "short_conv", _taps_rev
           ("granitehybrid", "ssm_scan", _no_skip, 0), ("granitehybrid", "gated_group_rmsnorm", _norm_ungated, 0),
           ("qwen35", "delta_rule", _no_state, 0), ("qwen35", "delta_rule", _forgets_at_16, 80),
           ("qwen35", "conv_silu", _no_state, 0), ("qwen35", "head_rmsnorm_gate", _norm_ungated, 0),
-          ("qwen35", "sigmoid_mul", _attention_ungated, 0)]
+          ("qwen35", "sigmoid_mul", _attention_ungated, 0), ("nemotron_h", "relu_sqr", _relu_unsquared, 0),
+          ("nemotron_h", "ssm_scan", _forgets_at_16, 80), ("falcon-h1", "ssm_scan", _no_state, 0),
+          ("falcon-h1", "attention", _attention_off, 0)]
 
 
 @pytest.mark.parametrize(("name", "method", "broken", "first"), BROKEN,
@@ -177,7 +213,8 @@ def test_feature_off_disagrees(name: str, feature: str, files: Path, monkeypatch
     assert rel > REL_L2 or agree < TOP1, f"{name} without {feature}: still relative L2 {rel:.2e}, top-1 {agree:.3f}"
 
 
-QUANT = [(name, q) for name in ("lfm2", "granitehybrid", "granitehybrid-moe", "qwen35", "qwen35moe")
+QUANT = [(name, q) for name in ("lfm2", "lfm2moe", "granitehybrid", "granitehybrid-moe", "nemotron_h", "falcon-h1",
+                                 "qwen35", "qwen35moe", "qwen3next")
          for q in ("Q8_0", "Q4_K")]
 
 
@@ -201,3 +238,32 @@ def test_layer_kinds_and_refusals(files: Path) -> None:
     f.metadata["lfm2.attention.head_count_kv"] = [0, 2]
     with pytest.raises(UnsupportedModelError, match=r"'lfm2\.attention\.head_count_kv' must hold 3 non-negative"):
         config_from_gguf(f)
+
+
+def test_nemotron_and_falcon_layer_kinds(files: Path) -> None:
+    n = config_from_gguf(GGUFFile(_write(files, "nemotron_h")))
+    assert n.ssm_layers == tuple(k == "ssm" for k in NEMOTRON_LAYERS) and n.kv_layers == (2, 7)
+    assert [i for i in range(n.n_layers) if not n.has_mixer(i)] == [1, 3, 6, 9] and n.activation == "relu2"
+    assert [i for i in range(n.n_layers) if n.has_ffn(i)] == [1, 3, 6, 9] and len(n.state_shapes) == 4
+    fal = config_from_gguf(GGUFFile(_write(files, "falcon-h1")))
+    assert fal.kv_layers == (0, 1, 2, 3) and len(fal.state_shapes) == 4 and fal.parallel_ssm
+    f = GGUFFile(_write(files, "nemotron_h"))
+    f.metadata["nemotron_h.feed_forward_length"] = [128 if k != "ssm" else 0 for k in NEMOTRON_LAYERS]
+    with pytest.raises(UnsupportedModelError, match="must each be attention .* an FFN .* or Mamba2"):
+        config_from_gguf(f)  # an attention layer with an FFN width
+    moe = config_from_gguf(GGUFFile(_write(files, "lfm2moe")))
+    assert moe.dense_lead == 2 and [moe.is_moe(i) for i in range(6)] == [False, False, True, True, True, True]
+    assert moe.expert_gating == "sigmoid" and moe.expert_select_bias and moe.dense_ffn_dim == 128
+
+
+def test_qwen3next_layouts_it_cannot_run_are_refused(files: Path) -> None:
+    f = GGUFFile(_write(files, "qwen3next"))
+    cfg = config_from_gguf(f)
+    assert cfg.delta_grouped and cfg.delta_key_heads == (0, 0, 1, 1) and cfg.rope_freqs == ()
+    f.tensors["blk.0.ssm_in.weight"] = f.tensors["blk.0.attn_qkv.weight"]  # the early fused q k v z layout
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ssm_in\.weight: the early Qwen3-Next layout"):
+        load_weights(f, cfg, CpuBackend(1))
+    g = GGUFFile(_write(files, "qwen3next"))
+    g.metadata["qwen3next.rope.dimension_sections"] = [2, 1, 1, 0]
+    with pytest.raises(UnsupportedModelError, match="a Qwen3.5 file"):
+        config_from_gguf(g)
