@@ -120,8 +120,8 @@ Recurrent layers (recurrent.py; a state slot per sequence, seq_slot [S], token_s
   ssm_scan_kernel(xbc [N, H*P + 2*G*Ns], zxdt, dt_off, dt_bias [H], a [H], d [H],
       state [slots, H, P, Ns], ..., y [N, H*P])   the selective scan + D x (threads split heads).
   gated_group_rmsnorm_kernel(y, z, w, groups, eps, out)   rmsnorm per group of y * silu(z), * w.
-  delta_rule_kernel(qkv, beta, alpha, dt_bias, a, state [slots, H, S, S], ..., k_heads, eps, y)
-      Qwen3.5's gated delta rule (threads split value heads); head_rmsnorm_gate_kernel(y, z, w,
+  delta_rule_kernel(qkv, beta, alpha, dt_bias, a, state [slots, H, S, S], ..., k_head_of [H], eps,
+      y)   the gated delta rule (threads split value heads; each value head's key head given); head_rmsnorm_gate_kernel(y, z, w,
       eps, out): rmsnorm per head * w * silu(z). ops: split_gated_q_kernel, sigmoid_mul_kernel
       (gated attention's [q | gate] split and sigmoid gate).
 
@@ -139,11 +139,13 @@ The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.mod
       matmul3_i8_kernel by each matrix's form); embed(ids, emb, scale, out);
       qkv_finish(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, neox, eps,
       slot_mapping, kv_layer); attention(q, kv_layer, block_tables, token_seq, positions, scale,
-      window, out); rmsnorm, add_rmsnorm, silu_mul, gelu_mul as the kernels below;
+      window, out); rmsnorm, add_rmsnorm, silu_mul, gelu_mul, relu_mul (ReGLU), relu_sqr,
+      xielu (ungated activations) as the kernels below;
       take_rows(x, rows, out); softcap(x, cap)    x = tanh(x / cap) * cap in place.
   make_workspace(..., experts=(E, k, Fe)) adds workspace.moe (ExpertWorkspace: router logits,
-      choices, pair buffers). route_experts(router, x, norm, workspace) (an F32 router inside
-      route_kernel, others by a matmul first); expert_matmuls(x [P, K], (stack, ...), (out, ...),
+      choices, pair buffers). route_experts(router, x, norm, workspace, sigmoid, bias, logits)
+      (an F32 router inside route_kernel, others by a matmul first, or logits given; softmax or
+      sigmoid, a selection bias); expert_matmuls(x [P, K], (stack, ...), (out, ...),
       workspace); combine_experts(y, out, workspace); gated_add(x, g, y, out).
 
 Batch invariance (every kernel, every backend): a token's outputs depend only on its own

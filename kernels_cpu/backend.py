@@ -208,7 +208,7 @@ class CpuBackend:
 
     # -- mixture of experts (kernels_cpu.moe, matmul_experts) --------------------------------
     def route_experts(self, router: QMatrix, x: np.ndarray, norm: bool, work: Workspace, sigmoid: bool = False,
-                      bias: np.ndarray = _NO_BIAS) -> None:
+                      bias: np.ndarray = _NO_BIAS, logits: np.ndarray | None = None) -> None:
         """Each token's experts and weights from its router logits x @ router.T [N, E] (an F32
         router inside the routing kernel, others by a matmul first; softmax, or sigmoid
         probabilities, ranked with a selection bias f32 [E] when given), the pairs grouped by
@@ -216,10 +216,13 @@ class CpuBackend:
         m = work.moe
         assert m is not None  # allocated for a model with experts
         n, k = x.shape[0], m.sel.shape[1]
-        logits = m.logits[:n]
-        if router.qtype == F32 and router.packed is None:
+        if logits is not None:  # computed by the caller (smallthinker: from the layer's input)
+            r = _NO_ROUTER
+        elif router.qtype == F32 and router.packed is None:
+            logits = m.logits[:n]
             r = router.data.view(np.float32)
         else:
+            logits = m.logits[:n]
             self.matmuls(x, (router,), (logits,), work)
             r = _NO_ROUTER
         moe.route_kernel(logits, r, norm, sigmoid, bias, x, m.sel[:n], m.wts[:n], m.offsets, m.pair_token[: n * k], m.pair_of[:n],
@@ -290,6 +293,8 @@ class CpuBackend:
     silu_mul = staticmethod(ops.silu_mul_kernel)
     gelu_mul = staticmethod(ops.gelu_mul_kernel)
     relu_sqr = staticmethod(ops.relu_sqr_kernel)
+    relu_mul = staticmethod(ops.relu_mul_kernel)
+    xielu = staticmethod(ops.xielu_kernel)
 
     @staticmethod
     def take_rows(x: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:

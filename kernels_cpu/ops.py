@@ -87,6 +87,23 @@ def silu_mul_kernel(gate, up, out):
 
 
 @kernel(parallel=True)
+def relu_mul_kernel(gate, up, out):
+    """out = relu(gate) * up (ReGLU: smallthinker's experts); all [T, F]."""
+    if gate.size < SERIAL_VALUES:
+        for t in range(gate.shape[0]):
+            _relu_gated_row(gate, up, out, t)
+    else:
+        for t in numba.prange(gate.shape[0]):
+            _relu_gated_row(gate, up, out, t)
+
+
+@kernel(inline=True)
+def _relu_gated_row(gate, up, out, t):
+    for k in range(gate.shape[1]):
+        out[t, k] = max(gate[t, k], np.float32(0.0)) * up[t, k]
+
+
+@kernel(parallel=True)
 def relu_sqr_kernel(x, out):
     """out = relu(x)^2 (nemotron_h's ungated FFN activation); both f32 [T, F]."""
     if x.size < SERIAL_VALUES:
@@ -102,6 +119,29 @@ def _relu_sqr_row(x, out, t):
     for k in range(x.shape[1]):
         v = max(x[t, k], np.float32(0.0))
         out[t, k] = v * v
+
+
+@kernel(parallel=True)
+def xielu_kernel(x, alpha_n, alpha_p, beta, eps, out):
+    """out = xIELU(x) (apertus's ungated FFN activation, ggml's op_xielu in float32): alpha_p x^2 +
+    beta x for x > 0, else (expm1(min(x, eps)) - x) alpha_n + beta x; the alphas as the op
+    holds them (alpha_n = beta + softplus(raw), alpha_p = softplus(raw)); x, out f32 [T, F]."""
+    if x.size < SERIAL_VALUES:
+        for t in range(x.shape[0]):
+            _xielu_row(x, alpha_n, alpha_p, beta, eps, out, t)
+    else:
+        for t in numba.prange(x.shape[0]):
+            _xielu_row(x, alpha_n, alpha_p, beta, eps, out, t)
+
+
+@kernel(inline=True)
+def _xielu_row(x, alpha_n, alpha_p, beta, eps, out, t):
+    for k in range(x.shape[1]):
+        v = x[t, k]
+        if v > np.float32(0.0):
+            out[t, k] = alpha_p * v * v + beta * v
+        else:
+            out[t, k] = (np.float32(math.expm1(min(v, eps))) - v) * alpha_n + beta * v
 
 
 @kernel(parallel=True)

@@ -53,8 +53,18 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
 
 
+def relu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return (np.maximum(gate.astype(np.float64), 0.0) * up).astype(np.float32)
+
+
 def relu_sqr(x: np.ndarray) -> np.ndarray:
     return (np.maximum(x.astype(np.float64), 0.0) ** 2).astype(np.float32)
+
+
+def xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float, eps: float) -> np.ndarray:
+    v = x.astype(np.float64)
+    neg = (np.expm1(np.minimum(v, eps)) - v) * alpha_n + beta * v
+    return np.where(v > 0, alpha_p * v * v + beta * v, neg).astype(np.float32)
 
 
 def gelu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

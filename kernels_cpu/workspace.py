@@ -75,6 +75,7 @@ class ExpertWorkspace:
     expert's FFN width, K_max = max(D, Fe)."""
 
     logits: np.ndarray  # f32 [T, E] router logits
+    logits_in: np.ndarray  # f32 [T, E] router logits of the layer's input, before its block (smallthinker)
     sel: np.ndarray  # i32 [T, k] chosen experts
     wts: np.ndarray  # f32 [T, k] their weights
     pair_of: np.ndarray  # i32 [T, k] the pair row of each (token, choice)
@@ -142,7 +143,7 @@ def expert_shapes(capacity: int, d_model: int, n_experts: int, n_used: int, expe
     t, p, f32, i32 = capacity, capacity * n_used, np.float32, np.int32
     k_max = max(d_model, expert_ffn)
     return {
-        "logits": ((t, n_experts), f32), "sel": ((t, n_used), i32), "wts": ((t, n_used), f32),
+        "logits": ((t, n_experts), f32), "logits_in": ((t, n_experts), f32), "sel": ((t, n_used), i32), "wts": ((t, n_used), f32),
         "pair_of": ((t, n_used), i32), "offsets": ((n_experts + 1,), i32), "pair_token": ((p,), i32),
         "xg": ((p, d_model), f32), "gate": ((p, expert_ffn), f32), "up": ((p, expert_ffn), f32),
         "act": ((p, expert_ffn), f32), "y": ((p, d_model), f32), "xq4": ((p * k_max // 4,), i32),

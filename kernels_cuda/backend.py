@@ -166,7 +166,7 @@ class CudaBackend:
         raise UnsupportedModelError(_NO_RECURRENT)
 
     conv_silu = ssm_scan = gated_group_rmsnorm = delta_rule = head_rmsnorm_gate = split_gated_q = sigmoid_mul = short_conv
-    relu_sqr = short_conv  # nemotron_h (a hybrid: refused by cuda_lacks before this)
+    relu_sqr = xielu = relu_mul = short_conv  # nemotron_h, apertus, smallthinker: refused by cuda_lacks first
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None:
         if not copies:

@@ -8,11 +8,18 @@ from types import ModuleType
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import (
+    apertus,
+    ernie4_5,
+    ernie4_5_moe,
+    exaone4,
     falcon_h1,
     gemma2,
     gemma3,
+    glm4,
     granite,
     granitehybrid,
+    granitemoe,
+    hunyuan_dense,
     lfm2,
     lfm2moe,
     llama,
@@ -27,6 +34,8 @@ from edge_infer.models import (
     qwen3next,
     qwen35,
     qwen35moe,
+    seed_oss,
+    smallthinker,
     smollm3,
 )
 from edge_infer.models.config import ModelConfig
@@ -35,7 +44,8 @@ ARCHITECTURES: dict[str, ModuleType] = {
     m.ARCH: m
     for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe, lfm2,
               lfm2moe, granitehybrid, nemotron_h, falcon_h1, qwen35, qwen35moe,
-              qwen3next)
+              qwen3next, granitemoe, ernie4_5, ernie4_5_moe, exaone4, glm4, seed_oss,
+              hunyuan_dense, apertus, smallthinker)
 }
 
 

@@ -120,10 +120,11 @@ class Backend(Protocol):
     def matmuls(self, x: Array, ws: Sequence[QMatrix], outs: Sequence[Array], work: Any) -> None: ...
 
     def route_experts(self, router: QMatrix, x: Array, norm: bool, work: Any, sigmoid: bool = False,
-                      bias: Array = ...) -> None:
+                      bias: Array = ..., logits: Array | None = None) -> None:
         """Router logits x @ router.T [N, E] -> each token's k experts and weights (softmax or
         sigmoid probabilities, chosen by probability + bias [E] when given), pairs grouped by
-        expert, x gathered per pair into work.moe.xg."""
+        expert, x gathered per pair into work.moe.xg; logits [N, E] given: the router's output
+        already (smallthinker routes the layer's input)."""
         ...
 
     def expert_matmuls(self, x: Array, ws: Sequence[QMatrix], outs: Sequence[Array], work: Any) -> None:
@@ -152,6 +153,10 @@ class Backend(Protocol):
     def gelu_mul(self, gate: Array, up: Array, out: Array) -> None: ...
 
     def relu_sqr(self, x: Array, out: Array) -> None: ...
+
+    def relu_mul(self, gate: Array, up: Array, out: Array) -> None: ...
+
+    def xielu(self, x: Array, alpha_n: Any, alpha_p: Any, beta: Any, eps: Any, out: Array) -> None: ...
 
     def take_rows(self, x: Array, rows: Array, out: Array) -> None: ...
 

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from edge_infer.errors import EdgeInferError, UnsupportedModelError
-from edge_infer.formats.gguf import GGUFFile
-from edge_infer.formats.quants import dequantize
+from edge_infer.errors import UnsupportedModelError
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +51,14 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False  # RMSNorm of each head of Q and K (gemma, qwen3)
     qk_norm_full: bool = False  # RMSNorm of the whole Q and K rows (olmo2)
+    qk_norm_after_rope: bool = False  # hunyuan-dense: the per-head QK norm follows RoPE
     pre_norms: bool = True  # norms before attention and the FFN (olmo2 has none)
     post_norms: bool = False  # gemma, olmo2: norms after attention and after the FFN
     fused_qkv: bool = False  # phi3: one attn_qkv matrix, rows [Q | K | V]
     fused_gate_up: bool = False  # phi3: one ffn_up matrix, rows [gate | up]
-    activation: str = "silu"  # "silu" (SwiGLU) | "gelu" (GeGLU, tanh approximation)
+    activation: str = "silu"  # "silu" (SwiGLU) | "gelu" (GeGLU, tanh) | "relu2", "xielu" (ungated: up, down)
+    xielu: tuple[tuple[float, float, float, float], ...] = ()  # apertus: per layer (alpha_n, alpha_p, beta, eps)
+    attn_out_bias: bool = False  # apertus: attn_output.bias, when the file has it
     embed_scale: float = 1.0
     attn_scale: float = 0.0  # softmax scale; 0 means 1/sqrt(head_dim)
     attn_softcap: float = 0.0  # gemma2: scores = cap * tanh(scores / cap)
@@ -79,6 +79,8 @@ class ModelConfig:
     expert_select_bias: bool = False  # lfm2moe: exp_probs_b added to the probabilities for the choice only
     dense_lead: int = 0  # lfm2moe: the first layers keep a dense FFN (leading_dense_block_count)
     # nemotron_h: a layer is one block, its mixer (attention or Mamba2) or its FFN, after attn_norm
+    router_on_input: bool = False  # smallthinker: the router reads the layer's input (before attn_norm)
+    expert_activation: str = "silu"  # the experts' gate: "silu" (SwiGLU) | "relu" (ReGLU: smallthinker)
     ffn_only_layers: tuple[bool, ...] = ()
     mixer_only_layers: tuple[bool, ...] = ()
     parallel_ssm: bool = False  # falcon-h1: every layer's attention and Mamba2 read one input, summed
@@ -114,8 +116,8 @@ class ModelConfig:
             raise UnsupportedModelError(f"{self.arch}: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim:
             raise UnsupportedModelError(f"{self.arch}: rope dimension {self.n_rot} must be even and at most head_dim {self.head_dim}")
-        if self.activation not in ("silu", "gelu", "relu2"):
-            raise UnsupportedModelError(f"{self.arch}: unknown activation {self.activation!r}")
+        if self.activation not in ("silu", "gelu", "relu2", "xielu") or (self.activation == "xielu") != bool(self.xielu):
+            raise UnsupportedModelError(f"{self.arch}: unknown activation {self.activation!r} (xielu takes its parameters)")
         if len(self.swa_layers) != self.n_layers:
             raise UnsupportedModelError(f"{self.arch}: swa_layers has {len(self.swa_layers)} entries for {self.n_layers} layers")
         if self.nope_layers and len(self.nope_layers) != self.n_layers:
@@ -140,8 +142,10 @@ class ModelConfig:
                 f"{self.arch}: conv_layers has {len(self.conv_layers)} entries for {self.n_layers} layers and a "
                 f"convolution width of {self.conv_kernel} (at least 2)"
             )
-        if self.expert_gating not in ("softmax", "sigmoid") or not 0 <= self.dense_lead <= self.n_layers:
+        if (self.expert_gating not in ("softmax", "sigmoid") or not 0 <= self.dense_lead <= self.n_layers
+                or self.expert_activation not in ("silu", "relu")):
             raise UnsupportedModelError(f"{self.arch}: expert gating {self.expert_gating!r} (softmax or sigmoid), "
+                                        f"activation {self.expert_activation!r} (silu or relu), "
                                         f"{self.dense_lead} leading dense layers of {self.n_layers}")
         for name in ("ffn_only_layers", "mixer_only_layers"):
             if getattr(self, name) and len(getattr(self, name)) != self.n_layers:
@@ -281,104 +285,3 @@ class ModelConfig:
 
 
 ROPE_SCALINGS = ("none", "linear", "yarn")
-_SIZES = ("block_count", "embedding_length", "attention.head_count", "context_length")  # see _check_size
-POOLINGS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama.cpp's enum llama_pooling_type
-
-
-class MetadataReader:
-    """Typed access to `<arch>.<key>` metadata with errors that name the missing key."""
-
-    def __init__(self, f: GGUFFile, arch: str) -> None:
-        self.f, self.arch = f, arch
-
-    def get(self, key: str, default: Any = ..., kind: type = int) -> Any:
-        full = key if key.startswith(("general.", "tokenizer.")) else f"{self.arch}.{key}"
-        if full not in self.f.metadata:
-            if default is ...:
-                raise UnsupportedModelError(f"{self.f.path}: missing metadata key {full!r}")
-            return default
-        v = self.f.metadata[full]
-        if kind is int and isinstance(v, bool) or kind is int and not isinstance(v, int):
-            raise UnsupportedModelError(f"{self.f.path}: metadata {full!r} must be an integer, got {v!r}")
-        if kind is float and not isinstance(v, (int, float)):
-            raise UnsupportedModelError(f"{self.f.path}: metadata {full!r} must be a number, got {v!r}")
-        if key in _SIZES:
-            self._check_size(full, key, v)
-        return kind(v)
-
-    def _check_size(self, full: str, key: str, v: int) -> None:
-        # The reader capped these (formats/gguf_limits.py); here they must also be positive (a
-        # division comes next) and agree with the tensors the file holds, so a config the file
-        # cannot back is refused before anything is sized by it.
-        if v <= 0:
-            raise UnsupportedModelError(f"{self.f.path}: metadata {full!r} must be a positive integer, got {v}")
-        emb = self.f.tensors.get("token_embd.weight")
-        if key == "embedding_length" and emb is not None and emb.shape[0] != v:
-            raise UnsupportedModelError(
-                f"{self.f.path}: metadata {full!r} = {v}, but token_embd.weight has rows of {emb.shape[0]}"
-            )
-        if key == "block_count" and not any(name.startswith(f"blk.{v - 1}.") for name in self.f.tensors):
-            raise UnsupportedModelError(
-                f"{self.f.path}: metadata {full!r} = {v}, but the file has no tensors of layer {v - 1} (blk.{v - 1}.*)"
-            )
-
-    def rope_scaling(self) -> dict[str, Any]:
-        """ModelConfig's rope fields from `rope.scaling.*` as llama.cpp reads them: no type means
-        "linear" (with no factor, no scaling); other types are refused, naming the key."""
-        key = f"{self.arch}.rope.scaling.type"
-        kind = self.f.metadata.get(key, "linear")
-        if kind not in ROPE_SCALINGS:
-            raise UnsupportedModelError(
-                f"{self.f.path}: {key} = {kind!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})"
-            )
-        factor = self.get("rope.scaling.factor", self.get("rope.scale_linear", 0.0, float), float)
-        scale = 1.0 / factor if factor > 0 and kind != "none" else 1.0
-        return dict(
-            rope_scaling=kind if scale != 1.0 else "none",
-            rope_scale=scale,
-            rope_orig_ctx=self.get("rope.scaling.original_context_length", self.get("context_length"), int),
-            rope_attn_factor=self.get("rope.scaling.attn_factor", 1.0, float),
-        )
-
-    def factors(self, name: str) -> tuple[float, ...]:
-        """A global rope-factor tensor (rope_freqs.weight, rope_factors_long.weight, ...) as
-        floats, () when the file has none."""
-        t = self.f.tensors.get(name)
-        if t is None:
-            return ()
-        try:
-            values = dequantize(t)
-        except EdgeInferError as e:
-            raise UnsupportedModelError(f"{self.f.path}: tensor {name!r} has unsupported type {t.type.name}") from e
-        return tuple(float(x) for x in values.reshape(-1))
-
-    def experts(self, norm: bool, shared: bool = False) -> dict[str, Any]:
-        """ModelConfig's mixture-of-experts fields as llama.cpp reads them: expert_count and
-        expert_used_count required; an expert's FFN width `expert_feed_forward_length`, else
-        feed_forward_length / used (qwen's default); `expert_weights_norm` when the file says, else
-        the architecture's `norm`; with a shared expert, its width
-        `expert_shared_feed_forward_length`, else feed_forward_length."""
-        n_ff = self.get("feed_forward_length")
-        n_experts, used = self.get("expert_count"), self.get("expert_used_count")
-        return dict(
-            n_experts=n_experts,
-            n_experts_used=used,
-            expert_ffn_dim=self.get("expert_feed_forward_length", n_ff // max(used, 1)),
-            expert_weights_norm=bool(self.f.metadata.get(f"{self.arch}.expert_weights_norm", norm)),
-            shared_ffn_dim=self.get("expert_shared_feed_forward_length", n_ff) if shared else 0,
-        )
-
-    def pooling(self) -> str:
-        """`pooling_type` as ModelConfig.pooling names it; a decoder file without one: "last"."""
-        kind = self.get("pooling_type", 3)
-        if kind not in POOLINGS:
-            raise UnsupportedModelError(f"{self.f.path}: {self.arch}.pooling_type = {kind} is not a known pooling type")
-        return POOLINGS[kind]
-
-    def vocab_size(self) -> int:
-        tokens = self.f.metadata.get("tokenizer.ggml.tokens")
-        n = self.get("vocab_size", len(tokens) if isinstance(tokens, list) else ...)
-        emb = self.f.tensors.get("token_embd.weight")
-        if emb is not None and emb.shape[-1] != n:
-            raise UnsupportedModelError(f"{self.f.path}: token_embd.weight has {emb.shape[-1]} rows, vocab size is {n}")
-        return n

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import llama
-from edge_infer.models.config import MetadataReader, ModelConfig
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.hybrid_metadata import mamba2_shape
+from edge_infer.models.metadata import MetadataReader
 
 ARCH = "falcon-h1"
 
@@ -25,9 +27,5 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         rope_neox=True,
         parallel_ssm=True,
         ssm_layers=(True,) * n_layers,
-        ssm_conv_kernel=md.get("ssm.conv_kernel"),
-        ssm_inner=md.get("ssm.inner_size"),
-        ssm_state=md.get("ssm.state_size"),
-        ssm_heads=md.get("ssm.time_step_rank"),
-        ssm_groups=md.get("ssm.group_count"),
+        **mamba2_shape(md),
     )

@@ -11,7 +11,8 @@ import math
 
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import llama
-from edge_infer.models.config import MetadataReader, ModelConfig
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.metadata import MetadataReader
 
 ARCH = "gemma2"
 DEFAULT_WINDOW = 4096

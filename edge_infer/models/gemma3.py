@@ -9,7 +9,8 @@ import math
 
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import llama
-from edge_infer.models.config import MetadataReader, ModelConfig
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.metadata import MetadataReader
 
 ARCH = "gemma3"
 SWA_PATTERN = 6  # layer i is local unless i % 6 == 5

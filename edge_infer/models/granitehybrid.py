@@ -12,8 +12,9 @@ from __future__ import annotations
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import llama
-from edge_infer.models.config import MetadataReader, ModelConfig
-from edge_infer.models.lfm2 import layer_kv_heads
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.hybrid_metadata import layer_kv_heads, mamba2_shape
+from edge_infer.models.metadata import MetadataReader
 
 ARCH = "granitehybrid"
 
@@ -47,10 +48,6 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         logit_scale=scale("logit_scale"),
         nope_layers=() if rope_on else (True,) * n_layers,
         ssm_layers=tuple(c == 0 for c in counts),
-        ssm_conv_kernel=md.get("ssm.conv_kernel"),
-        ssm_inner=md.get("ssm.inner_size"),
-        ssm_state=md.get("ssm.state_size"),
-        ssm_heads=md.get("ssm.time_step_rank"),
-        ssm_groups=md.get("ssm.group_count"),
+        **mamba2_shape(md),
         **experts,
     )

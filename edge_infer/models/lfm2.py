@@ -13,20 +13,11 @@ from typing import Any
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import llama
-from edge_infer.models.config import MetadataReader, ModelConfig
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.hybrid_metadata import layer_kv_heads
+from edge_infer.models.metadata import MetadataReader
 
 ARCH = "lfm2"
-
-
-def layer_kv_heads(f: GGUFFile, arch: str, n_layers: int) -> list[int]:
-    """`<arch>.attention.head_count_kv` per layer: an array (0 = a recurrent layer), or one
-    count for every layer."""
-    key = f"{arch}.attention.head_count_kv"
-    v = f.metadata.get(key)
-    counts: list[Any] = v if isinstance(v, list) else [v] * n_layers
-    if len(counts) != n_layers or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
-        raise UnsupportedModelError(f"{f.path}: metadata {key!r} must hold {n_layers} non-negative integers, got {v!r}")
-    return counts
 
 
 def config_from_gguf(f: GGUFFile, arch: str = ARCH, **overrides: Any) -> ModelConfig:

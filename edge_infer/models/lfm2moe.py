@@ -11,7 +11,8 @@ from __future__ import annotations
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import lfm2
-from edge_infer.models.config import MetadataReader, ModelConfig
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.metadata import MetadataReader
 
 ARCH = "lfm2moe"
 GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's llama_expert_gating_func_type

@@ -16,21 +16,23 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.weights import LayerWeights
 
 
-def moe_ffn(b: Backend, cfg: ModelConfig, lw: LayerWeights, x: np.ndarray, out: np.ndarray, ws: Any) -> None:
+def moe_ffn(b: Backend, cfg: ModelConfig, lw: LayerWeights, x: np.ndarray, out: np.ndarray, ws: Any,
+            logits: np.ndarray | None = None) -> None:
     """out f32 [N, D] = the layer's FFN of x f32 [N, D]; scratch is ws.moe (and the dense
-    buffers for a shared expert)."""
+    buffers for a shared expert); logits [N, E]: the router's output computed already."""
     e, m = lw.experts, ws.moe
     assert e is not None
     n = x.shape[0]
     p = n * cfg.n_experts_used
-    b.route_experts(e.router, x, cfg.expert_weights_norm, ws, cfg.expert_gating == "sigmoid", e.select_bias)
+    b.route_experts(e.router, x, cfg.expert_weights_norm, ws, cfg.expert_gating == "sigmoid", e.select_bias, logits)
     gate, up, act, y = m.gate[:p], m.up[:p], m.act[:p], m.y[:p]
     b.expert_matmuls(m.xg[:p], (e.gate, e.up), (gate, up), ws)
-    b.silu_mul(gate, up, act)
+    (b.relu_mul if cfg.expert_activation == "relu" else b.silu_mul)(gate, up, act)
     b.expert_matmuls(act, (e.down,), (y,), ws)
     b.combine_experts(y, out, ws)
     if lw.w_gate is not None and lw.w_up is not None and lw.w_down is not None:  # a shared expert
-        sg, su, sa, sy = ws.gate[:n], ws.up[:n], ws.act[:n], ws.o2[:n]
+        fs = lw.w_gate.rows  # the buffers may be wider (a leading dense layer's FFN)
+        sg, su, sa, sy = ws.gate[:n, :fs], ws.up[:n, :fs], ws.act[:n, :fs], ws.o2[:n]
         b.matmuls(x, (lw.w_gate, lw.w_up), (sg, su), ws)
         b.silu_mul(sg, su, sa)
         b.matmuls(sa, (lw.w_down,), (sy,), ws)

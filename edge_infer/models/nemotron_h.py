@@ -8,25 +8,14 @@ Super) are the separate `nemotron_h_moe` architecture. llama.cpp: src/models/nem
 
 from __future__ import annotations
 
-from typing import Any
-
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import llama
-from edge_infer.models.config import MetadataReader, ModelConfig
-from edge_infer.models.lfm2 import layer_kv_heads
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.hybrid_metadata import layer_kv_heads, mamba2_shape, per_layer
+from edge_infer.models.metadata import MetadataReader
 
 ARCH = "nemotron_h"
-
-
-def _ffn_widths(f: GGUFFile, n_layers: int) -> list[int]:
-    """`feed_forward_length` per layer: an array (0 = not an FFN layer) or one width for all."""
-    key = f"{ARCH}.feed_forward_length"
-    v = f.metadata.get(key)
-    widths: list[Any] = v if isinstance(v, list) else [v] * n_layers
-    if len(widths) != n_layers or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 0 for w in widths):
-        raise UnsupportedModelError(f"{f.path}: metadata {key!r} must hold {n_layers} non-negative integers, got {v!r}")
-    return widths
 
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
@@ -35,7 +24,7 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     if md.get("expert_count", 0):
         raise UnsupportedModelError(f"{f.path}: a {ARCH} file with experts is not supported (the MoE sizes are "
                                     "nemotron_h_moe files)")
-    kv, ff = layer_kv_heads(f, ARCH, n_layers), _ffn_widths(f, n_layers)
+    kv, ff = layer_kv_heads(f, ARCH, n_layers), per_layer(f, ARCH, "feed_forward_length", n_layers)
     both = [i for i in range(n_layers) if kv[i] and ff[i]]
     attn, widths = sorted({c for c in kv if c}), sorted({w for w in ff if w})
     if both or len(attn) > 1 or len(widths) > 1:
@@ -54,9 +43,5 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         ssm_layers=tuple(not k and not w for k, w in zip(kv, ff)),
         ffn_only_layers=tuple(w > 0 for w in ff),
         mixer_only_layers=tuple(w == 0 for w in ff),
-        ssm_conv_kernel=md.get("ssm.conv_kernel"),
-        ssm_inner=md.get("ssm.inner_size"),
-        ssm_state=md.get("ssm.state_size"),
-        ssm_heads=md.get("ssm.time_step_rank"),
-        ssm_groups=md.get("ssm.group_count"),
+        **mamba2_shape(md),
     )

@@ -18,7 +18,8 @@ import math
 from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import llama
-from edge_infer.models.config import MetadataReader, ModelConfig
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.metadata import MetadataReader
 
 ARCH = "qwen35"
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import llama
-from edge_infer.models.config import MetadataReader, ModelConfig
+from edge_infer.models.config import ModelConfig
+from edge_infer.models.metadata import MetadataReader
 
 ARCH = "qwen3moe"
 

@@ -66,6 +66,10 @@ class Transformer:
         self.attn_softcap = np.float32(cfg.attn_softcap)
         self.residual_scale, self.inv_logit_scale = np.float32(cfg.residual_scale), np.float32(1.0 / cfg.logit_scale)
         self.k_head_of = np.array(cfg.delta_key_heads, np.int32)
+        # qk_norm_after_rope's second pass: angles of zero rotate nothing (cos 1, sin 0: exact)
+        self._no_rotation = np.zeros(cfg.n_rot // 2, np.float64)
+        self._no_store = np.empty(0, np.int64)
+        self.xielu = [tuple(np.float32(v) for v in p) for p in cfg.xielu]
         self.ws: Any = None
         self._reserve(capacity)
 
@@ -81,6 +85,8 @@ class Transformer:
         return xn
 
     def _reserve(self, n_tokens: int) -> None:
+        if self._no_store.shape[0] < n_tokens:  # slot -1: qkv_finish stores nothing
+            self._no_store = np.full(max(n_tokens, 256), -1, np.int64)
         if self.ws is None or self.ws.capacity < n_tokens:
             cfg = self.cfg
             experts = (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) if cfg.n_experts else None
@@ -125,6 +131,10 @@ class Transformer:
         for li, lw in enumerate(self.w.layers):
             last = li == cfg.n_layers - 1 and m < n
             next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
+            router_logits = None
+            if cfg.router_on_input and lw.experts is not None:  # smallthinker: routes the layer's input
+                router_logits = ws.moe.logits_in[:n]
+                b.matmuls(h, (lw.experts.router,), (router_logits,), ws)
             if not cfg.has_mixer(li):  # nemotron_h's FFN layer: attn_norm is the FFN's pre-norm
                 if last:
                     b.take_rows(h, inp.logits_rows, ws.h_rows[:m])
@@ -152,9 +162,16 @@ class Transformer:
                     b.split_gated_q(ws.qg[:n], cfg.head_dim, q, qgate)
                 else:
                     b.matmuls(x, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
-                b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
-                             _or_empty(lw.k_norm), cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps,
-                             inp.slot_mapping, layer_kv)
+                if cfg.qk_norm_after_rope:  # hunyuan-dense: biases and RoPE, then the norms and the K/V store
+                    b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _EMPTY, _EMPTY,
+                                 cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps, self._no_store[:n],
+                                 layer_kv)
+                    b.qkv_finish(q, k, v, _EMPTY, _EMPTY, _EMPTY, _or_empty(lw.q_norm), _or_empty(lw.k_norm), cfg.n_rot,
+                                 inp.positions, self._no_rotation, 1.0, cfg.rope_neox, eps, inp.slot_mapping, layer_kv)
+                else:
+                    b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
+                                 _or_empty(lw.k_norm), cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps,
+                                 inp.slot_mapping, layer_kv)
                 if last:
                     # Last layer: K/V of every token are stored; the rest is only needed for the
                     # rows whose logits are wanted (llama.cpp's inp_out_ids does the same).
@@ -169,6 +186,9 @@ class Transformer:
                     if ssm_out is not None:
                         b.take_rows(ssm_out, sel, ws.o_rows[:m])
                         ssm_out = ws.o_rows[:m]
+                    if router_logits is not None:
+                        b.take_rows(router_logits, sel, ws.moe.logits[:m])
+                        router_logits = ws.moe.logits[:m]
                     q, h, xn = ws.q_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
                     token_seq, positions = ws.seq_rows[:m], ws.pos_rows[:m]
                     attn, o, o2, gate, up, act = attn[:m], o[:m], o2[:m], gate[:m], up[:m], act[:m]
@@ -177,6 +197,8 @@ class Transformer:
                 if cfg.attn_output_gate:
                     b.sigmoid_mul(attn, qgate)
                 b.matmuls(attn, (lw.wo,), (o,), ws)
+                if lw.bo is not None:
+                    b.add(o, lw.bo)
                 if ssm_out is not None:
                     b.add(o, ssm_out)
                 mixed = o
@@ -187,7 +209,7 @@ class Transformer:
                 x = self._residual(h, mixed if lw.post_attn_norm is None else o2, ffn_norm, xn)
                 if not cfg.has_ffn(li):  # nemotron_h's attention and Mamba2 layers
                     continue
-            self._ffn(lw, x, o, gate, up, act)
+            self._ffn(li, lw, x, o, gate, up, act, router_logits)
             if lw.post_ffn_norm is not None:
                 b.rmsnorm(o, lw.post_ffn_norm, eps, o2)
             x = self._residual(h, o if lw.post_ffn_norm is None else o2, next_norm, xn)
@@ -201,17 +223,21 @@ class Transformer:
             b.scale(logits, self.inv_logit_scale)
         return logits
 
-    def _ffn(self, lw: Any, x: Any, out: Any, gate: Any, up: Any, act: Any) -> None:
-        """The layer's FFN of x into `out`: the mixture of experts, SwiGLU / GeGLU, or nemotron_h's
-        ungated relu(up x)^2."""
+    def _ffn(self, li: int, lw: Any, x: Any, out: Any, gate: Any, up: Any, act: Any, router_logits: Any) -> None:
+        """Layer li's FFN of x into `out`: the mixture of experts (router_logits: computed already),
+        SwiGLU / GeGLU, or an ungated one: nemotron_h's relu(up x)^2, apertus's xIELU(up x)."""
         cfg, b, ws = self.cfg, self.b, self.ws
         if lw.experts is not None:
-            moe_ffn(b, cfg, lw, x, out, ws)
+            moe_ffn(b, cfg, lw, x, out, ws, router_logits)
             return
         assert lw.w_up is not None and lw.w_down is not None
-        if cfg.activation == "relu2":
+        if cfg.activation in ("relu2", "xielu"):
             b.matmuls(x, (lw.w_up,), (up,), ws)
-            b.relu_sqr(up, act)
+            if cfg.activation == "relu2":
+                b.relu_sqr(up, act)
+            else:
+                alpha_n, alpha_p, beta, eps = self.xielu[li]
+                b.xielu(up, alpha_n, alpha_p, beta, eps, act)
         else:
             assert lw.w_gate is not None
             b.matmuls(x, (lw.w_gate, lw.w_up), (gate, up), ws)

@@ -57,6 +57,7 @@ class LayerWeights:
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
+    bo: np.ndarray | None = None  # attn_output's bias (apertus)
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
@@ -238,6 +239,8 @@ def _attention(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
         lw.wq, lw.wk, lw.wv = (t.mat(p + "attn_q.weight", q_rows, d), t.mat(p + "attn_k.weight", kv_dim, d),
                                t.mat(p + "attn_v.weight", kv_dim, d))
     lw.wo = t.mat(p + "attn_output.weight", d, q_dim)
+    if cfg.attn_out_bias and t.has(p + "attn_output.bias"):  # apertus: optional
+        lw.bo = t.vec(p + "attn_output.bias", d)
     if cfg.qkv_bias or t.has(p + "attn_q.bias"):  # required (qwen2) or optional (llama)
         lw.bq, lw.bk, lw.bv = (t.vec(p + f"attn_{x}.bias", n) for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
     if cfg.qk_norm or cfg.qk_norm_full:
@@ -247,7 +250,7 @@ def _attention(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
 
 def _ffn(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
     """Layer i's FFN: its pre-norm (none in nemotron_h's FFN-only layers, where attn_norm is
-    it), then a dense SwiGLU / GeGLU (gate, up, down), an ungated one (relu2: up, down), or the
+    it), then a dense SwiGLU / GeGLU (gate, up, down), an ungated one (relu2, xielu: up, down), or the
     mixture of experts with its shared expert, if any, as the dense matrices."""
     p, d, ff = f"blk.{i}.", cfg.d_model, cfg.ffn_dim
     if cfg.pre_norms and cfg.has_mixer(i):
@@ -262,7 +265,7 @@ def _ffn(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
         return
     if cfg.fused_gate_up:
         lw.w_gate, lw.w_up = row_slices(t.mat(p + "ffn_up.weight", 2 * ff, d), (ff, ff))
-    elif cfg.activation != "relu2":
+    elif cfg.activation not in ("relu2", "xielu"):
         lw.w_gate, lw.w_up = t.mat(p + "ffn_gate.weight", ff, d), t.mat(p + "ffn_up.weight", ff, d)
     else:
         lw.w_up = t.mat(p + "ffn_up.weight", ff, d)

@@ -101,7 +101,7 @@ def test_missing_tensor_and_unknown_architecture(files: Path) -> None:
     with pytest.raises(UnsupportedModelError, match=r"missing tensor 'blk\.0\.attn_q_norm\.weight'"):
         load_weights(f, cfg, CpuBackend(1))
     other = write_arch_model(files / "mamba.gguf", "mamba")
-    with pytest.raises(UnsupportedModelError, match=r"architecture 'mamba' is not supported \(supported: falcon-h1, gemma2, gemma3, granite"):
+    with pytest.raises(UnsupportedModelError, match=r"architecture 'mamba' is not supported \(supported: apertus, ernie4_5, ernie4_5-moe, exaone4, falcon-h1"):
         config_from_gguf(GGUFFile(other))
 
 
@@ -112,3 +112,21 @@ def test_bad_expert_counts_are_refused_by_name(files: Path) -> None:
     f = GGUFFile(write_arch_model(files / "qwen3moe-noexp.gguf", "qwen3moe"))  # no expert metadata
     with pytest.raises(UnsupportedModelError, match=r"missing metadata key 'qwen3moe\.expert_count'"):
         config_from_gguf(f)
+
+
+def test_variants_edge_infer_does_not_run_are_refused_by_name(files: Path) -> None:
+    def refused(path: Path, edit: dict[str, object], match: str, drop: str = "") -> None:
+        f = GGUFFile(path)
+        f.metadata.update(edit)
+        if drop:
+            del f.tensors[drop]
+        with pytest.raises(UnsupportedModelError, match=match):
+            config_from_gguf(f)
+
+    moe = write(files, "ernie4_5-moe")
+    refused(moe, {"ernie4_5-moe.interleave_moe_layer_step": 2}, r"interleave_moe_layer_step = 2 is not supported")
+    refused(moe, {}, r"experts without a gate stack \(blk\.1\.ffn_gate_exps\.weight\)", "blk.1.ffn_gate_exps.weight")
+    refused(write(files, "ernie4_5"), {"ernie4_5.rope.dimension_sections": [16, 8, 8, 0]}, "PaddleOCR-VL's M-RoPE")
+    refused(write(files, "granitemoe"), {}, r"granitemoe experts without a gate stack", "blk.0.ffn_gate_exps.weight")
+    refused(write(files, "glm4"), {"glm4.rope.dimension_sections": [8, 12, 12, 0]}, "M-RoPE sections")
+    refused(write(files, "exaone4"), {"exaone4.attention.key_length": 8}, r"heads x head_dim equal to the width 64")

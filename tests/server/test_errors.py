@@ -159,7 +159,9 @@ def test_disconnect_aborts_and_frees_kv(server, get_metrics) -> None:  # type: i
         before["edge_infer_requests_aborted_total"],
         before["edge_infer_generation_tokens_total"],
     )
-    with httpx.Client() as client, _stream_lines(server, client, 200) as r:
+    # as long a generation as --max-model-len 256 holds, so that a loaded machine (the
+    # client's close noticed late) cannot let it finish first
+    with httpx.Client() as client, _stream_lines(server, client, 240) as r:
         lines = r.iter_lines()
         got = [line for _, line in zip(range(6), lines)]
         assert sum(line.startswith("data: {") for line in got) >= 3
@@ -174,7 +176,7 @@ def test_disconnect_aborts_and_frees_kv(server, get_metrics) -> None:  # type: i
     assert _wait_for(freed, 10)
     m = get_metrics(server.url)
     assert m["edge_infer_requests_aborted_total"] == aborted + 1
-    assert m["edge_infer_generation_tokens_total"] - generated < 200  # stopped early, not run to the end
+    assert m["edge_infer_generation_tokens_total"] - generated < 240  # stopped early, not run to the end
     assert post(server, C, {"prompt": "x", "max_tokens": 2}).status_code == 200
 
 

@@ -47,6 +47,34 @@ CASES: dict[str, tuple[str, dict[str, object], dict[str, np.ndarray], dict[str, 
                                       "shared expert": {"shared_ffn_dim": 0, "ignored_tensors": ("*shexp*",)}}),
     "olmoe": ("olmoe", {}, {}, {"top-k": {"n_experts_used": 1}}),
     "mixtral": ("llama", {}, {}, {"top-k": {"n_experts_used": 1}}),
+    "granitemoe": ("granitemoe", {"granitemoe.embedding_scale": 3.0, "granitemoe.residual_scale": 0.4,
+                                  "granitemoe.attention.scale": 0.6, "granitemoe.logit_scale": 4.0}, {},
+                   {"top-k": {"n_experts_used": 1}, "residual_scale": {"residual_scale": 1.0},
+                    "shared expert": {"shared_ffn_dim": 0, "ignored_tensors": ("*shexp*",)}}),
+    "ernie4_5": ("ernie4_5", {}, {}, {"rope pairs": {"rope_neox": True}}),
+    # the first layer dense, then experts chosen with a selection bias, and a shared expert
+    "ernie4_5-moe": ("ernie4_5-moe", {"ernie4_5-moe.interleave_moe_layer_step": 1,
+                                      "ernie4_5-moe.leading_dense_block_count": 1}, {},
+                     {"top-k": {"n_experts_used": 1},
+                      "selection bias": {"expert_select_bias": False, "ignored_tensors": ("*exp_probs_b*",)}}),
+    "exaone4": ("exaone4", {}, {}, {"rope pairs": {"rope_neox": False},
+                                    "qk norm": {"qk_norm": False, "ignored_tensors": ("*attn_[qk]_norm*",)}}),
+    "glm4": ("glm4", {}, {}, {"rope pairs": {"rope_neox": True},
+                              "post norms": {"post_norms": False, "ignored_tensors": ("*post_*",)}}),
+    "seed_oss": ("seed_oss", {}, {}, {"rope pairs": {"rope_neox": False}}),
+    # xIELU's raw parameters per layer (a large alpha_p: the positive branch's square bites)
+    "apertus": ("apertus", {"xielu.alpha_n": [0.8, 0.3, -0.5, 1.2], "xielu.alpha_p": [2.0, 1.5, 0.4, 3.0],
+                            "xielu.beta": [0.5, 0.5, 0.5, 0.5], "xielu.eps": [-1e-6, -1e-6, -1e-6, -1e-6]}, {},
+                {"output bias": {"attn_out_bias": False, "ignored_tensors": ("*attn_output.bias",)},
+                 "rope pairs": {"rope_neox": False}}),
+    # a sliding window in the metadata: no RoPE on layer 0 (the window itself is 4096)
+    "smallthinker": ("smallthinker", {"smallthinker.expert_gating_func": 1, "smallthinker.attention.sliding_window": 8},
+                     {}, {"router on input": {"router_on_input": False}, "no-rope layers": {"nope_layers": ()},
+                          "ReGLU experts": {"expert_activation": "silu"}, "top-k": {"n_experts_used": 1}}),
+    "smallthinker-sigmoid": ("smallthinker", {"smallthinker.expert_gating_func": 2}, {},
+                             {"sigmoid": {"expert_gating": "softmax"}}),
+    "hunyuan-dense": ("hunyuan-dense", {"hunyuan-dense.rope.scaling.alpha": 50.0}, {},
+                      {"norm after rope": {"qk_norm_after_rope": False}, "rope alpha": {"rope_base": 10000.0}}),
 }
 # the MoE cases' (E experts, k used, expert width; shared expert width), F32 and quantized
 # (llama and olmoe read the experts' width from feed_forward_length, as llama.cpp does)
@@ -55,7 +83,15 @@ MOE_SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "qwen2moe": (dict(experts=(8, 2, 32), shared_ffn=48), dict(experts=(8, 2, 256), shared_ffn=256)),
     "olmoe": (dict(experts=(8, 2, 128), ffn=128, n_kv_heads=4), dict(experts=(8, 2, 256), ffn=256, n_kv_heads=16)),
     "mixtral": (dict(experts=(8, 2, 128), ffn=128), dict(experts=(8, 2, 256), ffn=256)),
+    "granitemoe": (dict(experts=(8, 2, 128), ffn=128, shared_ffn=48), dict(experts=(8, 2, 256), ffn=256, shared_ffn=256)),
+    "ernie4_5-moe": (dict(experts=(8, 2, 32), shared_ffn=48), dict(experts=(8, 2, 256), shared_ffn=256)),
+    "smallthinker": (dict(experts=(8, 2, 32), n_layers=5), dict(experts=(8, 2, 256), n_layers=5)),
+    # a narrow router: larger logits saturate float32 sigmoids to exactly 1.0, a tie whose order
+    # is the sort's (ours: the lower expert; ggml's argsort does not promise one)
+    "smallthinker-sigmoid": (dict(experts=(8, 2, 32), router_std=0.1), dict(experts=(8, 2, 256), router_std=0.1)),
 }
+# partial rotary (glm4: half of each head, in the normal pair order)
+ROT_SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {"glm4": (dict(n_rot=8), dict(n_rot=8))}
 
 
 def write(tmp: Path, name: str, qtype: str = "F32", **overrides: Any) -> Path:
@@ -66,5 +102,7 @@ def write(tmp: Path, name: str, qtype: str = "F32", **overrides: Any) -> Path:
     shape: dict[str, Any] = dict(d_model=256, ffn=512, n_heads=16, output_std=0.25) if wide else {}
     if name in MOE_SHAPES:
         shape.update(MOE_SHAPES[name][wide])
+    if name in ROT_SHAPES:
+        shape.update(ROT_SHAPES[name][wide])
     shape.update(overrides)
     return write_arch_model(tmp / f"{name}-{qtype}.gguf", arch, qtype=qtype, meta=meta, factors=factors, **shape)

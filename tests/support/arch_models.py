@@ -11,11 +11,15 @@ import numpy as np
 from gguf import GGUFWriter
 from tiny_models import VOCAB_SIZE, _add_tokenizer, _Weights, finish
 
-NEOX_NORM = {"qwen3", "olmo2", "qwen3moe", "olmoe"}  # per-head (qwen3) or full-width (olmo2, olmoe) QK norm
+NEOX_NORM = {"qwen3", "olmo2", "qwen3moe", "olmoe", "exaone4", "hunyuan-dense", "apertus"}  # per-head (qwen3) or full-width (olmo2, olmoe) QK norm
 FULL_QK_NORM = {"olmo2", "olmoe"}
-PRE_NORMS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "granite", "smollm3", "qwen2moe", "qwen3moe", "olmoe"}
-MOE = {"qwen2moe", "qwen3moe", "olmoe"}  # and llama with expert_count
-POST_NORMS = {"gemma2", "olmo2"}
+PRE_NORMS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "granite", "smollm3", "qwen2moe", "qwen3moe", "olmoe",
+             "granitemoe", "ernie4_5", "ernie4_5-moe", "glm4", "hunyuan-dense", "apertus", "smallthinker"}
+MOE = {"qwen2moe", "qwen3moe", "olmoe", "granitemoe", "ernie4_5-moe", "smallthinker"}  # and llama with expert_count
+POST_NORMS = {"gemma2", "olmo2", "exaone4", "glm4"}
+QKV_BIAS = {"qwen2", "qwen2moe", "glm4", "seed_oss"}
+FUSED_GATE_UP = {"phi3", "glm4"}  # ffn_up holds [gate | up]
+UNGATED_SHARED = {"granitemoe", "ernie4_5-moe"}  # the shared expert is added without a sigmoid gate
 
 
 def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int = 4, d_model: int = 64,
@@ -42,7 +46,9 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
     w.add_float32(f"{arch}.rope.freq_base", 10000.0)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     for key, value in (meta or {}).items():
-        if isinstance(value, str):
+        if isinstance(value, list):
+            w.add_array(key, value)
+        elif isinstance(value, str):
             w.add_string(key, value)
         elif isinstance(value, bool):
             w.add_bool(key, value)
@@ -60,11 +66,15 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
     wt.vector("output_norm.weight", d_model, mean=1.0)
     for name, values in (factors or {}).items():
         w.add_tensor(name, values.astype(np.float32))
+    dense_lead = int((meta or {}).get(f"{arch}.leading_dense_block_count", 0))  # type: ignore[call-overload]
     for i in range(n_layers):
         p = f"blk.{i}."
         if arch in PRE_NORMS:
             wt.vector(p + "attn_norm.weight", d_model, mean=1.0)
             wt.vector(p + "ffn_norm.weight", d_model, mean=1.0)
+        if arch == "seed_oss":  # its FFN pre-norm is named post_attention_norm
+            wt.vector(p + "attn_norm.weight", d_model, mean=1.0)
+            wt.vector(p + "post_attention_norm.weight", d_model, mean=1.0)
         if arch == "phi3":
             wt.matrix(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d_model, std=0.2)
         else:
@@ -72,7 +82,7 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
             wt.matrix(p + "attn_k.weight", kv_dim, d_model, std=0.2)
             wt.matrix(p + "attn_v.weight", kv_dim, d_model, std=0.3)
         wt.matrix(p + "attn_output.weight", d_model, q_dim, std=0.3)
-        if arch in ("qwen2", "qwen2moe"):
+        if arch in QKV_BIAS:
             for name, n in (("attn_q.bias", q_dim), ("attn_k.bias", kv_dim), ("attn_v.bias", kv_dim)):
                 wt.vector(p + name, n, std=0.1)
         if arch in NEOX_NORM:
@@ -82,14 +92,20 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
         if arch in POST_NORMS:
             wt.vector(p + "post_attention_norm.weight", d_model, mean=1.0)
             wt.vector(p + "post_ffw_norm.weight", d_model, mean=1.0)
-        if experts:
-            _experts(wt, w, p, d_model, experts, shared_ffn, router_std)
-        elif arch == "phi3":
+        moe_layer = experts and i >= dense_lead
+        if moe_layer:
+            _experts(wt, w, p, d_model, experts, shared_ffn, router_std, shared_gate=arch not in UNGATED_SHARED)
+            if arch == "ernie4_5-moe":  # the selection bias
+                w.add_tensor(p + "exp_probs_b.bias", wt.rng.normal(0.0, 0.3, experts[0]).astype(np.float32))
+        elif arch in FUSED_GATE_UP:
             wt.matrix(p + "ffn_up.weight", 2 * ffn, d_model)
+        elif arch == "apertus":  # ungated: up, xIELU, down; and an attention-output bias
+            wt.matrix(p + "ffn_up.weight", ffn, d_model)
+            wt.vector(p + "attn_output.bias", d_model, std=0.1)
         else:
             wt.matrix(p + "ffn_gate.weight", ffn, d_model)
             wt.matrix(p + "ffn_up.weight", ffn, d_model)
-        if not experts:
+        if not moe_layer:
             wt.matrix(p + "ffn_down.weight", d_model, ffn, std=0.3)
     finish(w)
     return path
