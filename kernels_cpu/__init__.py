@@ -95,9 +95,10 @@ positions: int32 [N]; token_seq: int32 [N], the block_tables row of each token.
       and sin times mscale; neox: pairs (i, i + n_rot/2), else (2i, 2i + 1)); then stores k, v
       like store_kv_kernel.
   paged_attention_kernel(q f32 [N, n_heads*hd], k_cache, k_scale, v_cache, v_scale,
-                         block_tables, token_seq, positions, scale, window, softcap,
+                         block_tables, token_seq, positions, scale, window, softcap, sinks,
                          out f32 [N, n_heads*hd], n_threads)
-      causal softmax(s) V, s = scale * q.K (softcap > 0: softcap * tanh(s / softcap)), over
+      causal softmax(s) V, s = scale * q.K (softcap > 0: softcap * tanh(s / softcap); sinks f32
+      [n_heads]: gpt-oss's per-head logit in the softmax with no value, [0]: none), over
       keys 0..p of the token's own sequence (window > 0: only keys j with p - j < window). A sequence's tokens are consecutive in the batch with
       increasing positions. K/V are read from the pool, including this step's (store first).
 

@@ -107,7 +107,7 @@ def _load_rows(cache, scales, quant, blk, off, m, g, factor, kv, vs):
 
 @kernel(fastmath=REORDER)
 def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
-                  window, softcap, sc, qh, kv, vs, acc, out):
+                  window, softcap, sinks, sc, qh, kv, vs, acc, out):
     """Heads r0..r1-1 of kv group g for query token i of sequence s (block_tables row).
 
     GQA: the heads of a group share their keys and values, so each key and value row is read
@@ -116,7 +116,9 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
     exp and sum), then the weighted sum of the value rows. Each head's arithmetic is the same
     sequence of operations whichever heads share the call and whatever else is in the batch
     (REORDER lets LLVM vectorize the dot products and sums, in the same way each time).
-    sc: float32 [>= n_rep, >= p + 1]; qh, acc: float32 [>= n_rep, head_dim]; kv: [4, head_dim]; vs: [4]."""
+    sc: float32 [>= n_rep, >= p + 1]; qh, acc: float32 [>= n_rep, head_dim]; kv: [4, head_dim]; vs: [4].
+    sinks: float32 [n_heads] (gpt-oss) each head's sink logit, in the softmax's max and sum with no
+    value row; [0]: none."""
     bs, hd = k_cache.shape[1], k_cache.shape[3]
     n_rep = q.shape[1] // (k_cache.shape[2] * hd)
     quant = k_scale.shape[0] > 0
@@ -166,11 +168,16 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
         mx = sc[r, 0]
         for j in range(1, n):
             mx = max(mx, sc[r, j])
+        sink = sinks[g * n_rep + r0 + r] if sinks.shape[0] > 0 else np.float32(0.0)
+        if sinks.shape[0] > 0:
+            mx = max(mx, sink)
         den = np.float32(0.0)
         for j in range(n):
             e = fast_exp(sc[r, j] - mx)
             sc[r, j] = e
             den += e
+        if sinks.shape[0] > 0:  # ggml's soft_max with sinks: the sink joins the sum after the keys
+            den += fast_exp(sink - mx)
         qh[r, 0] = np.float32(1.0) / den  # qh is free now: it keeps each head's 1 / sum
         for d in range(hd):
             acc[r, d] = 0.0
@@ -209,13 +216,14 @@ def _attend_query(q, i, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v
 
 @kernel(parallel=True)
 def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions, scale, window,
-                           softcap, out, n_threads):
+                           softcap, sinks, out, n_threads):
     """Causal attention of every query token against its own sequence's cached keys.
 
     q: float32 [N, n_heads * head_dim] (RoPE applied); token_seq: int32 [N] row of block_tables
     for each token; positions: int32 [N]; window: 0 = full attention, else a key at position j
     is visible to a query at p only if p - j < window (sliding-window layers); softcap: 0 = none,
-    else each score (q.k times scale) becomes softcap * tanh(score / softcap); out: float32
+    else each score (q.k times scale) becomes softcap * tanh(score / softcap); sinks: float32
+    [n_heads] attention sinks (gpt-oss: a per-head logit with no value) or [0]; out: float32
     [N, n_heads * head_dim]. Work items (query token, kv-head) are dealt to the n_threads
     threads round-robin; when there are fewer of them than threads (decoding one sequence of a
     model with one kv-head), or a few that the threads cannot share evenly, each query head is an
@@ -242,7 +250,7 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
             g, part = rest // split, rest % split
             r0, r1 = part * n_rep // split, (part + 1) * n_rep // split
             _attend_query(q, i, g, r0, r1, token_seq[i], block_tables, k_cache, k_scale, v_cache, v_scale,
-                          positions, scale, window, softcap, sc, qh, kv, vs, acc, out)
+                          positions, scale, window, softcap, sinks, sc, qh, kv, vs, acc, out)
 
 
 @kernel(inline=True)

@@ -207,12 +207,12 @@ class CpuBackend:
             matmul.matmul3_kernel(x, *args, self.n_threads)
 
     # -- mixture of experts (kernels_cpu.moe, matmul_experts) --------------------------------
-    def route_experts(self, router: QMatrix, x: np.ndarray, norm: bool, work: Workspace, sigmoid: bool = False,
+    def route_experts(self, router: QMatrix, x: np.ndarray, norm: bool, work: Workspace, gating: int = moe.SOFTMAX,
                       bias: np.ndarray = _NO_BIAS, logits: np.ndarray | None = None) -> None:
         """Each token's experts and weights from its router logits x @ router.T [N, E] (an F32
-        router inside the routing kernel, others by a matmul first; softmax, or sigmoid
-        probabilities, ranked with a selection bias f32 [E] when given), the pairs grouped by
-        expert and x [N, D] gathered into work.moe.xg [N * k, D]."""
+        router inside the routing kernel, others by a matmul first, or given; gating: moe.SOFTMAX,
+        SIGMOID or SOFTMAX_WEIGHT, ranked with a selection bias f32 [E] when given), the pairs
+        grouped by expert and x [N, D] gathered into work.moe.xg [N * k, D]."""
         m = work.moe
         assert m is not None  # allocated for a model with experts
         n, k = x.shape[0], m.sel.shape[1]
@@ -225,7 +225,7 @@ class CpuBackend:
             logits = m.logits[:n]
             self.matmuls(x, (router,), (logits,), work)
             r = _NO_ROUTER
-        moe.route_kernel(logits, r, norm, sigmoid, bias, x, m.sel[:n], m.wts[:n], m.offsets, m.pair_token[: n * k], m.pair_of[:n],
+        moe.route_kernel(logits, r, norm, gating, bias, x, m.sel[:n], m.wts[:n], m.offsets, m.pair_token[: n * k], m.pair_of[:n],
                          m.xg[: n * k])
 
     def expert_matmuls(self, x: np.ndarray, ws: Sequence[QMatrix], outs: Sequence[np.ndarray], work: Workspace) -> None:
@@ -283,10 +283,11 @@ class CpuBackend:
 
     def attention(self, q: np.ndarray, kv: KVLayer, block_tables: np.ndarray, token_seq: np.ndarray,
                   positions: np.ndarray, scale: np.float32, window: int, softcap: np.float32,
-                  out: np.ndarray) -> None:
+                  out: np.ndarray, sinks: np.ndarray = _NO_BIAS) -> None:
+        """sinks f32 [n_heads]: gpt-oss's attention sinks ([0]: none)."""
         k_cache, k_scale, v_cache, v_scale = kv
         attention.paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions,
-                                         scale, window, softcap, out, self.n_threads)
+                                         scale, window, softcap, sinks, out, self.n_threads)
 
     rmsnorm = staticmethod(ops.rmsnorm_kernel)
     add_rmsnorm = staticmethod(ops.add_rmsnorm_kernel)
@@ -294,6 +295,13 @@ class CpuBackend:
     gelu_mul = staticmethod(ops.gelu_mul_kernel)
     relu_sqr = staticmethod(ops.relu_sqr_kernel)
     relu_mul = staticmethod(ops.relu_mul_kernel)
+    swiglu_oai = staticmethod(ops.swiglu_oai_kernel)
+
+    @staticmethod
+    def expert_bias(y: np.ndarray, bias: np.ndarray, work: Workspace) -> None:
+        """y [P, F] += each pair's expert's bias row (bias f32 [E, F])."""
+        assert work.moe is not None
+        moe.expert_bias_kernel(y, bias, work.moe.offsets)
     xielu = staticmethod(ops.xielu_kernel)
 
     @staticmethod

@@ -19,16 +19,21 @@ from ._jit import REORDER, fmadd, kernel
 # llama.cpp clamps the sum of the chosen weights before normalising (the smallest normal f16)
 MIN_WEIGHT_SUM = np.float32(6.103515625e-5)
 SERIAL_PAIRS = 64  # below this many pairs the gather runs on the calling thread
+SOFTMAX, SIGMOID, SOFTMAX_WEIGHT = 0, 1, 2  # route_kernel's gating (llama.cpp's expert_gating_func, less one)
 
 
 @kernel(inline=True)
-def _route_token(logits, t, k, norm, sigmoid, bias, sel, wts, probs, taken):
-    """The token's E router probabilities: softmax (float64 sum in index order) or, when sigmoid,
-    each logit's sigmoid; the k largest in descending order (ties: the lower expert id), ranked
-    by probability + bias[e] when a selection bias is given (bias [0]: none), weighted by the
-    unbiased probability, divided by the weights' sum when norm."""
+def _route_token(logits, t, k, norm, gating, bias, sel, wts, probs, taken):
+    """The token's E router probabilities: softmax (float64 sum in index order), each logit's
+    sigmoid (gating SIGMOID), or the logits themselves (SOFTMAX_WEIGHT, gpt-oss: the k chosen
+    weighted by a softmax over their logits); the k largest in descending order (ties: the
+    lower expert id), ranked by probability + bias[e] when a selection bias is given (bias [0]:
+    none), weighted by the unbiased probability, divided by the weights' sum when norm."""
     E = logits.shape[1]
-    if sigmoid:
+    if gating == SOFTMAX_WEIGHT:
+        for e in range(E):
+            probs[e] = logits[t, e]
+    elif gating == SIGMOID:
         for e in range(E):
             probs[e] = np.float32(1.0 / (1.0 + math.exp(-logits[t, e])))
     else:
@@ -58,6 +63,18 @@ def _route_token(logits, t, k, norm, sigmoid, bias, sel, wts, probs, taken):
         sel[t, j] = best
         wts[t, j] = probs[best]
         total += probs[best]
+    if gating == SOFTMAX_WEIGHT:  # a softmax over the chosen logits (the first, the largest, is its max)
+        m = wts[t, 0]
+        s = 0.0
+        for j in range(k):
+            p = np.float32(math.exp(wts[t, j] - m))
+            wts[t, j] = p
+            s += p
+        inv = np.float32(1.0 / s)
+        total = np.float32(0.0)
+        for j in range(k):
+            wts[t, j] = wts[t, j] * inv
+            total += wts[t, j]
     if norm:
         total = max(total, MIN_WEIGHT_SUM)
         for j in range(k):
@@ -79,10 +96,10 @@ SERIAL_TOKENS = 8  # below this many tokens routing runs on the calling thread
 
 
 @kernel(parallel=True)
-def route_kernel(logits, router, norm, sigmoid, bias, x, sel, wts, offsets, pair_token, pair_of, xg):
+def route_kernel(logits, router, norm, gating, bias, x, sel, wts, offsets, pair_token, pair_of, xg):
     """logits f32 [N, E] router logits, computed here from router f32 [E, D] (an F32 router
     matrix) or given (router [0, D]: another type, multiplied by the caller); norm: divide the
-    chosen weights by their sum; sigmoid: sigmoid probabilities instead of the softmax; bias f32
+    chosen weights by their sum; gating: SOFTMAX, SIGMOID or SOFTMAX_WEIGHT (_route_token); bias f32
     [E] added to the probabilities for the choice only ([0]: none); x f32 [N, D] the FFN input. Writes sel i32 [N, k] the chosen
     experts (descending probability), wts f32 [N, k] their weights, offsets i32 [E + 1] each
     expert's pair range, pair_token i32 [P] the token of each pair, pair_of i32 [N, k] the pair
@@ -96,14 +113,14 @@ def route_kernel(logits, router, norm, sigmoid, bias, x, sel, wts, offsets, pair
         for t in range(N):
             if not given:
                 _router_logits(x, router, logits, t)
-            _route_token(logits, t, k, norm, sigmoid, bias, sel, wts, probs, taken)
+            _route_token(logits, t, k, norm, gating, bias, sel, wts, probs, taken)
     else:
         for t in numba.prange(N):
             probs = np.empty(E, np.float32)
             taken = np.empty(E, np.bool_)
             if not given:
                 _router_logits(x, router, logits, t)
-            _route_token(logits, t, k, norm, sigmoid, bias, sel, wts, probs, taken)
+            _route_token(logits, t, k, norm, gating, bias, sel, wts, probs, taken)
     for e in range(E + 1):
         offsets[e] = 0
     for t in range(N):
@@ -163,3 +180,13 @@ def gated_add_kernel(x, g, y, out):
         gate = np.float32(1.0 / (1.0 + math.exp(-s)))
         for d in range(out.shape[1]):
             out[t, d] += gate * y[t, d]
+
+
+@kernel(parallel=True)
+def expert_bias_kernel(y, bias, offsets):
+    """y f32 [P, F] += bias f32 [E, F] of each pair's expert (expert e's pairs: rows
+    offsets[e]..offsets[e + 1] - 1)."""
+    for e in numba.prange(bias.shape[0]):
+        for p in range(offsets[e], offsets[e + 1]):
+            for f in range(y.shape[1]):
+                y[p, f] += bias[e, f]

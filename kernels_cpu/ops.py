@@ -104,6 +104,30 @@ def _relu_gated_row(gate, up, out, t):
 
 
 @kernel(parallel=True)
+def swiglu_oai_kernel(gate, up, out):
+    """gpt-oss's clamped SwiGLU (ggml's swiglu_oai, alpha 1.702, limit 7): x = min(gate, 7),
+    y = clamp(up, -7, 7), out = x * sigmoid(1.702 x) * (y + 1); all [T, F]."""
+    if gate.size < SERIAL_VALUES:
+        for t in range(gate.shape[0]):
+            _swiglu_oai_row(gate, up, out, t)
+    else:
+        for t in numba.prange(gate.shape[0]):
+            _swiglu_oai_row(gate, up, out, t)
+
+
+OAI_ALPHA, OAI_LIMIT = np.float32(1.702), np.float32(7.0)
+
+
+@kernel(inline=True)
+def _swiglu_oai_row(gate, up, out, t):
+    for k in range(gate.shape[1]):
+        x = min(gate[t, k], OAI_LIMIT)
+        y = min(max(up[t, k], -OAI_LIMIT), OAI_LIMIT)
+        glu = x / (np.float32(1.0) + np.float32(math.exp(OAI_ALPHA * -x)))
+        out[t, k] = glu * (y + np.float32(1.0))
+
+
+@kernel(parallel=True)
 def relu_sqr_kernel(x, out):
     """out = relu(x)^2 (nemotron_h's ungated FFN activation); both f32 [T, F]."""
     if x.size < SERIAL_VALUES:

@@ -53,6 +53,12 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
 
 
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    x = np.minimum(gate.astype(np.float64), 7.0)
+    y = np.clip(up.astype(np.float64), -7.0, 7.0)
+    return (x / (1.0 + np.exp(-1.702 * x)) * (y + 1.0)).astype(np.float32)
+
+
 def relu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (np.maximum(gate.astype(np.float64), 0.0) * up).astype(np.float32)
 
@@ -84,8 +90,9 @@ def cache_values(cache: np.ndarray, scale: np.ndarray | None = None) -> np.ndarr
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_cache: np.ndarray,
                     v_scale: np.ndarray, block_tables: np.ndarray, token_seq: np.ndarray, positions: np.ndarray,
-                    scale: float, window: int, softcap: float = 0.0) -> np.ndarray:
-    """Dense causal attention: gather each sequence's keys 0..p from its block table."""
+                    scale: float, window: int, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Dense causal attention: gather each sequence's keys 0..p from its block table; sinks
+    [n_heads]: a logit per head in the softmax with no value row (gpt-oss)."""
     n_kv, hd = k_cache.shape[2], k_cache.shape[3]
     bs = k_cache.shape[1]
     n_heads = q.shape[1] // hd
@@ -103,8 +110,10 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_c
             s = keys[:, g, :] @ q[i, h * hd : (h + 1) * hd].astype(np.float64) * scale
             if softcap:
                 s = softcap * np.tanh(s / softcap)
-            e = np.exp(s - s.max())
-            out[i, h * hd : (h + 1) * hd] = (e / e.sum()) @ vals[:, g, :]
+            mx = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            e = np.exp(s - mx)
+            den = e.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - mx))
+            out[i, h * hd : (h + 1) * hd] = (e / den) @ vals[:, g, :]
     return out.astype(np.float32)
 
 
@@ -320,13 +329,15 @@ def matmul_k(xq: np.ndarray, xd: np.ndarray, xs16: np.ndarray, w: np.ndarray, qt
     return acc
 
 
-def route(logits: np.ndarray, k: int, norm: bool, sigmoid: bool = False,
+def route(logits: np.ndarray, k: int, norm: bool, gating: int = 0,
           bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Twin of moe.route_kernel's choice: softmax (or sigmoid) of each row of logits [N, E], the
-    k largest of probability + bias [E] (descending, ties to the lower expert), their
-    probabilities, divided by their sum when norm (clamped below at 2^-14). Returns (experts
-    i32 [N, k], weights f32 [N, k])."""
-    if sigmoid:
+    """Twin of moe.route_kernel's choice: softmax (gating 0), sigmoid (1) or the logits (2) of
+    each row of logits [N, E], the k largest of that + bias [E] (descending, ties to the lower
+    expert), their probabilities (gating 2: a softmax over the chosen logits), divided by their
+    sum when norm (clamped below at 2^-14). Returns (experts i32 [N, k], weights f32 [N, k])."""
+    if gating == 2:
+        p = logits.astype(np.float64)
+    elif gating == 1:
         p = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
     else:
         z = np.exp((logits - logits.max(axis=1, keepdims=True)).astype(np.float64))
@@ -334,6 +345,9 @@ def route(logits: np.ndarray, k: int, norm: bool, sigmoid: bool = False,
     score = p if bias is None else p + bias[None, :]
     sel = np.argsort(-score, axis=1, kind="stable")[:, :k].astype(np.int32)
     w = np.take_along_axis(p, sel, axis=1)
+    if gating == 2:
+        w = np.exp(w - w[:, :1])
+        w = w / w.sum(axis=1, keepdims=True)
     if norm:
         w = w / np.maximum(w.sum(axis=1, keepdims=True), 2.0**-14)
     return sel, w.astype(np.float32)

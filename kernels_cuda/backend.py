@@ -166,7 +166,7 @@ class CudaBackend:
         raise UnsupportedModelError(_NO_RECURRENT)
 
     conv_silu = ssm_scan = gated_group_rmsnorm = delta_rule = head_rmsnorm_gate = split_gated_q = sigmoid_mul = short_conv
-    relu_sqr = xielu = relu_mul = short_conv  # nemotron_h, apertus, smallthinker: refused by cuda_lacks first
+    relu_sqr = xielu = relu_mul = swiglu_oai = expert_bias = short_conv  # refused by cuda_lacks first
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None:
         if not copies:
@@ -281,7 +281,9 @@ class CudaBackend:
             bool(neox), np.float32(eps), slot_mapping, kv[0], kv[2])
 
     def attention(self, q: Any, kv: Any, block_tables: Any, token_seq: Any, positions: Any, scale: Any,
-                  window: int, softcap: Any, out: Any) -> None:
+                  window: int, softcap: Any, out: Any, sinks: Any = None) -> None:
+        if sinks is not None and len(sinks):
+            raise UnsupportedModelError("device='cuda' has no attention-sink kernel")  # cuda_lacks refuses first
         n, hd = q.shape[0], kv[0].shape[3]
         heads, parts = q.shape[1] // hd, self._max_pos // attention.PART + 1
         pm, pl, pa = self._part_scratch((n, heads, parts, hd))

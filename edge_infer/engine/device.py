@@ -39,8 +39,9 @@ def cuda_lacks(config: EngineConfig, cfg: ModelConfig) -> str | None:
         return f"{cfg.arch}: the CUDA backend has no mixture-of-experts kernels (route_experts, expert_matmuls)"
     if cfg.recurrent:
         return f"{cfg.arch}: the CUDA backend has no recurrent-layer kernels (short_conv) or state pool"
-    if cfg.activation in ("relu2", "xielu") or cfg.attn_out_bias:
-        return f"{cfg.arch}: the CUDA backend has no {cfg.activation} activation or attention-output bias kernels"
+    if cfg.activation in ("relu2", "xielu") or cfg.attn_out_bias or cfg.attn_sinks:
+        return (f"{cfg.arch}: the CUDA backend has no {cfg.activation} activation, attention-output bias or "
+                "attention-sink kernels")
     if config.kv_cache_dtype not in ("f16", "f32"):
         return f"kv_cache_dtype {config.kv_cache_dtype!r}: the CUDA backend stores f16 or f32 KV only"
     if cfg.head_dim > 256:

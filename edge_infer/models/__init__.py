@@ -16,6 +16,7 @@ from edge_infer.models import (
     gemma2,
     gemma3,
     glm4,
+    gpt_oss,
     granite,
     granitehybrid,
     granitemoe,
@@ -45,7 +46,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe, lfm2,
               lfm2moe, granitehybrid, nemotron_h, falcon_h1, qwen35, qwen35moe,
               qwen3next, granitemoe, ernie4_5, ernie4_5_moe, exaone4, glm4, seed_oss,
-              hunyuan_dense, apertus, smallthinker)
+              hunyuan_dense, apertus, smallthinker, gpt_oss)
 }
 
 

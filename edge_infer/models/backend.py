@@ -119,10 +119,11 @@ class Backend(Protocol):
 
     def matmuls(self, x: Array, ws: Sequence[QMatrix], outs: Sequence[Array], work: Any) -> None: ...
 
-    def route_experts(self, router: QMatrix, x: Array, norm: bool, work: Any, sigmoid: bool = False,
+    def route_experts(self, router: QMatrix, x: Array, norm: bool, work: Any, gating: int = 0,
                       bias: Array = ..., logits: Array | None = None) -> None:
-        """Router logits x @ router.T [N, E] -> each token's k experts and weights (softmax or
-        sigmoid probabilities, chosen by probability + bias [E] when given), pairs grouped by
+        """Router logits x @ router.T [N, E] -> each token's k experts and weights (gating 0
+        softmax, 1 sigmoid, 2 softmax over the chosen logits; chosen by probability + bias [E]
+        when given), pairs grouped by
         expert, x gathered per pair into work.moe.xg; logits [N, E] given: the router's output
         already (smallthinker routes the layer's input)."""
         ...
@@ -142,7 +143,7 @@ class Backend(Protocol):
                    eps: Any, slot_mapping: Array, kv: Any) -> None: ...
 
     def attention(self, q: Array, kv: Any, block_tables: Array, token_seq: Array, positions: Array, scale: Any,
-                  window: int, softcap: Any, out: Array) -> None: ...
+                  window: int, softcap: Any, out: Array, sinks: Array = ...) -> None: ...
 
     def rmsnorm(self, x: Array, w: Array, eps: Any, out: Array) -> None: ...
 
@@ -155,6 +156,13 @@ class Backend(Protocol):
     def relu_sqr(self, x: Array, out: Array) -> None: ...
 
     def relu_mul(self, gate: Array, up: Array, out: Array) -> None: ...
+
+    def swiglu_oai(self, gate: Array, up: Array, out: Array) -> None: ...
+
+    def expert_bias(self, y: Array, bias: Array, work: Any) -> None:
+        """y[p] += bias[e] for each pair p of expert e (route_experts' grouping): gpt-oss's
+        experts' biases."""
+        ...
 
     def xielu(self, x: Array, alpha_n: Any, alpha_p: Any, beta: Any, eps: Any, out: Array) -> None: ...
 

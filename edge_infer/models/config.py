@@ -75,12 +75,14 @@ class ModelConfig:
     expert_weights_norm: bool = False
     shared_ffn_dim: int = 0
     shared_expert_gated: bool = True  # qwen2moe's shared expert has a sigmoid gate; granite's is added as it is
-    expert_gating: str = "softmax"  # the router's probabilities: "softmax" | "sigmoid" (lfm2moe)
+    expert_gating: str = "softmax"  # "softmax" | "sigmoid" (lfm2moe) | "softmax_weight" (gpt-oss: over the chosen)
+    expert_biases: bool = False  # gpt-oss: the router and every expert's gate, up and down have biases
+    attn_sinks: bool = False  # gpt-oss: a learned sink logit per head in the attention softmax
     expert_select_bias: bool = False  # lfm2moe: exp_probs_b added to the probabilities for the choice only
     dense_lead: int = 0  # lfm2moe: the first layers keep a dense FFN (leading_dense_block_count)
     # nemotron_h: a layer is one block, its mixer (attention or Mamba2) or its FFN, after attn_norm
     router_on_input: bool = False  # smallthinker: the router reads the layer's input (before attn_norm)
-    expert_activation: str = "silu"  # the experts' gate: "silu" (SwiGLU) | "relu" (ReGLU: smallthinker)
+    expert_activation: str = "silu"  # "silu" (SwiGLU) | "relu" (ReGLU: smallthinker) | "swiglu_oai" (gpt-oss)
     ffn_only_layers: tuple[bool, ...] = ()
     mixer_only_layers: tuple[bool, ...] = ()
     parallel_ssm: bool = False  # falcon-h1: every layer's attention and Mamba2 read one input, summed
@@ -142,8 +144,8 @@ class ModelConfig:
                 f"{self.arch}: conv_layers has {len(self.conv_layers)} entries for {self.n_layers} layers and a "
                 f"convolution width of {self.conv_kernel} (at least 2)"
             )
-        if (self.expert_gating not in ("softmax", "sigmoid") or not 0 <= self.dense_lead <= self.n_layers
-                or self.expert_activation not in ("silu", "relu")):
+        if (self.expert_gating not in ("softmax", "sigmoid", "softmax_weight") or not 0 <= self.dense_lead <= self.n_layers
+                or self.expert_activation not in ("silu", "relu", "swiglu_oai")):
             raise UnsupportedModelError(f"{self.arch}: expert gating {self.expert_gating!r} (softmax or sigmoid), "
                                         f"activation {self.expert_activation!r} (silu or relu), "
                                         f"{self.dense_lead} leading dense layers of {self.n_layers}")

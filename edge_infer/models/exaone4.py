@@ -28,14 +28,7 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     swa, window = (False,) * n_layers, 0
     if n_layers == SWA_LAYERS:
         window = md.get("attention.sliding_window", 4096)
-        pattern = f.metadata.get(f"{ARCH}.attention.sliding_window_pattern")
-        if isinstance(pattern, list):
-            if len(pattern) < n_layers:
-                raise UnsupportedModelError(f"{f.path}: {ARCH}.attention.sliding_window_pattern has {len(pattern)} "
-                                            f"entries for {n_layers} layers")
-            swa = tuple(bool(x) for x in pattern[:n_layers])
-        else:
-            swa = tuple(i % 4 < 3 for i in range(n_layers))
+        swa = md.swa_pattern(n_layers, 4, dense_first=False)
     return llama.config_from_gguf(
         f,
         ARCH,

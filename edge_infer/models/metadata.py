@@ -97,6 +97,19 @@ class MetadataReader:
             shared_ffn_dim=self.get("expert_shared_feed_forward_length", n_ff) if shared else 0,
         )
 
+    def swa_pattern(self, n_layers: int, period: int, dense_first: bool) -> tuple[bool, ...]:
+        """Which layers use the sliding window, as llama.cpp's load_swa_pattern reads them:
+        `attention.sliding_window_pattern` as per-layer flags, or a period n (default `period`;
+        0: every layer) whose first layer is the full one (dense_first) or whose last is."""
+        key = f"{self.arch}.attention.sliding_window_pattern"
+        v: Any = self.f.metadata.get(key)
+        if isinstance(v, list):
+            if len(v) < n_layers:
+                raise UnsupportedModelError(f"{self.f.path}: {key} has {len(v)} entries for {n_layers} layers")
+            return tuple(bool(x) for x in v[:n_layers])
+        n = self.get("attention.sliding_window_pattern", period)
+        return tuple(n == 0 or (i % n != 0 if dense_first else i % n < n - 1) for i in range(n_layers))
+
     def refuse_mrope(self) -> None:
         """Refuse by name a vision variant's M-RoPE (`rope.dimension_sections` with t and h
         sections, as llama.cpp's use_mrope reads them): the text models rotate without it."""

@@ -15,6 +15,8 @@ from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.weights import LayerWeights
 
+GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}  # the backend's route_experts codes
+
 
 def moe_ffn(b: Backend, cfg: ModelConfig, lw: LayerWeights, x: np.ndarray, out: np.ndarray, ws: Any,
             logits: np.ndarray | None = None) -> None:
@@ -24,11 +26,21 @@ def moe_ffn(b: Backend, cfg: ModelConfig, lw: LayerWeights, x: np.ndarray, out: 
     assert e is not None
     n = x.shape[0]
     p = n * cfg.n_experts_used
-    b.route_experts(e.router, x, cfg.expert_weights_norm, ws, cfg.expert_gating == "sigmoid", e.select_bias, logits)
+    if logits is None and e.router_bias is not None:  # gpt-oss: the router's bias
+        logits = ws.moe.logits[:n]
+        b.matmuls(x, (e.router,), (logits,), ws)
+        b.add(logits, e.router_bias)
+    b.route_experts(e.router, x, cfg.expert_weights_norm, ws, GATINGS[cfg.expert_gating], e.select_bias, logits)
     gate, up, act, y = m.gate[:p], m.up[:p], m.act[:p], m.y[:p]
     b.expert_matmuls(m.xg[:p], (e.gate, e.up), (gate, up), ws)
-    (b.relu_mul if cfg.expert_activation == "relu" else b.silu_mul)(gate, up, act)
+    if e.gate_bias is not None and e.up_bias is not None:  # gpt-oss
+        b.expert_bias(gate, e.gate_bias, ws)
+        b.expert_bias(up, e.up_bias, ws)
+    activation = {"relu": b.relu_mul, "swiglu_oai": b.swiglu_oai}.get(cfg.expert_activation, b.silu_mul)
+    activation(gate, up, act)
     b.expert_matmuls(act, (e.down,), (y,), ws)
+    if e.down_bias is not None:
+        b.expert_bias(y, e.down_bias, ws)
     b.combine_experts(y, out, ws)
     if lw.w_gate is not None and lw.w_up is not None and lw.w_down is not None:  # a shared expert
         fs = lw.w_gate.rows  # the buffers may be wider (a leading dense layer's FFN)

@@ -25,18 +25,6 @@ WINDOW = 4096  # llama.cpp's, whatever the file says
 NO_ROPE_STEP = 4  # with sliding windows, layers 0, 4, 8, ... have no RoPE
 
 
-def _swa_layers(f: GGUFFile, md: MetadataReader, n_layers: int) -> tuple[bool, ...]:
-    """llama.cpp's load_swa_pattern(4, dense_first): per-layer flags, or every n-th layer full."""
-    key = f"{ARCH}.attention.sliding_window_pattern"
-    v: Any = f.metadata.get(key)
-    if isinstance(v, list):
-        if len(v) < n_layers:
-            raise UnsupportedModelError(f"{f.path}: {key} has {len(v)} entries for {n_layers} layers")
-        return tuple(bool(x) for x in v[:n_layers])
-    n = md.get("attention.sliding_window_pattern", 4)
-    return tuple(n == 0 or i % n != 0 for i in range(n_layers))
-
-
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
     md = MetadataReader(f, ARCH)
     n_layers = md.get("block_count")
@@ -48,7 +36,7 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
                    expert_activation="relu", router_on_input=True)
     window: dict[str, Any] = {}
     if md.get("attention.sliding_window", 0) > 0:
-        window = dict(sliding_window=WINDOW, swa_layers=_swa_layers(f, md, n_layers),
+        window = dict(sliding_window=WINDOW, swa_layers=md.swa_pattern(n_layers, 4, dense_first=True),
                       # llama.cpp: every layer rotates when the step equals the layer count
                       nope_layers=tuple(n_layers != NO_ROPE_STEP and i % NO_ROPE_STEP == 0 for i in range(n_layers)),
                       rope_base_swa=md.get("rope.freq_base_swa", md.get("rope.freq_base", 10000.0, float), float))

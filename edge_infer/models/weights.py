@@ -37,6 +37,10 @@ class ExpertWeights:
     n_used: int
     shared_gate: np.ndarray | None = None
     select_bias: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # f32 [E], or [0]: none
+    router_bias: np.ndarray | None = None  # gpt-oss: f32 [E] added to the router's logits
+    gate_bias: np.ndarray | None = None  # gpt-oss: f32 [E, Fe] per expert (up_bias too)
+    up_bias: np.ndarray | None = None
+    down_bias: np.ndarray | None = None  # f32 [E, D]
 
 
 @dataclass(slots=True)
@@ -62,6 +66,7 @@ class LayerWeights:
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
+    sinks: np.ndarray | None = None  # gpt-oss: f32 [n_heads] attention-sink logits
     experts: ExpertWeights | None = None  # a mixture-of-experts FFN (the dense one, if any, is shared)
     in_proj: QMatrix | None = None
     conv: np.ndarray | None = None
@@ -243,6 +248,8 @@ def _attention(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
         lw.bo = t.vec(p + "attn_output.bias", d)
     if cfg.qkv_bias or t.has(p + "attn_q.bias"):  # required (qwen2) or optional (llama)
         lw.bq, lw.bk, lw.bv = (t.vec(p + f"attn_{x}.bias", n) for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
+    if cfg.attn_sinks:
+        lw.sinks = t.vec(p + "attn_sinks.weight", cfg.n_heads)
     if cfg.qk_norm or cfg.qk_norm_full:
         lw.q_norm = t.vec(p + "attn_q_norm.weight", q_dim if cfg.qk_norm_full else hd)
         lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
@@ -275,7 +282,7 @@ def _ffn(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
 def _experts(t: _Tensors, cfg: ModelConfig, p: str) -> ExpertWeights:
     """Layer p's mixture-of-experts FFN (lfm2moe: with the selection bias exp_probs_b)."""
     d, e, fe = cfg.d_model, cfg.n_experts, cfg.expert_ffn_dim
-    return ExpertWeights(
+    ew = ExpertWeights(
         router=t.mat(p + "ffn_gate_inp.weight", e, d),
         gate=t.stack(p + "ffn_gate_exps.weight", e, fe, d),
         up=t.stack(p + "ffn_up_exps.weight", e, fe, d),
@@ -284,3 +291,9 @@ def _experts(t: _Tensors, cfg: ModelConfig, p: str) -> ExpertWeights:
         shared_gate=t.vec(p + "ffn_gate_inp_shexp.weight", d) if cfg.shared_ffn_dim and cfg.shared_expert_gated else None,
         select_bias=t.vec(p + "exp_probs_b.bias", e) if cfg.expert_select_bias else np.zeros(0, np.float32),
     )
+    if cfg.expert_biases:  # gpt-oss
+        ew.router_bias = t.vec(p + "ffn_gate_inp.bias", e)
+        ew.gate_bias = t.vec(p + "ffn_gate_exps.bias", e * fe).reshape(e, fe)
+        ew.up_bias = t.vec(p + "ffn_up_exps.bias", e * fe).reshape(e, fe)
+        ew.down_bias = t.vec(p + "ffn_down_exps.bias", e * d).reshape(e, d)
+    return ew

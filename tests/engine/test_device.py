@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(ON_CUDA, reason="the device choice on a machine 
 
 def _cfg(**kw: object) -> SimpleNamespace:
     return SimpleNamespace(**{"arch": "llama", "n_experts": 0, "head_dim": 64, "recurrent": False, "activation": "silu",
-                              "attn_out_bias": False, **kw})
+                              "attn_out_bias": False, "attn_sinks": False, **kw})
 
 
 def test_without_a_gpu_cuda_is_refused_and_auto_is_the_cpu(tiny_llama_path: Path) -> None:

@@ -10,6 +10,8 @@ import pytest
 from edge_infer.kernels_cpu import reference as ref
 from edge_infer.kernels_cpu.attention import paged_attention_kernel, qkv_finish_kernel, store_kv_kernel
 
+NO_SINKS = np.empty(0, np.float32)
+
 
 def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: int, bs: int, dtype: type):
     """A pool with each sequence's keys written through store_kv_kernel at scattered blocks."""
@@ -51,7 +53,7 @@ def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int, softcap
     positions = np.array([last - 2, last - 1, last, 0, lens[1] - 1], np.int32)
     q = rng.standard_normal((5, n_kv * rep * hd)).astype(np.float32)
     out = np.full_like(q, np.nan)
-    paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), window, cap, out, 2)
+    paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), window, cap, NO_SINKS, out, 2)
     want = ref.paged_attention(q, kc, ks, vc, vs, tables, token_seq, positions, 0.2, window, float(cap))
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
     # batch invariance: each query alone gives the identical row, whether its kv-heads are
@@ -60,8 +62,33 @@ def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int, softcap
         for threads in (1, 3):
             alone = np.empty((1, q.shape[1]), np.float32)
             paged_attention_kernel(q[i : i + 1], kc, ks, vc, vs, tables, token_seq[i : i + 1],
-                                   positions[i : i + 1], np.float32(0.2), window, cap, alone, threads)
+                                   positions[i : i + 1], np.float32(0.2), window, cap, NO_SINKS, alone, threads)
             np.testing.assert_array_equal(alone[0], out[i])
+
+
+def test_attention_sinks_join_the_softmax() -> None:
+    """gpt-oss's sinks: a logit per head in the max and the sum, with no value; large sinks
+    take most of the weight (the output shrinks), and each query alone gives the same row."""
+    rng = np.random.default_rng(7)
+    n_kv, rep, hd, bs = 2, 3, 32, 4
+    kc, ks, vc, vs, tables = build(rng, [9, 5], n_kv, rep, hd, bs, np.float32)
+    token_seq, positions = np.array([0, 0, 1], np.int32), np.array([3, 8, 4], np.int32)
+    q = rng.standard_normal((3, n_kv * rep * hd)).astype(np.float32)
+    sinks = np.array([-2.0, 0.0, 1.0, 3.0, 6.0, 0.5], np.float32)
+    out, plain = np.full_like(q, np.nan), np.full_like(q, np.nan)
+    paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), 0, np.float32(0.0), sinks,
+                           out, 2)
+    want = ref.paged_attention(q, kc, ks, vc, vs, tables, token_seq, positions, 0.2, 0, sinks=sinks)
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+    paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), 0, np.float32(0.0),
+                           NO_SINKS, plain, 2)
+    head = 4 * hd  # sink 6.0: most of the weight goes to the sink
+    assert np.abs(out[:, head : head + hd]).sum() < 0.1 * np.abs(plain[:, head : head + hd]).sum()
+    for i in range(3):
+        alone = np.empty((1, q.shape[1]), np.float32)
+        paged_attention_kernel(q[i : i + 1], kc, ks, vc, vs, tables, token_seq[i : i + 1], positions[i : i + 1],
+                               np.float32(0.2), 0, np.float32(0.0), sinks, alone, 1)
+        np.testing.assert_array_equal(alone[0], out[i])
 
 
 def test_store_skips_negative_slots_and_rounds_to_f16() -> None:

@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(
     none = np.empty((0, 0, 0), np.float32)
     att = np.zeros((n, 9 * hd), np.float32)
     paged_attention_kernel(q, kc, none, vc, none, np.arange(5, dtype=np.int32)[None], np.zeros(n, np.int32),
-                           np.arange(n, dtype=np.int32), np.float32(0.125), 0, np.float32(0.0), att, 2)
+                           np.arange(n, dtype=np.int32), np.float32(0.125), 0, np.float32(0.0), np.empty(0, np.float32), att, 2)
     out["attention"] = att
     # F16 GEMM and GEMV (K not a multiple of the vector width: the loop tails run too)
     w = rng.standard_normal((40, 200)).astype(np.float16).view(np.uint8)
@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent(
     t, e, d, k = 12, 8, 100, 2
     x = rng.standard_normal((t, d)).astype(np.float32)
     logits, sel, wts = np.zeros((t, e), np.float32), np.zeros((t, k), np.int32), np.zeros((t, k), np.float32)
-    route_kernel(logits, rng.standard_normal((e, d)).astype(np.float32), True, False, np.zeros(0, np.float32), x, sel, wts,
+    route_kernel(logits, rng.standard_normal((e, d)).astype(np.float32), True, 0, np.zeros(0, np.float32), x, sel, wts,
                  np.zeros(e + 1, np.int32), np.zeros(t * k, np.int32), np.zeros((t, k), np.int32),
                  np.zeros((t * k, d), np.float32))
     out["router_logits"], out["route_weights"] = logits, wts

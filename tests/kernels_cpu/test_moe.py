@@ -56,19 +56,20 @@ def test_routing_matches_twin_and_groups_pairs_by_expert() -> None:
     x = np.abs(rng.standard_normal((n, D))).astype(np.float32)
     # F32: in the kernel; Q8_0: a matmul; sigmoid probabilities with a selection bias (lfm2moe)
     bias = np.array([0.0, 0.0, 0.4, 0.0, -0.4, 0.0], np.float32)
-    for norm, qtype, sigmoid, b in ((True, dq.F32, False, None), (False, dq.F32, False, None),
-                                    (True, dq.Q8_0, False, None), (True, dq.F32, True, bias), (False, dq.F32, True, None)):
+    # gating 2: gpt-oss's softmax over the chosen logits
+    for norm, qtype, gating, b in ((True, dq.F32, 0, None), (False, dq.F32, 0, None), (True, dq.Q8_0, 0, None),
+                                   (True, dq.F32, 1, bias), (False, dq.F32, 1, None), (False, dq.F32, 2, None)):
         router = _router(rng, backend, qtype)
         if b is None:
-            backend.route_experts(router, x, norm, ws, sigmoid)
+            backend.route_experts(router, x, norm, ws, gating)
         else:
-            backend.route_experts(router, x, norm, ws, sigmoid, b)
+            backend.route_experts(router, x, norm, ws, gating, b)
         m = ws.moe
         if qtype == dq.F32:
             np.testing.assert_allclose(m.logits[:n], x @ router.data.view(np.float32).T, rtol=1e-4, atol=1e-4)
-        sel, wts = ref.route(m.logits[:n], K_USED, norm, sigmoid, b)
+        sel, wts = ref.route(m.logits[:n], K_USED, norm, gating, b)
         if b is not None:  # the bias changes the choice, not the weights
-            unbiased, _ = ref.route(m.logits[:n], K_USED, norm, sigmoid)
+            unbiased, _ = ref.route(m.logits[:n], K_USED, norm, gating)
             assert (sel != unbiased).any()
         assert 0 not in sel
         np.testing.assert_array_equal(m.sel[:n], sel)

@@ -47,6 +47,10 @@ def test_gated_activations() -> None:
     for args in ((1.3, 2.0, 0.5, -1e-6), (0.2, 0.7, -0.3, 0.5)):  # apertus's xIELU (eps > 0 takes the expm1 branch's cap)
         ops.xielu_kernel(g, *(np.float32(a) for a in args), out)
         close(out, ref.xielu(g, *(float(np.float32(a)) for a in args)), 1e-5)
+    ops.swiglu_oai_kernel(g, u * 4, out)  # gpt-oss's clamped SwiGLU (both clamps bite at |x| > 7)
+    close(out, ref.swiglu_oai(g, u * 4), 1e-5)
+    ops.relu_mul_kernel(g, u, out)  # smallthinker's ReGLU experts
+    close(out, ref.relu_mul(g, u), 1e-6)
     ops.relu_sqr_kernel(g, out)  # nemotron_h's ungated FFN
     close(out, ref.relu_sqr(g), 1e-6)
     assert (out[g < 0] == 0).all()

@@ -88,12 +88,12 @@ SCRIPT = textwrap.dedent(
         positions = np.array([34, 35, 36, 19], np.int32)
         q = rng.standard_normal((4, n_kv * rep * hd)).astype(np.float32)
         out = np.full_like(q, np.nan)
-        paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), 0, np.float32(0.0), out, 2)
+        paged_attention_kernel(q, kc, ks, vc, vs, tables, token_seq, positions, np.float32(0.2), 0, np.float32(0.0), np.empty(0, np.float32), out, 2)
         want = ref.paged_attention(q, kc, ks, vc, vs, tables, token_seq, positions, 0.2, 0)
         np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
         alone = np.empty((1, q.shape[1]), np.float32)
         paged_attention_kernel(q[3:], kc, ks, vc, vs, tables, token_seq[3:], positions[3:], np.float32(0.2), 0,
-                               np.float32(0.0), alone, 1)
+                               np.float32(0.0), np.empty(0, np.float32), alone, 1)
         assert np.array_equal(alone[0], out[3]), ("attention batch invariance", dtype)
 
     g = np.concatenate([np.linspace(-30, 30, 997), [0.0, -0.0, 88.0, -100.0]]).astype(np.float32)

@@ -130,3 +130,15 @@ def test_variants_edge_infer_does_not_run_are_refused_by_name(files: Path) -> No
     refused(write(files, "granitemoe"), {}, r"granitemoe experts without a gate stack", "blk.0.ffn_gate_exps.weight")
     refused(write(files, "glm4"), {"glm4.rope.dimension_sections": [8, 12, 12, 0]}, "M-RoPE sections")
     refused(write(files, "exaone4"), {"exaone4.attention.key_length": 8}, r"heads x head_dim equal to the width 64")
+
+
+def test_gpt_oss_mxfp4_experts_from_llama_quantize(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpt-oss as it ships: llama.cpp's MXFP4_MOE quantization (MXFP4 experts, Q8_0 attention,
+    F32 biases, sinks and router), within mean KL 0.01 of llama.cpp on the same file."""
+    from quant_helpers import llama_quantize
+
+    src = write(files, "gpt-oss", "F32", d_model=256, ffn=512, n_heads=16, experts=(8, 2, 256), output_std=0.25)
+    dst = llama_quantize(src, files / "gpt-oss-MXFP4_MOE.gguf", 38)  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+    types = {name: t.type.name for name, t in GGUFFile(dst).tensors.items()}
+    assert types["blk.0.ffn_up_exps.weight"] == "MXFP4" and types["blk.0.attn_q.weight"] == "Q8_0"
+    assert_quantized_kl("gpt-oss MXFP4_MOE", dst, monkeypatch)

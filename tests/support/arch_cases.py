@@ -73,6 +73,13 @@ CASES: dict[str, tuple[str, dict[str, object], dict[str, np.ndarray], dict[str, 
                           "ReGLU experts": {"expert_activation": "silu"}, "top-k": {"n_experts_used": 1}}),
     "smallthinker-sigmoid": ("smallthinker", {"smallthinker.expert_gating_func": 2}, {},
                              {"sigmoid": {"expert_gating": "softmax"}}),
+    # sliding windows on even layers, sinks, biases everywhere, the clamped SwiGLU
+    "gpt-oss": ("gpt-oss", {"gpt-oss.attention.sliding_window": 8}, {},
+                {"sinks": {"attn_sinks": False, "ignored_tensors": ("*attn_sinks*",)},
+                 "sliding window": {"swa_layers": (False,) * 4}, "top-k": {"n_experts_used": 1},
+                 "softmax over the chosen": {"expert_gating": "softmax"},
+                 "clamped SwiGLU": {"expert_activation": "silu"},
+                 "expert biases": {"expert_biases": False, "ignored_tensors": ("*exps.bias", "*gate_inp.bias")}}),
     "hunyuan-dense": ("hunyuan-dense", {"hunyuan-dense.rope.scaling.alpha": 50.0}, {},
                       {"norm after rope": {"qk_norm_after_rope": False}, "rope alpha": {"rope_base": 10000.0}}),
 }
@@ -85,6 +92,7 @@ MOE_SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "mixtral": (dict(experts=(8, 2, 128), ffn=128), dict(experts=(8, 2, 256), ffn=256)),
     "granitemoe": (dict(experts=(8, 2, 128), ffn=128, shared_ffn=48), dict(experts=(8, 2, 256), ffn=256, shared_ffn=256)),
     "ernie4_5-moe": (dict(experts=(8, 2, 32), shared_ffn=48), dict(experts=(8, 2, 256), shared_ffn=256)),
+    "gpt-oss": (dict(experts=(8, 2, 32)), dict(experts=(8, 2, 256))),
     "smallthinker": (dict(experts=(8, 2, 32), n_layers=5), dict(experts=(8, 2, 256), n_layers=5)),
     # a narrow router: larger logits saturate float32 sigmoids to exactly 1.0, a tie whose order
     # is the sort's (ours: the lower expert; ggml's argsort does not promise one)

@@ -15,9 +15,9 @@ NEOX_NORM = {"qwen3", "olmo2", "qwen3moe", "olmoe", "exaone4", "hunyuan-dense", 
 FULL_QK_NORM = {"olmo2", "olmoe"}
 PRE_NORMS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "granite", "smollm3", "qwen2moe", "qwen3moe", "olmoe",
              "granitemoe", "ernie4_5", "ernie4_5-moe", "glm4", "hunyuan-dense", "apertus", "smallthinker"}
-MOE = {"qwen2moe", "qwen3moe", "olmoe", "granitemoe", "ernie4_5-moe", "smallthinker"}  # and llama with expert_count
+MOE = {"qwen2moe", "qwen3moe", "olmoe", "granitemoe", "ernie4_5-moe", "smallthinker", "gpt-oss"}  # and llama with expert_count
 POST_NORMS = {"gemma2", "olmo2", "exaone4", "glm4"}
-QKV_BIAS = {"qwen2", "qwen2moe", "glm4", "seed_oss"}
+QKV_BIAS = {"qwen2", "qwen2moe", "glm4", "seed_oss", "gpt-oss"}
 FUSED_GATE_UP = {"phi3", "glm4"}  # ffn_up holds [gate | up]
 UNGATED_SHARED = {"granitemoe", "ernie4_5-moe"}  # the shared expert is added without a sigmoid gate
 
@@ -72,7 +72,7 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
         if arch in PRE_NORMS:
             wt.vector(p + "attn_norm.weight", d_model, mean=1.0)
             wt.vector(p + "ffn_norm.weight", d_model, mean=1.0)
-        if arch == "seed_oss":  # its FFN pre-norm is named post_attention_norm
+        if arch in ("seed_oss", "gpt-oss"):  # the FFN pre-norm is named post_attention_norm
             wt.vector(p + "attn_norm.weight", d_model, mean=1.0)
             wt.vector(p + "post_attention_norm.weight", d_model, mean=1.0)
         if arch == "phi3":
@@ -97,6 +97,13 @@ def write_arch_model(path: Path, arch: str, *, qtype: str = "F32", n_layers: int
             _experts(wt, w, p, d_model, experts, shared_ffn, router_std, shared_gate=arch not in UNGATED_SHARED)
             if arch == "ernie4_5-moe":  # the selection bias
                 w.add_tensor(p + "exp_probs_b.bias", wt.rng.normal(0.0, 0.3, experts[0]).astype(np.float32))
+            if arch == "gpt-oss":  # biases of the router and every expert, sinks, an output bias
+                rng, (n_exp, _, fe) = wt.rng, experts
+                w.add_tensor(p + "ffn_gate_inp.bias", rng.normal(0.0, 0.5, n_exp).astype(np.float32))
+                for name, width in (("ffn_gate_exps", fe), ("ffn_up_exps", fe), ("ffn_down_exps", d_model)):
+                    w.add_tensor(p + name + ".bias", rng.normal(0.0, 0.3, (n_exp, width)).astype(np.float32))
+                w.add_tensor(p + "attn_sinks.weight", rng.normal(1.0, 1.0, n_heads).astype(np.float32))
+                wt.vector(p + "attn_output.bias", d_model, std=0.1)
         elif arch in FUSED_GATE_UP:
             wt.matrix(p + "ffn_up.weight", 2 * ffn, d_model)
         elif arch == "apertus":  # ungated: up, xIELU, down; and an attention-output bias
