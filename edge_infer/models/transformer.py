@@ -192,12 +192,8 @@ class Transformer:
                     q, h, xn = ws.q_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
                     token_seq, positions = ws.seq_rows[:m], ws.pos_rows[:m]
                     attn, o, o2, gate, up, act = attn[:m], o[:m], o2[:m], gate[:m], up[:m], act[:m]
-                if lw.sinks is not None:  # gpt-oss
-                    b.attention(q, layer_kv, inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
-                                self.attn_softcap, attn, lw.sinks)
-                else:
-                    b.attention(q, layer_kv, inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
-                                self.attn_softcap, attn)
+                b.attention(q, layer_kv, inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
+                            self.attn_softcap, attn, _or_empty(lw.sinks))  # sinks: gpt-oss's, else none
                 if cfg.attn_output_gate:
                     b.sigmoid_mul(attn, qgate)
                 b.matmuls(attn, (lw.wo,), (o,), ws)
