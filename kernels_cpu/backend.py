@@ -14,7 +14,7 @@ from edge_infer.formats.gguf import GGUFFile
 from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.formats.weight_types import TYPES
 
-from . import attention, matmul, matmul_experts, matmul_i8, matmul_k, moe, ops, recurrent
+from . import altup, attention, matmul, matmul_experts, matmul_i8, matmul_k, moe, ops, recurrent
 from .dequant import F32, KERNEL_TYPES, Q4_K
 from .repack_i8 import I8Weights, repack
 from .repack_k import KWeights, repack_k
@@ -102,8 +102,10 @@ class CpuBackend:
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
                        experts: tuple[int, int, int] | None = None,
-                       recurrent: tuple[int, ...] = (0, 0, 0, 0, 0), gated_attention: bool = False) -> Workspace:
-        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim, experts, recurrent, gated_attention)
+                       recurrent: tuple[int, ...] = (0, 0, 0, 0, 0), gated_attention: bool = False,
+                       per_layer: int = 0, altup: tuple[int, int] = (0, 0)) -> Workspace:
+        return make_workspace(capacity, d_model, q_dim, kv_dim, ffn_dim, experts, recurrent, gated_attention, per_layer,
+                              altup)
 
     @staticmethod
     def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -303,6 +305,20 @@ class CpuBackend:
         assert work.moe is not None
         moe.expert_bias_kernel(y, bias, work.moe.offsets)
     xielu = staticmethod(ops.xielu_kernel)
+
+    # gemma3n's AltUp streams and activation sparsity (kernels_cpu.altup)
+    altup_predict = staticmethod(altup.altup_predict_kernel)
+    altup_correct = staticmethod(altup.altup_correct_kernel)
+    match_norm = staticmethod(altup.match_norm_kernel)
+    unembed_mean = staticmethod(altup.unembed_mean_kernel)
+    gaussian_topk = staticmethod(altup.gaussian_topk_kernel)
+    mul_rows = staticmethod(altup.mul_rows_kernel)
+
+    @staticmethod
+    def expert_scale(n: int, scale: np.ndarray, work: Workspace) -> None:
+        """The first n tokens' expert weights times their expert's scale f32 [E]."""
+        assert work.moe is not None
+        moe.expert_scale_kernel(work.moe.wts[:n], work.moe.sel[:n], scale)
 
     @staticmethod
     def take_rows(x: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:

@@ -182,6 +182,15 @@ def gated_add_kernel(x, g, y, out):
             out[t, d] += gate * y[t, d]
 
 
+@kernel
+def expert_scale_kernel(wts, sel, scale):
+    """wts f32 [T, k] *= scale f32 [E] of each choice's expert sel i32 [T, k] (gemma4's per-expert
+    output scale, folded into the weight its output is summed with)."""
+    for t in range(wts.shape[0]):
+        for j in range(wts.shape[1]):
+            wts[t, j] *= scale[sel[t, j]]
+
+
 @kernel(parallel=True)
 def expert_bias_kernel(y, bias, offsets):
     """y f32 [P, F] += bias f32 [E, F] of each pair's expert (expert e's pairs: rows

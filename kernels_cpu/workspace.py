@@ -59,6 +59,20 @@ class Workspace:
     xsum: np.ndarray  # i32 [T * K_max / 32] activation block sums (viewed [n, K/32])
     xs16: np.ndarray  # i32 [T * K_max / 16] K-quant activation sums per 16 (viewed [n, K/16])
     no_out: np.ndarray  # f32 [T, 0] the output of an unused matrix slot in a fused launch
+    # per-layer embedding inputs (gemma4; width 0 without): the scaled token embeddings the
+    # model started from [T, D], and [T, P] scratch of a layer's input, its gate and activation
+    x0: np.ndarray
+    ple_in: np.ndarray
+    ple_gate: np.ndarray
+    ple_act: np.ndarray
+    ple_rows: np.ndarray
+    # gemma3n (sizes 0 without): its A AltUp streams and their predictions [A, T, D], the router's
+    # output [T, A], LAuReL's output [T, D] and its rank-R bottleneck [T, R]
+    alt_streams: np.ndarray
+    alt_pred: np.ndarray
+    alt_r: np.ndarray
+    laurel: np.ndarray
+    laurel_low: np.ndarray
     moe: ExpertWorkspace | None = None  # mixture-of-experts layers' buffers
 
     @classmethod
@@ -109,16 +123,20 @@ def _buffers(cls: type, empty: Empty, shapes: dict[str, Shape], other: set[str])
 
 def workspace_shapes(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
                      per_row: bool = False, recurrent: tuple[int, ...] = (0, 0, 0, 0, 0),
-                     gated_attention: bool = False) -> dict[str, Shape]:
+                     gated_attention: bool = False, per_layer: int = 0,
+                     altup: tuple[int, int] = (0, 0)) -> dict[str, Shape]:
     """Each Workspace buffer's (shape, dtype) for steps of up to `capacity` tokens. The
     activation-code buffers (xq4, xd, xsum, xs16) are flat [T * K_max / g], viewed as a
     contiguous [n, K/g] per matmul (i8_views, k_views), or with per_row [T, K_max / g], sliced
     [:n, :K/g] per launch (the CUDA kernels index rows and columns). recurrent: a hybrid
-    model's ModelConfig.recurrent_widths; gated_attention: ModelConfig.attn_output_gate."""
+    model's ModelConfig.recurrent_widths; gated_attention: ModelConfig.attn_output_gate;
+    per_layer: ModelConfig.per_layer_input; altup: gemma3n's (streams, LAuReL rank)."""
     t, f32, i32 = capacity, np.float32, np.int32
     rec_in, rec_mid, rec_y, rec_z, rec_h = recurrent
     gq = q_dim if gated_attention else 0
-    k_max = max(d_model, q_dim, ffn_dim, rec_y)
+    k_max = max(d_model, q_dim, ffn_dim, rec_y, per_layer)
+    n_alt, rank = altup
+    alt_d = d_model if n_alt else 0
 
     def codes(group: int) -> tuple[int, ...]:
         return (t, k_max // group) if per_row else (t * k_max // group,)
@@ -134,6 +152,10 @@ def workspace_shapes(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_d
         "rec_z": ((t, rec_z), f32), "rec_beta": ((t, rec_h), f32), "rec_alpha": ((t, rec_h), f32),
         "qg": ((t, 2 * gq), f32), "q_gate": ((t, gq), f32), "q_gate_rows": ((t, gq), f32), "xq4": (codes(4), i32), "xd": (codes(32), f32),
         "xsum": (codes(32), i32), "xs16": (codes(16), i32), "no_out": ((t, 0), f32),
+        "x0": ((t, d_model if per_layer else 0), f32), "ple_in": ((t, per_layer), f32),
+        "ple_gate": ((t, per_layer), f32), "ple_act": ((t, per_layer), f32), "ple_rows": ((t, per_layer), f32),
+        "alt_streams": ((n_alt, t, alt_d), f32), "alt_pred": ((n_alt, t, alt_d), f32), "alt_r": ((t, n_alt), f32),
+        "laurel": ((t, alt_d), f32), "laurel_low": ((t, rank), f32),
     }
 
 
@@ -153,12 +175,13 @@ def expert_shapes(capacity: int, d_model: int, n_experts: int, n_used: int, expe
 
 def make_workspace(capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
                    experts: tuple[int, int, int] | None = None, recurrent: tuple[int, ...] = (0, 0, 0, 0, 0),
-                   gated_attention: bool = False) -> Workspace:
+                   gated_attention: bool = False, per_layer: int = 0,
+                   altup: tuple[int, int] = (0, 0)) -> Workspace:
     """Host buffers for steps of up to `capacity` tokens; experts: (E, k, Fe) of a
-    mixture-of-experts model; recurrent, gated_attention: see workspace_shapes."""
+    mixture-of-experts model; recurrent, gated_attention, per_layer, altup: see workspace_shapes."""
     moe = ExpertWorkspace.allocate(np.empty, expert_shapes(capacity, d_model, *experts)) if experts else None
     shapes = workspace_shapes(capacity, d_model, q_dim, kv_dim, ffn_dim, recurrent=recurrent,
-                              gated_attention=gated_attention)
+                              gated_attention=gated_attention, per_layer=per_layer, altup=altup)
     return Workspace.allocate(np.empty, capacity, shapes, moe)
 
 

@@ -28,7 +28,8 @@ from .layout import to_host_matrix
 KV_DTYPES = {"f16": np.float16, "f32": np.float32}
 KV_SHARE = 0.8  # of the device memory free after the weights
 SIMULATOR_MEMORY = 64 * 2**20
-_NO_RECURRENT = "device='cuda' has no recurrent-layer kernels (hybrid models); use device='cpu'"
+_NO_RECURRENT = ("device='cuda' has no recurrent-layer, gated-attention or per-layer-embedding kernels (hybrid "
+                 "models, gemma4); use device='cpu'")
 
 
 @dataclass(slots=True)
@@ -129,10 +130,11 @@ class CudaBackend:
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
                        experts: tuple[int, int, int] | None = None,
-                       recurrent: tuple[int, ...] = (0, 0, 0, 0, 0), gated_attention: bool = False) -> Workspace:
+                       recurrent: tuple[int, ...] = (0, 0, 0, 0, 0), gated_attention: bool = False,
+                       per_layer: int = 0, altup: tuple[int, int] = (0, 0)) -> Workspace:
         if experts is not None:
             raise UnsupportedModelError("device='cuda' has no mixture-of-experts kernels; use device='cpu'")
-        if any(recurrent) or gated_attention:
+        if any(recurrent) or gated_attention or per_layer or any(altup):
             raise UnsupportedModelError(_NO_RECURRENT)
         self._steps.invalidate()  # recorded forwards hold the old workspace's addresses
         # The kernels slice the activation codes [:n, :K/g] (per_row) and keep no block sums.
@@ -166,7 +168,8 @@ class CudaBackend:
         raise UnsupportedModelError(_NO_RECURRENT)
 
     conv_silu = ssm_scan = gated_group_rmsnorm = delta_rule = head_rmsnorm_gate = split_gated_q = sigmoid_mul = short_conv
-    relu_sqr = xielu = relu_mul = swiglu_oai = expert_bias = short_conv  # refused by cuda_lacks first
+    relu_sqr = xielu = relu_mul = swiglu_oai = expert_bias = expert_scale = short_conv  # refused by cuda_lacks first
+    altup_predict = altup_correct = match_norm = unembed_mean = gaussian_topk = mul_rows = short_conv
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None:
         if not copies:

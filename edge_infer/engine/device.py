@@ -39,6 +39,9 @@ def cuda_lacks(config: EngineConfig, cfg: ModelConfig) -> str | None:
         return f"{cfg.arch}: the CUDA backend has no mixture-of-experts kernels (route_experts, expert_matmuls)"
     if cfg.recurrent:
         return f"{cfg.arch}: the CUDA backend has no recurrent-layer kernels (short_conv) or state pool"
+    if cfg.per_layer_input or cfg.v_norm or cfg.kv_shared_from or cfg.head_dim_swa or cfg.layer_ffn_dims:
+        return (f"{cfg.arch}: the CUDA backend has no per-layer embedding, V-norm, shared-KV or per-layer "
+                "head-size paths")
     if cfg.activation in ("relu2", "xielu") or cfg.attn_out_bias or cfg.attn_sinks:
         return (f"{cfg.arch}: the CUDA backend has no {cfg.activation} activation, attention-output bias or "
                 "attention-sink kernels")

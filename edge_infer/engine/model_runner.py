@@ -1,7 +1,7 @@
 """Turns a scheduled batch into kernel arguments, runs the forward pass, returns logits.
 
-Owns the KV pool (one [num_blocks, block_size, n_kv_heads, head_dim] pair per attention layer,
-made by the backend) and, for a hybrid model, the state pool (per recurrent layer
+Owns the KV pool (one [num_blocks, block_size, n_kv_heads, head_dim] pair per attention layer with
+K/V of its own, made by the backend; gemma4's KV-shared layers read their source layer's) and, for a hybrid model, the state pool (per recurrent layer
 [num_state_slots, *state shape]: one slot per sequence, as the block manager assigns them), and
 has the backend do the block and state-slot copies the block manager asked for before each
 step. The transformer owns the forward's preallocated workspace.
@@ -23,7 +23,17 @@ from edge_infer.models.weights import ModelWeights
 
 def kv_block_bytes(backend: Backend, cfg: ModelConfig, block_size: int, kv_dtype: str) -> int:
     """Bytes of K and V for one block across the attention layers, in the backend's KV layout."""
-    return backend.kv_block_bytes(len(cfg.kv_layers), cfg.n_kv_heads, cfg.head_dim, block_size, kv_dtype)
+    return sum(backend.kv_block_bytes(len(layers), heads, dim, block_size, kv_dtype)
+               for (heads, dim), layers in _kv_shapes(cfg).items())
+
+
+def _kv_shapes(cfg: ModelConfig) -> dict[tuple[int, int], list[int]]:
+    """The layers keeping K/V of their own by their (KV heads, head size): one shape in most
+    models, two in gemma4's (its sliding-window layers' differ)."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for i in cfg.kv_layers:
+        out.setdefault((cfg.layer_kv_heads(i), cfg.layer_head_dim(i)), []).append(i)
+    return out
 
 
 class ModelRunner:
@@ -35,16 +45,19 @@ class ModelRunner:
         hybrid model's state slots (the block manager's)."""
         self.cfg, self.block_size, self.backend = cfg, block_size, backend
         self.model = Transformer(cfg, weights, backend, max_step_tokens, max_model_len)
+        pools = {i: pool for (heads, dim), layers in _kv_shapes(cfg).items()
+                 for i, pool in zip(layers, backend.make_kv_pool(len(layers), num_blocks, block_size, heads, dim,
+                                                                 kv_dtype))}
         kv_layers = cfg.kv_layers
-        self.kv_pool = backend.make_kv_pool(len(kv_layers), num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim,
-                                            kv_dtype)
+        self.kv_pool = [pools[i] for i in kv_layers]
         self.states = backend.make_state_pool(cfg.state_shapes, num_state_slots) if cfg.recurrent else []
         # what each layer's forward reads and writes: its KV pair, its recurrent state pool, both
         # (falcon-h1: (KV, states)), or None (nemotron_h's FFN layers)
         kv_of, state_of = iter(self.kv_pool), iter(self.states)
         self.kv: list[Any] = []
         for i in range(cfg.n_layers):
-            attn = next(kv_of) if i in kv_layers else None
+            # a KV-shared layer (gemma4) attends over its source layer's K/V
+            attn = next(kv_of) if i in kv_layers else pools.get(cfg.kv_source(i)) if cfg.has_attention(i) else None
             state = next(state_of) if cfg.is_recurrent(i) else None
             self.kv.append((attn, state) if attn is not None and state is not None else state if attn is None else attn)
 

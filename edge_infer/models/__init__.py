@@ -15,6 +15,8 @@ from edge_infer.models import (
     falcon_h1,
     gemma2,
     gemma3,
+    gemma3n,
+    gemma4,
     glm4,
     gpt_oss,
     granite,
@@ -46,7 +48,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe, lfm2,
               lfm2moe, granitehybrid, nemotron_h, falcon_h1, qwen35, qwen35moe,
               qwen3next, granitemoe, ernie4_5, ernie4_5_moe, exaone4, glm4, seed_oss,
-              hunyuan_dense, apertus, smallthinker, gpt_oss)
+              hunyuan_dense, apertus, smallthinker, gpt_oss, gemma4, gemma3n)
 }
 
 

@@ -35,10 +35,12 @@ class Backend(Protocol):
 
     def make_workspace(self, capacity: int, d_model: int, q_dim: int, kv_dim: int, ffn_dim: int,
                        experts: tuple[int, int, int] | None = None,
-                       recurrent: tuple[int, ...] = (0, 0, 0, 0, 0), gated_attention: bool = False) -> Any:
+                       recurrent: tuple[int, ...] = (0, 0, 0, 0, 0), gated_attention: bool = False,
+                       per_layer: int = 0, altup: tuple[int, int] = (0, 0)) -> Any:
         """The forward's scratch for steps of up to `capacity` tokens (kernels_cpu.workspace);
         experts: (E, k, Fe) of a mixture-of-experts model; recurrent: a hybrid model's
-        ModelConfig.recurrent_widths."""
+        ModelConfig.recurrent_widths; per_layer: ModelConfig.per_layer_input; altup: gemma3n's
+        (streams, LAuReL rank)."""
         ...
 
     def kv_block_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
@@ -163,6 +165,24 @@ class Backend(Protocol):
         """y[p] += bias[e] for each pair p of expert e (route_experts' grouping): gpt-oss's
         experts' biases."""
         ...
+
+    def expert_scale(self, n: int, scale: Array, work: Any) -> None:
+        """The first n tokens' expert weights (route_experts') times their expert's scale [E]."""
+        ...
+
+    def altup_predict(self, streams: Array, r: Array, coef: Array, pred: Array, active: Array) -> None:
+        """gemma3n: each AltUp stream predicted from all [A, T, D] (kernels_cpu.altup)."""
+        ...
+
+    def altup_correct(self, pred: Array, y: Array, r: Array, coef: Array, streams: Array) -> None: ...
+
+    def match_norm(self, ref: Array, x: Array) -> None: ...
+
+    def unembed_mean(self, active: Array, unembedded: Array, out: Array) -> None: ...
+
+    def gaussian_topk(self, x: Array, std_mul: Any) -> None: ...
+
+    def mul_rows(self, x: Array, w: Array, out: Array) -> None: ...
 
     def xielu(self, x: Array, alpha_n: Any, alpha_p: Any, beta: Any, eps: Any, out: Array) -> None: ...
 

@@ -82,7 +82,10 @@ class ModelConfig:
     dense_lead: int = 0  # lfm2moe: the first layers keep a dense FFN (leading_dense_block_count)
     # nemotron_h: a layer is one block, its mixer (attention or Mamba2) or its FFN, after attn_norm
     router_on_input: bool = False  # smallthinker: the router reads the layer's input (before attn_norm)
-    expert_activation: str = "silu"  # "silu" (SwiGLU) | "relu" (ReGLU: smallthinker) | "swiglu_oai" (gpt-oss)
+    expert_activation: str = "silu"  # "silu" (SwiGLU) | "relu" (ReGLU: smallthinker) | "swiglu_oai" (gpt-oss) | "gelu"
+    # gemma4 (26B-A4B): the dense MLP runs beside the experts, each with its own norms; the router
+    # reads the unweighted RMS norm of the FFN's input scaled per channel, each expert's output a scalar
+    moe_beside_dense: bool = False
     ffn_only_layers: tuple[bool, ...] = ()
     mixer_only_layers: tuple[bool, ...] = ()
     parallel_ssm: bool = False  # falcon-h1: every layer's attention and Mamba2 read one input, summed
@@ -108,6 +111,22 @@ class ModelConfig:
     output_norm_tensor: str = "output_norm.weight"  # lfm2 names it token_embd_norm.weight
     pooling: str = "last"  # embeddings: "mean" | "cls" | "last" | "none" | "rank" (GGUF pooling_type; decoders: last)
     ignored_tensors: tuple[str, ...] = ()  # fnmatch patterns of tensors the architecture may carry unused
+    # gemma4: sliding-window layers have their own head size, rotated dims and KV heads (0: as
+    # the full layers'); per-layer FFN widths (the KV-shared layers' double-wide MLP)
+    head_dim_swa: int = 0
+    n_rot_swa: int = 0
+    n_kv_heads_swa: int = 0
+    layer_ffn_dims: tuple[int, ...] = ()
+    kv_shared_from: int = 0  # layers from this one on attend over an earlier layer's K/V (0: none)
+    v_norm: bool = False  # gemma3n, gemma4: V is RMS-normed per head (no weight)
+    k_eq_v: bool = False  # gemma4: a layer without attn_v uses K's projection as V
+    per_layer_input: int = 0  # gemma3n, gemma4: width of each layer's per-layer embedding input
+    layer_output_scale: bool = False  # gemma4: a scalar multiplies each layer's output
+    # gemma3n: AltUp's residual streams (0: none), LAuReL's rank, and per layer the standard
+    # deviations above the mean that the FFN gate's activation sparsity keeps (0: none; () all none)
+    altup_streams: int = 0
+    laurel_rank: int = 0
+    sparsity: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size", "context_length"):
@@ -145,7 +164,7 @@ class ModelConfig:
                 f"convolution width of {self.conv_kernel} (at least 2)"
             )
         if (self.expert_gating not in ("softmax", "sigmoid", "softmax_weight") or not 0 <= self.dense_lead <= self.n_layers
-                or self.expert_activation not in ("silu", "relu", "swiglu_oai")):
+                or self.expert_activation not in ("silu", "relu", "swiglu_oai", "gelu")):
             raise UnsupportedModelError(f"{self.arch}: expert gating {self.expert_gating!r} (softmax or sigmoid), "
                                         f"activation {self.expert_activation!r} (silu or relu), "
                                         f"{self.dense_lead} leading dense layers of {self.n_layers}")
@@ -164,23 +183,64 @@ class ModelConfig:
                     f"heads and the heads into groups (conv {shape[0]}, inner {shape[1]}, state {shape[2]}, "
                     f"heads {shape[3]}, groups {shape[4]}; {len(self.ssm_layers)} layer flags for {self.n_layers})"
                 )
+        self._check_layer_shapes()
         for name in ("rope_scale", "rope_attn_factor", "residual_scale", "logit_scale"):
             if not getattr(self, name) > 0:
                 raise UnsupportedModelError(f"{self.arch}: {name} must be positive, got {getattr(self, name)!r}")
 
+    def _check_layer_shapes(self) -> None:
+        hd, kv, rot = self.head_dim_swa or self.head_dim, self.n_kv_heads_swa or self.n_kv_heads, self.n_rot_swa
+        if self.n_heads % kv or (rot and (rot % 2 or rot > hd)):
+            raise UnsupportedModelError(f"{self.arch}: sliding-window layers' {kv} KV heads must divide the {self.n_heads} "
+                                        f"heads and their rope dimension {rot} be even and at most their head size {hd}")
+        if self.layer_ffn_dims and (len(self.layer_ffn_dims) != self.n_layers or min(self.layer_ffn_dims) <= 0):
+            raise UnsupportedModelError(f"{self.arch}: {len(self.layer_ffn_dims)} per-layer FFN widths for "
+                                        f"{self.n_layers} layers (each positive)")
+        if self.sparsity and len(self.sparsity) != self.n_layers:
+            raise UnsupportedModelError(f"{self.arch}: {len(self.sparsity)} sparsity entries for {self.n_layers} layers")
+        if self.altup_streams and (self.altup_streams < 2 or self.laurel_rank < 1 or not self.per_layer_input):
+            raise UnsupportedModelError(f"{self.arch}: AltUp needs 2 or more streams ({self.altup_streams}), a LAuReL "
+                                        f"rank ({self.laurel_rank}) and a per-layer input")
+        src = self.kv_shared_from
+        if src and not (2 <= src < self.n_layers and not self.swa_layers[src - 1] and self.swa_layers[src - 2]):
+            raise UnsupportedModelError(f"{self.arch}: KV sharing from layer {src} needs layer {src - 1} to be a full "
+                                        f"attention layer and {src - 2} a sliding-window one ({self.n_layers} layers)")
+
+    def layer_head_dim(self, layer: int) -> int:
+        """Head size of `layer` (gemma4's sliding-window layers have their own)."""
+        return self.head_dim_swa if self.head_dim_swa and self.swa_layers[layer] else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads_swa if self.n_kv_heads_swa and self.swa_layers[layer] else self.n_kv_heads
+
+    def layer_n_rot(self, layer: int) -> int:
+        return self.n_rot_swa if self.n_rot_swa and self.swa_layers[layer] else self.n_rot
+
+    def layer_ffn_dim(self, layer: int) -> int:
+        return self.layer_ffn_dims[layer] if self.layer_ffn_dims else self.ffn_dim
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose K/V `layer` attends over: itself, or (gemma3n, gemma4 past
+        kv_shared_from) the last earlier full or sliding-window layer with K/V of its own."""
+        if not self.kv_shared_from or layer < self.kv_shared_from:
+            return layer
+        return self.kv_shared_from - (2 if self.swa_layers[layer] else 1)
+
     @property
     def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
+        """Q's width: the widest layer's (the workspace's)."""
+        return self.n_heads * max(self.head_dim, self.head_dim_swa)
 
     @property
     def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
+        return max(self.layer_kv_heads(i) * self.layer_head_dim(i) for i in range(self.n_layers))
 
     @property
     def dense_ffn_dim(self) -> int:
         """Width of the dense FFN buffers: the FFN's, or a MoE model's shared expert's (and its
         leading dense layers' FFN)."""
-        dense = self.ffn_dim if not self.n_experts or self.dense_lead else 1
+        dense_too = not self.n_experts or self.dense_lead or self.moe_beside_dense
+        dense = max((self.ffn_dim, *self.layer_ffn_dims)) if dense_too else 1
         return max(dense, self.shared_ffn_dim)
 
     def is_moe(self, layer: int) -> bool:
@@ -221,8 +281,8 @@ class ModelConfig:
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
-        """The layers with attention, which keep K/V in the paged pool."""
-        return tuple(i for i in range(self.n_layers) if self.has_attention(i))
+        """The layers with attention that keep K/V of their own in the paged pool."""
+        return tuple(i for i in range(self.n_layers) if self.has_attention(i) and self.kv_source(i) == i)
 
     @property
     def delta_key_heads(self) -> tuple[int, ...]:

@@ -7,7 +7,8 @@ frequency divisors (Llama 3's rope_freqs, or Phi-3's long / short factors) and s
 (pairs below ggml's "low" correction dimension keep the original frequency, those above "high"
 take the scaled one, a linear ramp between), with mscale = 1 + 0.1 ln(1 / rope_scale).
 Sliding-window layers rotate with their own base (`rope_base_swa`), and with no scaling where
-`swa_rope_unscaled` (gemma3, olmo2); layers without RoPE (smollm3) get zero angles.
+`swa_rope_unscaled` (gemma3, olmo2; gemma4's rotate their own number of dims, without its
+full layers' rope_freqs); layers without RoPE (smollm3) get zero angles.
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ def frequency_divisors(cfg: ModelConfig, n_ctx: int) -> tuple[float, ...]:
 
 def layer_rope(cfg: ModelConfig, layer: int, n_ctx: int) -> tuple[np.ndarray, float]:
     """(inv_freq float64 [n_rot / 2], mscale) of one layer for a context of n_ctx tokens."""
-    half = cfg.n_rot // 2
+    n_rot = cfg.layer_n_rot(layer)
+    half = n_rot // 2
     if cfg.nope_layers and cfg.nope_layers[layer]:
         return np.zeros(half, np.float64), 1.0
     base = cfg.layer_rope_base(layer)
     k = np.arange(half, dtype=np.float64)
-    inv = base ** (-2.0 * k / cfg.n_rot)
+    inv = base ** (-2.0 * k / n_rot)
     if cfg.swa_layers[layer] and cfg.swa_rope_unscaled:
         return inv, 1.0
     divisors = frequency_divisors(cfg, n_ctx)
@@ -57,7 +59,7 @@ def layer_rope(cfg: ModelConfig, layer: int, n_ctx: int) -> tuple[np.ndarray, fl
         inv = inv / np.asarray(divisors, np.float64)
     mscale = cfg.rope_attn_factor
     if cfg.rope_scaling == "yarn":
-        low, high = yarn_corr_dims(cfg.n_rot, cfg.rope_orig_ctx, base)
+        low, high = yarn_corr_dims(n_rot, cfg.rope_orig_ctx, base)
         ramp = 1.0 - np.clip((k - low) / max(0.001, high - low), 0.0, 1.0)  # 1: keep the original angle
         inv = inv * (cfg.rope_scale * (1.0 - ramp) + ramp)
         mscale *= 1.0 + 0.1 * math.log(1.0 / cfg.rope_scale)

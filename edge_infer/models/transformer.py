@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from edge_infer.models.altup import AltUp
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
-from edge_infer.models.moe import moe_ffn
+from edge_infer.models.moe import moe_beside_dense, moe_ffn
+from edge_infer.models.per_layer_input import PerLayerInput
 from edge_infer.models.rope import layer_rope
 from edge_infer.models.step_logits import StepLogits
 from edge_infer.models.weights import ModelWeights
@@ -25,6 +27,12 @@ _NO_SLOTS = np.empty(0, np.int32)
 
 def _or_empty(v: np.ndarray | None) -> np.ndarray:
     return _EMPTY if v is None else v
+
+
+def _rows(buf: Any, n: int, width: int) -> Any:
+    """n rows of `width` of a workspace buffer, contiguous (a layer narrower than the widest:
+    gemma4's sliding-window layers have their own head size)."""
+    return buf[:n] if buf.shape[1] == width else buf.reshape(-1)[: n * width].reshape(n, width)
 
 
 @dataclass(slots=True)
@@ -70,6 +78,11 @@ class Transformer:
         self._no_rotation = np.zeros(cfg.n_rot // 2, np.float64)
         self._no_store = np.empty(0, np.int64)
         self.xielu = [tuple(np.float32(v) for v in p) for p in cfg.xielu]
+        self.out_scale = [None if lw.out_scale is None else np.float32(lw.out_scale[0]) for lw in weights.layers]
+        self.ple = PerLayerInput(cfg, weights, backend) if cfg.per_layer_input else None
+        self.altup = AltUp(cfg, weights, backend, self.ple) if cfg.altup_streams and self.ple is not None else None
+        self.sparsity = [np.float32(v) for v in cfg.sparsity]
+        self._ones = np.ones(max(cfg.head_dim, cfg.head_dim_swa), np.float32)  # V's norm has no weight
         self.ws: Any = None
         self._reserve(capacity)
 
@@ -91,7 +104,8 @@ class Transformer:
             cfg = self.cfg
             experts = (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim) if cfg.n_experts else None
             self.ws = self.b.make_workspace(n_tokens, cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.dense_ffn_dim, experts,
-                                            cfg.recurrent_widths, cfg.attn_output_gate)
+                                            cfg.recurrent_widths, cfg.attn_output_gate, cfg.per_layer_input,
+                                            (cfg.altup_streams, cfg.laurel_rank))
 
     def forward(self, inp: StepInputs, kv: list[Any], hidden: bool = False) -> np.ndarray:
         """Logits float32 [M, vocab] for inp.logits_rows, on the host; writes this step's K/V
@@ -120,16 +134,22 @@ class Transformer:
         n, m = inp.tokens.shape[0], inp.logits_rows.shape[0]
         self._reserve(n)
         ws = self.ws
-        h, xn, q, k, v = ws.h[:n], ws.xn[:n], ws.q[:n], ws.k[:n], ws.v[:n]
+        h, xn, q = ws.h[:n], ws.xn[:n], ws.q[:n]
         attn, o, o2, gate, up, act = ws.attn[:n], ws.o[:n], ws.o2[:n], ws.gate[:n], ws.up[:n], ws.act[:n]
         token_seq, positions = inp.token_seq, inp.positions
         b.embed(inp.tokens, self.w.token_embd, self.embed_scale, h)
+        if self.ple is not None:
+            b.embed(inp.tokens, self.w.token_embd, self.embed_scale, ws.x0[:n])
+            self.ple.start(inp.tokens)
+        if self.altup is not None:  # gemma3n: the layer runs on stream 0's prediction
+            self.altup.start(inp.tokens, h, ws)
         x = h
         if self.w.layers[0].attn_norm is not None:
             b.rmsnorm(h, self.w.layers[0].attn_norm, eps, xn)
             x = xn
         for li, lw in enumerate(self.w.layers):
-            last = li == cfg.n_layers - 1 and m < n
+            # (gemma3n's last layer runs on every token: its AltUp streams are merged after it)
+            last = li == cfg.n_layers - 1 and m < n and self.altup is None
             next_norm = self.w.layers[li + 1].attn_norm if li + 1 < cfg.n_layers else self.w.output_norm
             router_logits = None
             if cfg.router_on_input and lw.experts is not None:  # smallthinker: routes the layer's input
@@ -150,33 +170,20 @@ class Transformer:
                     mixed, h, xn = ws.o_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
                     o, o2, gate, up, act = o[:m], o2[:m], gate[:m], up[:m], act[:m]
             else:
-                assert lw.wq is not None and lw.wk is not None and lw.wv is not None and lw.wo is not None
+                assert lw.wq is not None and lw.wo is not None
                 layer_kv, ssm_out = kv[li], None
                 if cfg.parallel_ssm:  # falcon-h1: Mamba2 beside attention, on the same normed input
                     layer_kv, states = kv[li]
                     ssm_out = self._mamba2(x, lw, states, inp, o2)
-                inv_freq, mscale = self.rope[li]
-                qgate = ws.q_gate[:n]
-                if cfg.attn_output_gate:  # qwen35: [q | gate] per head
-                    b.matmuls(x, (lw.wq, lw.wk, lw.wv), (ws.qg[:n], k, v), ws)
-                    b.split_gated_q(ws.qg[:n], cfg.head_dim, q, qgate)
-                else:
-                    b.matmuls(x, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
-                if cfg.qk_norm_after_rope:  # hunyuan-dense: biases and RoPE, then the norms and the K/V store
-                    b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _EMPTY, _EMPTY,
-                                 cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps, self._no_store[:n],
-                                 layer_kv)
-                    b.qkv_finish(q, k, v, _EMPTY, _EMPTY, _EMPTY, _or_empty(lw.q_norm), _or_empty(lw.k_norm), cfg.n_rot,
-                                 inp.positions, self._no_rotation, 1.0, cfg.rope_neox, eps, inp.slot_mapping, layer_kv)
-                else:
-                    b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
-                                 _or_empty(lw.k_norm), cfg.n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps,
-                                 inp.slot_mapping, layer_kv)
+                laurel = None if self.altup is None else self.altup.laurel(lw, x, ws)  # gemma3n, beside attention
+                q_dim = cfg.n_heads * cfg.layer_head_dim(li)
+                q, attn, qgate = _rows(ws.q, n, q_dim), _rows(ws.attn, n, q_dim), ws.q_gate[:n]
+                self._qkv(li, lw, x, q, qgate, inp, layer_kv)
                 if last:
                     # Last layer: K/V of every token are stored; the rest is only needed for the
                     # rows whose logits are wanted (llama.cpp's inp_out_ids does the same).
                     sel = inp.logits_rows
-                    b.take_rows(q, sel, ws.q_rows[:m])
+                    b.take_rows(q, sel, _rows(ws.q_rows, m, q_dim))
                     b.take_rows(h, sel, ws.h_rows[:m])
                     b.take_rows(inp.token_seq, sel, ws.seq_rows[:m])
                     b.take_rows(inp.positions, sel, ws.pos_rows[:m])
@@ -189,7 +196,7 @@ class Transformer:
                     if router_logits is not None:
                         b.take_rows(router_logits, sel, ws.moe.logits[:m])
                         router_logits = ws.moe.logits[:m]
-                    q, h, xn = ws.q_rows[:m], ws.h_rows[:m], ws.xn_rows[:m]
+                    q, h, xn = _rows(ws.q_rows, m, q_dim), ws.h_rows[:m], ws.xn_rows[:m]
                     token_seq, positions = ws.seq_rows[:m], ws.pos_rows[:m]
                     attn, o, o2, gate, up, act = attn[:m], o[:m], o2[:m], gate[:m], up[:m], act[:m]
                 b.attention(q, layer_kv, inp.block_tables, token_seq, positions, self.scale, cfg.layer_window(li),
@@ -206,13 +213,33 @@ class Transformer:
                 if lw.post_attn_norm is not None:
                     b.rmsnorm(mixed, lw.post_attn_norm, eps, o2)
                 ffn_norm = lw.ffn_norm if cfg.has_ffn(li) else next_norm
-                x = self._residual(h, mixed if lw.post_attn_norm is None else o2, ffn_norm, xn)
+                if self.altup is not None:
+                    x = self.altup.merge_attention(h, o2, laurel, ffn_norm, xn)
+                else:
+                    x = self._residual(h, mixed if lw.post_attn_norm is None else o2, ffn_norm, xn)
                 if not cfg.has_ffn(li):  # nemotron_h's attention and Mamba2 layers
                     continue
-            self._ffn(li, lw, x, o, gate, up, act, router_logits)
+            ffn_out = self._ffn(li, lw, h, x, o, gate, up, act, router_logits)
             if lw.post_ffn_norm is not None:
-                b.rmsnorm(o, lw.post_ffn_norm, eps, o2)
-            x = self._residual(h, o if lw.post_ffn_norm is None else o2, next_norm, xn)
+                b.rmsnorm(ffn_out, lw.post_ffn_norm, eps, o2)
+            if self.ple is None and lw.out_scale is None:
+                x = self._residual(h, ffn_out if lw.post_ffn_norm is None else o2, next_norm, xn)
+                continue
+            # gemma4: the per-layer input and the layer's output scale come after the FFN's add;
+            # gemma3n: AltUp's correction (with the per-layer input) and the next prediction
+            b.add(h, ffn_out if lw.post_ffn_norm is None else o2)
+            if self.altup is not None:
+                self.altup.end_layer(li, lw, h, ws)
+            elif self.ple is not None:
+                self.ple.add(li, lw, h, inp.logits_rows if last else None, ws, eps)
+            if (s := self.out_scale[li]) is not None:
+                b.scale(h, s)
+            assert next_norm is not None
+            b.rmsnorm(h, next_norm, eps, xn)
+            x = xn
+        if self.altup is not None and m < n:
+            b.take_rows(x, inp.logits_rows, ws.xn_rows[:m])
+            x = ws.xn_rows[:m]
         if hidden:
             return x[:m]
         logits = b.output_buffer(m, cfg.vocab_size)  # handed to the caller: not scratch
@@ -223,13 +250,53 @@ class Transformer:
             b.scale(logits, self.inv_logit_scale)
         return logits
 
-    def _ffn(self, li: int, lw: Any, x: Any, out: Any, gate: Any, up: Any, act: Any, router_logits: Any) -> None:
-        """Layer li's FFN of x into `out`: the mixture of experts (router_logits: computed already),
-        SwiGLU / GeGLU, or an ungated one: nemotron_h's relu(up x)^2, apertus's xIELU(up x)."""
+    def _qkv(self, li: int, lw: Any, x: Any, q: Any, qgate: Any, inp: StepInputs, layer_kv: Any) -> None:
+        """Layer li's Q (into q; qwen35's output gate into qgate) with biases, norms and RoPE,
+        and its K/V into the pool: all but gemma4's KV-shared layers (no wk), whose Q attends
+        over an earlier layer's K/V."""
+        cfg, b, ws, eps, n = self.cfg, self.b, self.ws, self.eps, x.shape[0]
+        hd, n_rot = cfg.layer_head_dim(li), cfg.layer_n_rot(li)
+        kv_dim = cfg.layer_kv_heads(li) * hd
+        k, v, store = _rows(ws.k, n, kv_dim), _rows(ws.v, n, kv_dim), inp.slot_mapping
+        inv_freq, mscale = self.rope[li]
+        if lw.wk is None:
+            b.matmuls(x, (lw.wq,), (q,), ws)
+            k, v, store = ws.no_out[:n], ws.no_out[:n], self._no_store[:n]
+        elif cfg.attn_output_gate:  # qwen35: [q | gate] per head
+            b.matmuls(x, (lw.wq, lw.wk, lw.wv), (ws.qg[:n], k, v), ws)
+            b.split_gated_q(ws.qg[:n], cfg.head_dim, q, qgate)
+        elif lw.wv is None:  # gemma4's K = V layers
+            b.matmuls(x, (lw.wq, lw.wk), (q, k), ws)
+        else:
+            b.matmuls(x, (lw.wq, lw.wk, lw.wv), (q, k, v), ws)
+        if cfg.v_norm and lw.wk is not None:  # gemma4: V (or K's projection) RMS-normed per head, no weight
+            heads, normed = n * cfg.layer_kv_heads(li), _rows(ws.attn, n, kv_dim)  # attn is free until attention
+            b.rmsnorm((k if lw.wv is None else v).reshape(heads, hd), self._ones[:hd], eps, normed.reshape(heads, hd))
+            v = normed
+        if cfg.qk_norm_after_rope:  # hunyuan-dense: biases and RoPE, then the norms and the K/V store
+            b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _EMPTY, _EMPTY,
+                         n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps, self._no_store[:n], layer_kv)
+            b.qkv_finish(q, k, v, _EMPTY, _EMPTY, _EMPTY, _or_empty(lw.q_norm), _or_empty(lw.k_norm), n_rot,
+                         inp.positions, self._no_rotation, 1.0, cfg.rope_neox, eps, store, layer_kv)
+        else:
+            b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
+                         _or_empty(lw.k_norm), n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps, store,
+                         layer_kv)
+
+    def _ffn(self, li: int, lw: Any, h: Any, x: Any, out: Any, gate: Any, up: Any, act: Any,
+             router_logits: Any) -> Any:
+        """Layer li's FFN of x (h through the FFN's pre-norm) into `out` (returned; gemma4's
+        experts beside its MLP return x's buffer): the mixture of experts (router_logits: computed
+        already), SwiGLU / GeGLU, or an ungated one: nemotron_h's relu(up x)^2, apertus's xIELU(up x)."""
         cfg, b, ws = self.cfg, self.b, self.ws
+        if lw.experts is not None and cfg.moe_beside_dense:
+            return moe_beside_dense(b, cfg, lw, h, x, out, ws)
         if lw.experts is not None:
             moe_ffn(b, cfg, lw, x, out, ws, router_logits)
-            return
+            return out
+        if cfg.layer_ffn_dims:  # gemma4: the KV-shared layers' MLP is twice as wide
+            n, ff = x.shape[0], cfg.layer_ffn_dim(li)
+            gate, up, act = _rows(ws.gate, n, ff), _rows(ws.up, n, ff), _rows(ws.act, n, ff)
         assert lw.w_up is not None and lw.w_down is not None
         if cfg.activation in ("relu2", "xielu"):
             b.matmuls(x, (lw.w_up,), (up,), ws)
@@ -241,8 +308,11 @@ class Transformer:
         else:
             assert lw.w_gate is not None
             b.matmuls(x, (lw.w_gate, lw.w_up), (gate, up), ws)
+            if self.sparsity and self.sparsity[li]:  # gemma3n: only the gate values far above the mean
+                b.gaussian_topk(gate, self.sparsity[li])
             (b.gelu_mul if cfg.activation == "gelu" else b.silu_mul)(gate, up, act)
         b.matmuls(act, (lw.w_down,), (out,), ws)
+        return out
 
     def _short_conv(self, x: Any, lw: Any, states: Any, inp: StepInputs, out: Any) -> Any:
         """LFM2's short-convolution block on every token of the step: in_proj to [b | c | x],

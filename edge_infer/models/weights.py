@@ -16,31 +16,14 @@ from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.formats.quants import dequantize
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.weights_altup import AltUpLayer, load_altup_layer, load_altup_projections
+from edge_infer.models.weights_experts import EXPERT_FIELDS, ExpertWeights, load_experts
+from edge_infer.models.weights_per_layer import load_per_layer_input
 from edge_infer.models.weights_recurrent import DELTA_FIELDS, DeltaWeights, SsmWeights, load_recurrent
 
-MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "in_proj", "out_proj", "w_gate", "w_up", "w_down")  # in/out_proj: recurrent blocks
-EXPERT_FIELDS = ("router", "gate", "up", "down")
-
-
-@dataclass(slots=True)
-class ExpertWeights:
-    """A mixture-of-experts FFN: the router [E, D] (ffn_gate_inp) and the experts' gate, up
-    [E, Fe, D] and down [E, D, Fe] stacks (QMatrix with 3-D data); n_used experts per token.
-    shared_gate f32 [D]: qwen2moe's gate of the shared expert (the layer's dense FFN); None for
-    an ungated one (granitehybrid) or none; select_bias (lfm2moe's exp_probs_b) ranks the
-    experts, not weighting them."""
-
-    router: QMatrix
-    gate: QMatrix
-    up: QMatrix
-    down: QMatrix
-    n_used: int
-    shared_gate: np.ndarray | None = None
-    select_bias: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # f32 [E], or [0]: none
-    router_bias: np.ndarray | None = None  # gpt-oss: f32 [E] added to the router's logits
-    gate_bias: np.ndarray | None = None  # gpt-oss: f32 [E, Fe] per expert (up_bias too)
-    up_bias: np.ndarray | None = None
-    down_bias: np.ndarray | None = None  # f32 [E, D]
+MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "in_proj", "out_proj", "w_gate", "w_up", "w_down",  # in/out_proj: recurrent blocks
+                 "ple_in_proj", "ple_gate", "ple_proj",  # gemma4's per-layer embedding input
+                 "alt_router", "laurel_l", "laurel_r")  # gemma3n's AltUp router and LAuReL
 
 
 @dataclass(slots=True)
@@ -73,6 +56,18 @@ class LayerWeights:
     out_proj: QMatrix | None = None
     ssm: SsmWeights | None = None
     delta: DeltaWeights | None = None
+    # gemma4: the layer's rows of per_layer_model_proj [P, D], inp_gate [P, D], proj [D, P],
+    # post_norm [D]; layer_output_scale [1]
+    ple_in_proj: QMatrix | None = None
+    ple_gate: QMatrix | None = None
+    ple_proj: QMatrix | None = None
+    ple_norm: np.ndarray | None = None
+    out_scale: np.ndarray | None = None
+    # gemma3n: AltUp's router [A, D] and vectors, LAuReL's laurel_l [R, D] and laurel_r [D, R]
+    alt_router: QMatrix | None = None
+    altup: AltUpLayer | None = None
+    laurel_l: QMatrix | None = None
+    laurel_r: QMatrix | None = None
 
     def matrices(self) -> list[tuple[str, QMatrix]]:
         """(field, matrix) of every matrix the layer has: dense ones, then its experts'."""
@@ -94,13 +89,20 @@ class ModelWeights:
     output_norm: np.ndarray
     output: QMatrix  # token_embd's data when the embeddings are tied
     layers: list[LayerWeights]
+    # gemma4: per_layer_token_embd viewed as one [P] row per (token, layer), row t * L + l;
+    # per_layer_proj_norm f32 [P]
+    ple_embd: QMatrix | None = None
+    ple_proj_norm: np.ndarray | None = None
+    # gemma3n: altup_proj and altup_unembd_proj, A - 1 [D, D] matrices each
+    alt_proj: list[QMatrix] = field(default_factory=list)
+    alt_unembed: list[QMatrix] = field(default_factory=list)
 
 
 def decode_weight_bytes(w: ModelWeights) -> int:
     """Bytes of weights one decode step reads: every layer matrix and the output matrix in
     the form the backend computes with (the embedding contributes a row per token: ignored; of
     each expert stack, the n_used / E share a token reads)."""
-    total = w.output.compute_nbytes
+    total = w.output.compute_nbytes + sum(m.compute_nbytes for m in w.alt_proj + w.alt_unembed)
     for lw in w.layers:
         for _, m in lw.matrices():
             share = lw.experts.n_used / m.n_experts if m.n_experts and lw.experts else 1.0
@@ -187,6 +189,11 @@ class _Tensors:
     def has(self, name: str) -> bool:
         return name in self.f.tensors
 
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The tensor's GGUF shape (innermost first), None when the file lacks it."""
+        info = self.f.tensors.get(name)
+        return None if info is None else tuple(int(n) for n in info.shape)
+
     def check_all_used(self, cfg: ModelConfig) -> None:
         """Every tensor is used or on the architecture's list of tensors it may ignore."""
         used = self.used | {name for name, factors in (("rope_freqs.weight", cfg.rope_freqs),
@@ -215,7 +222,7 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
         lw = LayerWeights(attn_norm=t.vec(p + "attn_norm.weight", d) if cfg.pre_norms else None,
                           wq=None, wk=None, wv=None, wo=None, ffn_norm=None, w_gate=None, w_up=None, w_down=None)
         if cfg.has_attention(i):
-            _attention(t, cfg, p, lw)
+            _attention(t, cfg, i, lw)
         if cfg.has_mixer(i) and cfg.is_recurrent(i):
             load_recurrent(t, cfg, i, lw)
         if cfg.has_ffn(i):
@@ -223,26 +230,45 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
         if cfg.post_norms:
             lw.post_attn_norm = t.vec(p + "post_attention_norm.weight", d)
             lw.post_ffn_norm = t.vec(p + "post_ffw_norm.weight", d)
+        if cfg.altup_streams:
+            lw.alt_router, lw.laurel_l, lw.laurel_r, lw.altup = load_altup_layer(t, cfg, i)
+        if cfg.layer_output_scale and t.has(p + "layer_output_scale.weight"):
+            lw.out_scale = t.vec(p + "layer_output_scale.weight", 1)
         layers.append(lw)
+    ple_embd, ple_proj_norm = load_per_layer_input(t, cfg, layers) if cfg.per_layer_input else (None, None)
+    alt_proj, alt_unembed = load_altup_projections(t, cfg) if cfg.altup_streams else ([], [])
     output_norm = t.vec(cfg.output_norm_tensor, d)
     t.check_all_used(cfg)
     # the backend's form of every matrix (the token embedding is read by rows: left as it is)
     fields = [(lw, name, m) for lw in layers for name, m in lw.matrices()]
-    prepared = backend.prepare_weights(f, [("layer", m) for _, _, m in fields] + [("output", output)])
+    extra = alt_proj + alt_unembed
+    prepared = backend.prepare_weights(f, [("layer", m) for _, _, m in fields] + [("layer", m) for m in extra]
+                                       + [("output", output)])
     for (lw, name, _), m in zip(fields, prepared):
         lw.set_matrix(name, m)
-    return ModelWeights(emb, output_norm, prepared[-1], layers)
+    alt = prepared[len(fields) : len(fields) + len(extra)]
+    k = len(alt_proj)
+    return ModelWeights(emb, output_norm, prepared[-1], layers, ple_embd, ple_proj_norm, alt[:k], alt[k:])
 
 
-def _attention(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
-    """Layer p's attention projections, biases and QK norms."""
-    d, q_dim, kv_dim, hd = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.head_dim
+def _attention(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
+    """Layer i's attention projections, biases and QK norms (a KV-shared layer's Q only:
+    its attn_k, attn_v and K norm, if the file has them, go unused, as in llama.cpp)."""
+    p, d, hd = f"blk.{i}.", cfg.d_model, cfg.layer_head_dim(i)
+    q_dim, kv_dim = cfg.n_heads * hd, cfg.layer_kv_heads(i) * hd
+    shared = cfg.kv_source(i) != i
     if cfg.fused_qkv:
         lw.wq, lw.wk, lw.wv = row_slices(t.mat(p + "attn_qkv.weight", q_dim + 2 * kv_dim, d), (q_dim, kv_dim, kv_dim))
     else:
         q_rows = 2 * q_dim if cfg.attn_output_gate else q_dim  # qwen35: [q | gate] per head
-        lw.wq, lw.wk, lw.wv = (t.mat(p + "attn_q.weight", q_rows, d), t.mat(p + "attn_k.weight", kv_dim, d),
-                               t.mat(p + "attn_v.weight", kv_dim, d))
+        lw.wq = t.mat(p + "attn_q.weight", q_rows, d)
+        if shared:
+            t.used.update(p + f"attn_{x}.weight" for x in ("k", "v", "k_norm"))
+        else:
+            lw.wk = t.mat(p + "attn_k.weight", kv_dim, d)
+            # gemma4: a layer without attn_v (wv None) attends with V = K's projection before its norm
+            if not (cfg.k_eq_v and not t.has(p + "attn_v.weight")):
+                lw.wv = t.mat(p + "attn_v.weight", kv_dim, d)
     lw.wo = t.mat(p + "attn_output.weight", d, q_dim)
     if cfg.attn_out_bias and t.has(p + "attn_output.bias"):  # apertus: optional
         lw.bo = t.vec(p + "attn_output.bias", d)
@@ -252,20 +278,24 @@ def _attention(t: _Tensors, cfg: ModelConfig, p: str, lw: LayerWeights) -> None:
         lw.sinks = t.vec(p + "attn_sinks.weight", cfg.n_heads)
     if cfg.qk_norm or cfg.qk_norm_full:
         lw.q_norm = t.vec(p + "attn_q_norm.weight", q_dim if cfg.qk_norm_full else hd)
-        lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
+        if not shared:
+            lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
 
 
 def _ffn(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
     """Layer i's FFN: its pre-norm (none in nemotron_h's FFN-only layers, where attn_norm is
     it), then a dense SwiGLU / GeGLU (gate, up, down), an ungated one (relu2, xielu: up, down), or the
     mixture of experts with its shared expert, if any, as the dense matrices."""
-    p, d, ff = f"blk.{i}.", cfg.d_model, cfg.ffn_dim
+    p, d, ff = f"blk.{i}.", cfg.d_model, cfg.layer_ffn_dim(i)
     if cfg.pre_norms and cfg.has_mixer(i):
         norm = p + cfg.ffn_norm_tensor + ".weight"  # falcon-h1's converter writes it without ".weight"
         lw.ffn_norm = t.vec(norm if t.has(norm) or not t.has(norm[:-7]) else norm[:-7], d)
     if cfg.is_moe(i):
-        lw.experts = _experts(t, cfg, p)
-        if cfg.shared_ffn_dim:
+        lw.experts = load_experts(t, cfg, p)
+        if cfg.moe_beside_dense:  # gemma4: the layer's dense MLP too
+            lw.w_gate, lw.w_up = t.mat(p + "ffn_gate.weight", ff, d), t.mat(p + "ffn_up.weight", ff, d)
+            lw.w_down = t.mat(p + "ffn_down.weight", d, ff)
+        elif cfg.shared_ffn_dim:
             fs = cfg.shared_ffn_dim
             lw.w_gate, lw.w_up = t.mat(p + "ffn_gate_shexp.weight", fs, d), t.mat(p + "ffn_up_shexp.weight", fs, d)
             lw.w_down = t.mat(p + "ffn_down_shexp.weight", d, fs)
@@ -277,23 +307,3 @@ def _ffn(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
     else:
         lw.w_up = t.mat(p + "ffn_up.weight", ff, d)
     lw.w_down = t.mat(p + "ffn_down.weight", d, ff)
-
-
-def _experts(t: _Tensors, cfg: ModelConfig, p: str) -> ExpertWeights:
-    """Layer p's mixture-of-experts FFN (lfm2moe: with the selection bias exp_probs_b)."""
-    d, e, fe = cfg.d_model, cfg.n_experts, cfg.expert_ffn_dim
-    ew = ExpertWeights(
-        router=t.mat(p + "ffn_gate_inp.weight", e, d),
-        gate=t.stack(p + "ffn_gate_exps.weight", e, fe, d),
-        up=t.stack(p + "ffn_up_exps.weight", e, fe, d),
-        down=t.stack(p + "ffn_down_exps.weight", e, d, fe),
-        n_used=cfg.n_experts_used,
-        shared_gate=t.vec(p + "ffn_gate_inp_shexp.weight", d) if cfg.shared_ffn_dim and cfg.shared_expert_gated else None,
-        select_bias=t.vec(p + "exp_probs_b.bias", e) if cfg.expert_select_bias else np.zeros(0, np.float32),
-    )
-    if cfg.expert_biases:  # gpt-oss
-        ew.router_bias = t.vec(p + "ffn_gate_inp.bias", e)
-        ew.gate_bias = t.vec(p + "ffn_gate_exps.bias", e * fe).reshape(e, fe)
-        ew.up_bias = t.vec(p + "ffn_up_exps.bias", e * fe).reshape(e, fe)
-        ew.down_bias = t.vec(p + "ffn_down_exps.bias", e * d).reshape(e, d)
-    return ew

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(ON_CUDA, reason="the device choice on a machine 
 
 def _cfg(**kw: object) -> SimpleNamespace:
     return SimpleNamespace(**{"arch": "llama", "n_experts": 0, "head_dim": 64, "recurrent": False, "activation": "silu",
-                              "attn_out_bias": False, "attn_sinks": False, **kw})
+                              "attn_out_bias": False, "attn_sinks": False, "per_layer_input": 0, "v_norm": False,
+                              "kv_shared_from": 0, "head_dim_swa": 0, "layer_ffn_dims": (), **kw})
 
 
 def test_without_a_gpu_cuda_is_refused_and_auto_is_the_cpu(tiny_llama_path: Path) -> None:
@@ -40,6 +41,7 @@ def test_what_cuda_lacks_is_named() -> None:
     assert "q8_0" in (cuda_lacks(EngineConfig(model="m.gguf", kv_cache_dtype="q8_0"), _cfg()) or "")
     assert "head_dim 512" in (cuda_lacks(config, _cfg(head_dim=512)) or "")
     assert "lfm2: the CUDA backend has no recurrent-layer kernels" in (cuda_lacks(config, _cfg(arch="lfm2", recurrent=True)) or "")
+    assert "gemma4: the CUDA backend has no per-layer embedding" in (cuda_lacks(config, _cfg(arch="gemma4", per_layer_input=256)) or "")
     assert "apertus: the CUDA backend has no xielu" in (cuda_lacks(config, _cfg(arch="apertus", activation="xielu")) or "")
 
 

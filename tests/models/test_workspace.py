@@ -92,7 +92,8 @@ def test_every_buffer_is_allocated_by_its_field_name() -> None:
 
     t, d, q, kv, f = 4, 64, 96, 32, 128  # K_max = 128
     ws = Workspace.allocate(empty, t, workspace_shapes(t, d, q, kv, f))
-    assert len(made) == 32 and ws.capacity == t and ws.moe is None
+    assert len(made) == 42 and ws.capacity == t and ws.moe is None
+    assert ws.x0.shape == ws.ple_in.shape == (t, 0)  # no per-layer embedding input: empty
     assert ws.rec_in.shape == ws.rec_y.shape == ws.rec_out.shape == (t, 0)  # no recurrent block: empty
     assert ws.h.shape == (t, d) and ws.k.shape == (t, kv) and ws.attn.shape == (t, q) and ws.act.shape == (t, f)
     assert ws.seq_rows.shape == (t,) and ws.seq_rows.dtype == np.int32 and ws.no_out.shape == (t, 0)
