@@ -84,7 +84,8 @@ def describe(f: Any) -> dict[str, Any]:
 def layers(f: Any) -> dict[str, Any]:
     """The model's layer kinds as edge-infer runs it: {"kinds": ["attention" | "short_conv" |
     "mamba2" | "gated_deltanet" | "attention+mamba2" (falcon-h1) | "ffn" (nemotron_h's FFN-only
-    layers), ...], "state_bytes_per_sequence": N}, or {"error": why} for a model it cannot run."""
+    layers) | "shared_kv_attention" (gemma4's, gemma3n's: over an earlier layer's K/V), ...],
+    "state_bytes_per_sequence": N}, or {"error": why} for a model it cannot run."""
     from edge_infer.errors import EdgeInferError
     from edge_infer.models import config_from_gguf
 
@@ -94,7 +95,8 @@ def layers(f: Any) -> dict[str, Any]:
         return {"error": str(e)}
     kinds = ["ffn" if not cfg.has_mixer(i) else "attention+mamba2" if cfg.is_ssm(i) and cfg.has_attention(i)
              else "short_conv" if cfg.is_conv(i) else "mamba2" if cfg.is_ssm(i)
-             else "gated_deltanet" if cfg.is_delta(i) else "attention" for i in range(cfg.n_layers)]
+             else "gated_deltanet" if cfg.is_delta(i) else "shared_kv_attention" if cfg.kv_source(i) != i
+             else "attention" for i in range(cfg.n_layers)]
     return {"kinds": kinds, "state_bytes_per_sequence": cfg.state_bytes}
 
 

@@ -15,11 +15,10 @@ are used (no +1). Vision and audio towers are other files (mmproj)."""
 
 from __future__ import annotations
 
-import math
-
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models import llama
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.gemma4 import gemma_block
 from edge_infer.models.hybrid_metadata import per_layer
 from edge_infer.models.metadata import MetadataReader
 
@@ -33,27 +32,17 @@ SOFTCAP = 30.0
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
     md = MetadataReader(f, ARCH)
-    n_layers, d_model = md.get("block_count"), md.get("embedding_length")
+    n_layers = md.get("block_count")
     # llama.cpp sizes every layer's FFN by layer 0's width
     ffn = per_layer(f, ARCH, "feed_forward_length", n_layers)[0]
     return llama.config_from_gguf(
         f,
         ARCH,
         ffn_dim=ffn,
-        rope_neox=True,
-        qk_norm=True,
-        post_norms=True,
-        activation="gelu",
-        embed_scale=math.sqrt(d_model),
-        attn_scale=1.0,
-        sliding_window=md.get("attention.sliding_window"),
-        swa_layers=md.swa_pattern(n_layers, SWA_PERIOD, dense_first=False),
-        rope_base_swa=md.get("rope.freq_base_swa", 10000.0, float),
-        swa_rope_unscaled=True,
+        **gemma_block(md, md.swa_pattern(n_layers, SWA_PERIOD, dense_first=False)),
         final_logit_softcap=SOFTCAP,
         norm_eps=md.get("attention.layer_norm_rms_epsilon", kind=float),
         kv_shared_from=KV_LAYERS if n_layers > KV_LAYERS else 0,
-        v_norm=True,
         per_layer_input=PER_LAYER_INPUT,
         altup_streams=ALTUP_STREAMS,
         laurel_rank=LAUREL_RANK,

@@ -32,6 +32,15 @@ ARCH = "gemma4"
 SOFTCAP = 30.0  # llama.cpp's default final_logit_softcapping, kept when the key is absent
 
 
+def gemma_block(md: MetadataReader, swa: tuple[bool, ...]) -> dict[str, Any]:
+    """The ModelConfig fields gemma4 and gemma3n share: gemma3's block with an attention scale of
+    1, V normed per head, sliding windows with their own rope base and no rope scaling."""
+    return dict(rope_neox=True, qk_norm=True, post_norms=True, activation="gelu",
+                embed_scale=math.sqrt(md.get("embedding_length")), attn_scale=1.0, v_norm=True,
+                sliding_window=md.get("attention.sliding_window"), swa_layers=swa,
+                rope_base_swa=md.get("rope.freq_base_swa", 10000.0, float), swa_rope_unscaled=True)
+
+
 def _by_kind(f: GGUFFile, name: str, values: list[int], swa: tuple[bool, ...]) -> tuple[int, int]:
     """(full layers' value, sliding-window layers' value) of a per-layer count that must agree
     within each kind."""
@@ -45,7 +54,7 @@ def _by_kind(f: GGUFFile, name: str, values: list[int], swa: tuple[bool, ...]) -
 
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
     md = MetadataReader(f, ARCH)
-    n_layers, d_model = md.get("block_count"), md.get("embedding_length")
+    n_layers = md.get("block_count")
     key = f"{ARCH}.attention.sliding_window_pattern"
     if not isinstance(f.metadata.get(key), list):
         raise UnsupportedModelError(f"{f.path}: {ARCH} needs {key!r} as per-layer flags")
@@ -78,19 +87,9 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         n_rot_swa=md.get("rope.dimension_count_swa", n_rot),
         ffn_dim=ffn[0],
         layer_ffn_dims=tuple(ffn) if len(set(ffn)) > 1 else (),
-        rope_neox=True,
-        qk_norm=True,
-        post_norms=True,
-        activation="gelu",
-        embed_scale=math.sqrt(d_model),
-        attn_scale=1.0,
-        sliding_window=md.get("attention.sliding_window"),
-        swa_layers=swa,
-        rope_base_swa=md.get("rope.freq_base_swa", 10000.0, float),
-        swa_rope_unscaled=True,  # rope_freqs are the full layers' only
+        **gemma_block(md, swa),  # rope_freqs are the full layers' only
         final_logit_softcap=md.get("final_logit_softcapping", SOFTCAP, float),
         kv_shared_from=n_layers - shared if shared else 0,
-        v_norm=True,
         k_eq_v=True,
         per_layer_input=md.get("embedding_length_per_layer_input"),
         layer_output_scale=True,

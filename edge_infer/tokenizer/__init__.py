@@ -45,7 +45,8 @@ class Tokenizer:
             assert vocab.pre is not None
             self._bpe: BPEModel | None = BPEModel(
                 vocab.token_to_id, vocab.merges, PreTokenizer(vocab.pre.splitter),
-                ignore_merges=vocab.pre.ignore_merges,
+                ignore_merges=vocab.pre.ignore_merges, escape_whitespace=vocab.pre.escape_whitespace,
+                whole_newlines=vocab.pre.gemma4,
             )
             self._spm: SPMModel | None = None
         else:
@@ -71,7 +72,7 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """ "bpe" (byte-level, GGUF model gpt2) or "spm" (SentencePiece, GGUF model llama)."""
+        """ "bpe" (GGUF model gpt2 or gemma4) or "spm" (SentencePiece, GGUF model llama)."""
         return self._v.kind
 
     @property
@@ -223,7 +224,7 @@ class Tokenizer:
         if attr & _RAW:
             return text.encode("utf-8", "surrogateescape")
         if attr & Attr.NORMAL:
-            if self._v.kind == "spm":
+            if self._v.pre is None or self._v.pre.escape_whitespace:  # SPM, or SPM-style BPE
                 return text.replace(SPACE, " ").encode("utf-8", "surrogateescape")
             return _bpe_piece(text)
         if attr & Attr.BYTE:

@@ -1,10 +1,13 @@
-"""Byte-level BPE (GGUF `tokenizer.ggml.model == "gpt2"`): merges by rank, as llama.cpp runs them.
+"""BPE (GGUF `tokenizer.ggml.model` "gpt2" or "gemma4"): merges by rank, as llama.cpp runs them.
 
 A word from the pre-tokenizer is first byte-encoded (GPT-2's printable stand-in for each
 UTF-8 byte), then its characters are merged pairwise, always the pair with the lowest
 merge rank first and, among equal ranks, the leftmost. llama.cpp does not require the
 merged text to be a token; a final piece that is not one falls back to single-byte tokens.
 Words repeat a lot in real text, so results are cached per word.
+
+SentencePiece-style vocabularies (gemma4) skip the byte encoding: spaces become U+2581,
+merges run on the raw characters and the byte fallback uses <0xXX> tokens.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class BPEModel:
         pre_tokenizer: PreTokenizer,
         *,
         ignore_merges: bool = False,
+        escape_whitespace: bool = False,
+        whole_newlines: bool = False,
     ) -> None:
         self._tid = token_to_id
         # llama.cpp keeps the first rank of a repeated merge; keys stay "left right" strings
@@ -61,10 +66,14 @@ class BPEModel:
         self._ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1), strict=True))
         self._pre = pre_tokenizer
         self._ignore_merges = ignore_merges
+        self._escape = escape_whitespace  # also: no byte encoding, <0xXX> byte fallback
+        self._whole_newlines = whole_newlines
         self._cache: dict[str, tuple[int, ...]] = {}
 
     def encode(self, text: str, out: list[int]) -> None:
         """Append the ids of a text fragment (no special tokens in it) to `out`."""
+        if self._escape:
+            text = text.replace(" ", "\u2581")
         words = self._pre.split(text)
         cache = self._cache
         found = list(map(cache.get, words))  # most words were seen before
@@ -72,7 +81,7 @@ class BPEModel:
             word = words[k]
             ids = cache.get(word)
             if ids is None:
-                ids = self._encode_word(byte_encode(word))
+                ids = self._encode_word(word if self._escape else byte_encode(word))
                 if len(cache) >= _CACHE_LIMIT:
                     cache.clear()
                 cache[word] = ids
@@ -81,7 +90,7 @@ class BPEModel:
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
         tid = self._tid
-        if self._ignore_merges and word in tid:
+        if (self._ignore_merges or (self._whole_newlines and not word.strip("\n"))) and word in tid:
             return (tid[word],)
         pieces = self._merge(word)
         out: list[int] = []
@@ -93,7 +102,10 @@ class BPEModel:
             # Not a token: llama.cpp looks up each byte of the piece's UTF-8 form alone and
             # drops the bytes that are no token (a lone byte >= 0x80 is stored escaped).
             for b in piece.encode("utf-8"):
-                j = tid.get(chr(b) if b < 0x80 else bytes([b]).decode("utf-8", "surrogateescape"))
+                if self._escape:
+                    j = tid.get(f"<0x{b:02X}>")
+                else:
+                    j = tid.get(chr(b) if b < 0x80 else bytes([b]).decode("utf-8", "surrogateescape"))
                 if j is not None:
                     out.append(j)
         return tuple(out)

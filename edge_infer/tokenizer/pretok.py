@@ -1,4 +1,4 @@
-"""Byte-level BPE pre-tokenizers: split text into words exactly as llama.cpp does.
+"""BPE pre-tokenizers: split text into words exactly as llama.cpp does.
 
 llama.cpp does not run the tokenizer.json regexes through a Unicode regex engine. It has
 hand-written splitters for the common ones (gpt2, llama3, qwen2) and runs the rest with
@@ -91,6 +91,7 @@ _STAGES: dict[str, tuple[str, ...]] = {
     "qwen2": (_QWEN2,),
     "starcoder": (rf"[{_N}]", _GPT2),
     "default": (rf"[{_P}$+<=>^~|]+", _GPT2, rf"[{_N}]+", r"[0-9][0-9][0-9]"),
+    "newlines": (r"[^\n]+|\n+",),  # gemma4, sarvam-moe: lines and runs of newlines
 }
 
 
@@ -103,6 +104,11 @@ class PreTokenizerSpec:
     ignore_merges: bool = False  # a word that is a whole token skips BPE
     add_bos: bool | None = None  # default for add_bos before the GGUF key overrides it
     no_bos: bool = False  # the vocab has no BOS token
+    # SentencePiece-style BPE (llama.cpp's escape_whitespaces with byte_encode false): spaces
+    # become U+2581 before BPE, which runs on raw UTF-8 characters; a piece that is no token
+    # falls back to <0xXX> byte tokens, and decoding turns U+2581 back into spaces.
+    escape_whitespace: bool = False
+    gemma4: bool = False  # a run of newlines that is a token is taken whole; BOS always added
 
 
 def _names(names: str, spec: PreTokenizerSpec) -> dict[str, PreTokenizerSpec]:
@@ -132,6 +138,8 @@ _PRE_TYPES: dict[str, PreTokenizerSpec] = {
         PreTokenizerSpec("qwen2", clean_spaces=False),
     ),
     **_names("megrez stablelm2", PreTokenizerSpec("qwen2")),
+    **_names("gemma4 granite-embed-multi-311m", PreTokenizerSpec("newlines", escape_whitespace=True, gemma4=True)),
+    **_names("sarvam-moe", PreTokenizerSpec("newlines", clean_spaces=False, escape_whitespace=True)),
 }
 
 

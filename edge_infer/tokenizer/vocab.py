@@ -105,8 +105,10 @@ def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
     model = _get(meta, "tokenizer.ggml.model", str, where)
     if model is None:
         raise TokenizerError(f"{where}: no tokenizer.ggml.model in the metadata")
-    if model not in ("gpt2", "llama"):
-        raise UnsupportedModelError(f"{where}: tokenizer.ggml.model {model!r} is not supported (gpt2, llama)")
+    if model not in ("gpt2", "gemma4", "llama"):
+        raise UnsupportedModelError(
+            f"{where}: tokenizer.ggml.model {model!r} is not supported (gpt2, gemma4, llama)"
+        )
     tokens = _get(meta, "tokenizer.ggml.tokens", list, where)
     if not tokens:
         raise TokenizerError(f"{where}: tokenizer.ggml.tokens is missing or empty")
@@ -126,16 +128,18 @@ def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
     if scores is not None and len(scores) < n:
         raise TokenizerError(f"{where}: tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
 
-    if model == "gpt2":
+    if model in ("gpt2", "gemma4"):
         kind = "bpe"
         merges = _get(meta, "tokenizer.ggml.merges", list, where)
         if merges is None:
-            raise TokenizerError(f"{where}: a gpt2 (BPE) vocabulary needs tokenizer.ggml.merges")
-        pre_name = _get(meta, "tokenizer.ggml.pre", str, where)
+            raise TokenizerError(f"{where}: a {model} (BPE) vocabulary needs tokenizer.ggml.merges")
+        # llama.cpp ignores tokenizer.ggml.pre for gemma4 and has no default special ids for it.
+        pre_name = "gemma4" if model == "gemma4" else _get(meta, "tokenizer.ggml.pre", str, where)
         pre = pre_tokenizer_spec(pre_name)
         if pre is None:
             raise UnsupportedModelError(f"{where}: tokenizer.ggml.pre {pre_name!r} is not supported")
-        special: dict[str, int | None] = {"bos": 11, "eos": 11, "unk": None}
+        special: dict[str, int | None] = {"bos": None, "eos": None} if model == "gemma4" else {"bos": 11, "eos": 11}
+        special["unk"] = None
         add_bos, add_space_prefix, clean_spaces = bool(pre.add_bos), False, pre.clean_spaces
         if pre.no_bos:
             special["bos"] = None
@@ -162,6 +166,8 @@ def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
     }
     add_bos = flags["add_bos_token"] if isinstance(flags["add_bos_token"], bool) else add_bos
     add_eos = flags["add_eos_token"] if isinstance(flags["add_eos_token"], bool) else False
+    if pre is not None and pre.gemma4:
+        add_bos = True  # llama.cpp overrides a false add_bos_token for gemma4
     if isinstance(flags["add_space_prefix"], bool):
         add_space_prefix = flags["add_space_prefix"]
 

@@ -12,15 +12,15 @@ feature moves llama.cpp's logits well past the comparison's tolerance."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from arch_compare import assert_matches, assert_quantized_kl, batched, llama_cpp_logits, ours, token_ids
+from arch_compare import assert_matches, assert_quantized_kl, llama_cpp_logits, token_ids
 from gemma3n_models import write_gemma3n
+from gguf_edits import assert_chunk_and_batch_invariant, edited, fill, rel, shuffle_rows
 
 # name: write_gemma3n's options
 CASES: dict[str, dict[str, Any]] = {
@@ -55,52 +55,24 @@ def test_q8_0_kl(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert_quantized_kl("gemma3n Q8_0", _write(files, "short", "Q8_0"), monkeypatch)
 
 
+def test_q4_k_kl(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every quantized matrix's input a whole number of 256-wide super-blocks
+    assert_quantized_kl("gemma3n Q4_K", _write(files, "short", "Q4_K", d_model=256, n_heads=8, ffn=256), monkeypatch)
+
+
 @pytest.mark.parametrize("name", ["short", "kv-shared"])
 def test_batch_and_chunk_invariance(name: str, files: Path) -> None:
-    """The prefill's logits, bit for bit, in chunks (a boundary inside and across the sliding
-    window) and batched with a longer and a shorter other sequence (each the KV-shared layers'
-    source of its own sequence only)."""
-    path = _write(files, name)
-    ids = token_ids()
-    prefill = ours(path, ids)
-    for step in (3, 8, 40):
-        np.testing.assert_array_equal(ours(path, ids, step_tokens=step), prefill, err_msg=f"{name}: chunks of {step}")
-    for other in (token_ids(2), token_ids(3)[:5]):
-        np.testing.assert_array_equal(batched(path, ids, other), prefill,
-                                      err_msg=f"{name}: batched with a sequence of {len(other)}")
+    """The prefill's logits, bit for bit, in chunks and batched (each the KV-shared layers' source
+    of its own sequence only)."""
+    assert_chunk_and_batch_invariant(name, _write(files, name))
 
 
-def _edited(src: Path, edits: dict[str, Callable[[np.ndarray], None]], tag: str = "edited") -> Path:
-    """A copy of src with some F32 tensors changed in place, by name."""
-    from gguf import GGUFReader
-
-    dst = src.with_name(f"{src.stem}-{tag}.gguf")
-    shutil.copy(src, dst)
-    r = GGUFReader(str(dst), "r+")
-    done = set()
-    for t in r.tensors:
-        if t.name in edits:
-            edits[t.name](t.data)
-            done.add(t.name)
-    r.data.flush()
-    del r
-    assert done == set(edits), f"not in the file: {set(edits) - done}"
-    return dst
 
 
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def _fill(value: float) -> Callable[[np.ndarray], None]:
-    def run(x: np.ndarray) -> None:
-        x[...] = value
-
-    return run
 
 
-def _shuffle_rows(x: np.ndarray) -> None:
-    x[...] = x[np.random.default_rng(0).permutation(len(x))]
 
 
 def _reverse_slices(x: np.ndarray) -> None:
@@ -119,19 +91,19 @@ def _each(n: int, suffix: str, edit: Callable[[np.ndarray], None]) -> dict[str, 
 
 # what the writer's features are, as edits of a file or writer options
 FEATURES: dict[str, tuple[str, dict[str, Callable[[np.ndarray], None]], dict[str, Any]]] = {
-    "altup prediction coefficients": ("short", _each(4, "altup_predict_coef.weight", _fill(0.0)), {}),
-    "altup correction coefficients": ("short", _each(4, "altup_correct_coef.weight", _fill(0.0)), {}),
-    "altup correct scale": ("short", _each(4, "altup_correct_scale.weight", _fill(1.0)), {}),
+    "altup prediction coefficients": ("short", _each(4, "altup_predict_coef.weight", fill(0.0)), {}),
+    "altup correction coefficients": ("short", _each(4, "altup_correct_coef.weight", fill(0.0)), {}),
+    "altup correct scale": ("short", _each(4, "altup_correct_scale.weight", fill(1.0)), {}),
     "altup projections": ("short", {"altup_proj.weight": _reverse_slices}, {}),
     "altup unembedding": ("short", {"altup_unembd_proj.weight": _reverse_slices}, {}),
-    "laurel": ("short", _each(4, "laurel_r.weight", _fill(0.0)), {}),
-    "per-layer token embeddings": ("short", {"per_layer_token_embd.weight": _shuffle_rows}, {}),
-    "per-layer projection": ("short", {"per_layer_model_proj.weight": _fill(0.0)}, {}),
+    "laurel": ("short", _each(4, "laurel_r.weight", fill(0.0)), {}),
+    "per-layer token embeddings": ("short", {"per_layer_token_embd.weight": shuffle_rows}, {}),
+    "per-layer projection": ("short", {"per_layer_model_proj.weight": fill(0.0)}, {}),
     "sliding window": ("short", {}, dict(sliding_window=1000)),
     "sliding window pattern": ("short", {}, dict(swa_period=4)),
     "dense layers' gate": ("bare", {"blk.11.ffn_gate.weight": _add_row}, {}),
-    "KV-shared sliding layer's q": ("kv-shared", {"blk.20.attn_q.weight": _fill(0.0)}, {}),
-    "KV-shared full layer's q": ("kv-shared", {"blk.21.attn_q.weight": _fill(0.0)}, {}),
+    "KV-shared sliding layer's q": ("kv-shared", {"blk.20.attn_q.weight": fill(0.0)}, {}),
+    "KV-shared full layer's q": ("kv-shared", {"blk.21.attn_q.weight": fill(0.0)}, {}),
 }
 
 
@@ -144,8 +116,8 @@ def test_fixture_feature_bites_in_llama_cpp(feature: str, files: Path) -> None:
     ids = token_ids()
     ref = llama_cpp_logits(_write(files, name), ids)
     assert np.isfinite(ref).all() and np.abs(ref).max() > 25.0 and len(set(ref.argmax(-1).tolist())) > 10
-    changed = _edited(_write(files, name), edit) if edit else _write(files, name, **options)
-    assert _rel(llama_cpp_logits(changed, ids), ref) > 1e-2
+    changed = edited(_write(files, name), edit) if edit else _write(files, name, **options)
+    assert rel(llama_cpp_logits(changed, ids), ref) > 1e-2
 
 
 def test_fixture_sparsity_in_llama_cpp(files: Path) -> None:
@@ -157,8 +129,8 @@ def test_fixture_sparsity_in_llama_cpp(files: Path) -> None:
     path = _write(files, "bare")
     ref = llama_cpp_logits(path, ids)
     for layer in (0, 9):
-        shifted = _edited(path, {f"blk.{layer}.ffn_gate.weight": _add_row}, f"shift{layer}")
-        assert _rel(llama_cpp_logits(shifted, ids), ref) < 1e-3, f"layer {layer}"
+        shifted = edited(path, {f"blk.{layer}.ffn_gate.weight": _add_row}, f"shift{layer}")
+        assert rel(llama_cpp_logits(shifted, ids), ref) < 1e-3, f"layer {layer}"
 
 
 def test_fixture_kv_sharing_in_llama_cpp(files: Path) -> None:
@@ -166,8 +138,8 @@ def test_fixture_kv_sharing_in_llama_cpp(files: Path) -> None:
     their own attn_k, attn_v and attn_k_norm (loaded, as llama.cpp requires) change nothing."""
     ids = token_ids()
     path = _write(files, "kv-shared")
-    own_kv = {f"blk.{i}.{t}.weight": _fill(0.5) for i in (20, 21) for t in ("attn_k", "attn_v", "attn_k_norm")}
-    np.testing.assert_array_equal(llama_cpp_logits(_edited(path, own_kv), ids), llama_cpp_logits(path, ids))
+    own_kv = {f"blk.{i}.{t}.weight": fill(0.5) for i in (20, 21) for t in ("attn_k", "attn_v", "attn_k_norm")}
+    np.testing.assert_array_equal(llama_cpp_logits(edited(path, own_kv), ids), llama_cpp_logits(path, ids))
 
 
 def test_fixture_default_pattern_in_llama_cpp(files: Path) -> None:

@@ -11,15 +11,15 @@ those features moves llama.cpp's logits well past the comparison's tolerance."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from arch_compare import assert_matches, assert_quantized_kl, batched, llama_cpp_logits, ours, token_ids
+from arch_compare import assert_matches, assert_quantized_kl, llama_cpp_logits, token_ids
 from gemma_models import swa_pattern, write_gemma4
+from gguf_edits import assert_chunk_and_batch_invariant, edited, fill, rel, shuffle_rows
 
 # name: write_gemma4's options
 CASES: dict[str, dict[str, Any]] = {
@@ -54,48 +54,23 @@ def test_q8_0_kl(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert_quantized_kl("gemma4 Q8_0", _write(files, "dense", "Q8_0"), monkeypatch)
 
 
+def test_q4_k_kl(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every matrix input a whole number of 256-wide super-blocks
+    wide = dict(d_model=256, n_heads=16, ffn=256, per_layer=256)
+    assert_quantized_kl("gemma4 Q4_K", _write(files, "dense", "Q4_K", **wide), monkeypatch)
+
+
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_batch_and_chunk_invariance(name: str, files: Path) -> None:
-    """The prefill's logits, bit for bit, in chunks (a boundary inside and across the sliding
-    window) and batched with a longer and a shorter other sequence (each the KV-shared layers'
-    source of its own sequence only)."""
-    path = _write(files, name)
-    ids = token_ids()
-    prefill = ours(path, ids)
-    for step in (3, 8, 40):
-        np.testing.assert_array_equal(ours(path, ids, step_tokens=step), prefill, err_msg=f"{name}: chunks of {step}")
-    for other in (token_ids(2), token_ids(3)[:5]):
-        np.testing.assert_array_equal(batched(path, ids, other), prefill,
-                                      err_msg=f"{name}: batched with a sequence of {len(other)}")
+    """The prefill's logits, bit for bit, in chunks and batched (each the KV-shared layers' source
+    of its own sequence only)."""
+    assert_chunk_and_batch_invariant(name, _write(files, name))
 
 
-def _edited(src: Path, edits: dict[str, Callable[[np.ndarray], None]]) -> Path:
-    """A copy of src with some F32 tensors changed in place, by name."""
-    from gguf import GGUFReader
-
-    dst = src.with_name(src.stem + "-edited.gguf")
-    shutil.copy(src, dst)
-    r = GGUFReader(str(dst), "r+")
-    done = set()
-    for t in r.tensors:
-        if t.name in edits:
-            edits[t.name](t.data)
-            done.add(t.name)
-    r.data.flush()
-    del r
-    assert done == set(edits), f"not in the file: {set(edits) - done}"
-    return dst
 
 
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def _fill(value: float) -> Callable[[np.ndarray], None]:
-    def run(x: np.ndarray) -> None:
-        x[...] = value
-
-    return run
 
 
 def _copy(values: np.ndarray) -> Callable[[np.ndarray], None]:
@@ -105,22 +80,20 @@ def _copy(values: np.ndarray) -> Callable[[np.ndarray], None]:
     return run
 
 
-def _shuffle_rows(x: np.ndarray) -> None:
-    x[...] = x[np.random.default_rng(0).permutation(len(x))]
 
 
 # what the writer's features are, as edits of the dense (or moe) file or writer options
 FEATURES: dict[str, tuple[str, dict[str, Callable[[np.ndarray], None]], dict[str, Any]]] = {
-    "per-layer token embeddings": ("dense", {"per_layer_token_embd.weight": _shuffle_rows}, {}),
-    "per-layer projection": ("dense", {"per_layer_model_proj.weight": _fill(0.0)}, {}),
-    "layer output scales": ("dense", {f"blk.{i}.layer_output_scale.weight": _fill(1.0) for i in range(6)}, {}),
-    "proportional rope": ("dense", {"rope_freqs.weight": _fill(1.0)}, {}),
-    "KV-shared sliding layer's q": ("dense", {"blk.4.attn_q.weight": _fill(0.0)}, {}),
-    "KV-shared full layer's q": ("dense", {"blk.5.attn_q.weight": _fill(0.0)}, {}),
+    "per-layer token embeddings": ("dense", {"per_layer_token_embd.weight": shuffle_rows}, {}),
+    "per-layer projection": ("dense", {"per_layer_model_proj.weight": fill(0.0)}, {}),
+    "layer output scales": ("dense", {f"blk.{i}.layer_output_scale.weight": fill(1.0) for i in range(6)}, {}),
+    "proportional rope": ("dense", {"rope_freqs.weight": fill(1.0)}, {}),
+    "KV-shared sliding layer's q": ("dense", {"blk.4.attn_q.weight": fill(0.0)}, {}),
+    "KV-shared full layer's q": ("dense", {"blk.5.attn_q.weight": fill(0.0)}, {}),
     "sliding window": ("dense", {}, dict(sliding_window=1000)),
     "softcap": ("dense", {}, dict(softcap=0.0)),
-    "expert output scales": ("moe", {f"blk.{i}.ffn_down_exps.scale": _fill(1.0) for i in range(6)}, {}),
-    "router input scale": ("moe", {f"blk.{i}.ffn_gate_inp.scale": _fill(1.0) for i in range(6)}, {}),
+    "expert output scales": ("moe", {f"blk.{i}.ffn_down_exps.scale": fill(1.0) for i in range(6)}, {}),
+    "router input scale": ("moe", {f"blk.{i}.ffn_gate_inp.scale": fill(1.0) for i in range(6)}, {}),
     "top-k": ("moe", {}, dict(experts=(4, 1, 64))),
 }
 
@@ -134,8 +107,8 @@ def test_fixture_feature_bites_in_llama_cpp(feature: str, files: Path) -> None:
     ids = token_ids()
     ref = llama_cpp_logits(_write(files, name), ids)
     assert np.isfinite(ref).all() and np.abs(ref).max() > 25.0 and len(set(ref.argmax(-1).tolist())) > 10
-    changed = _edited(_write(files, name), edit) if edit else _write(files, name, **options)
-    assert _rel(llama_cpp_logits(changed, ids), ref) > 1e-2
+    changed = edited(_write(files, name), edit) if edit else _write(files, name, **options)
+    assert rel(llama_cpp_logits(changed, ids), ref) > 1e-2
 
 
 def test_fixture_v_is_k_without_attn_v(files: Path) -> None:
@@ -146,8 +119,8 @@ def test_fixture_v_is_k_without_attn_v(files: Path) -> None:
 
     ids = token_ids()
     ref, separate = llama_cpp_logits(_write(files, "dense"), ids), _write(files, "separate-v")
-    assert _rel(llama_cpp_logits(separate, ids), ref) > 1e-2
+    assert rel(llama_cpp_logits(separate, ids), ref) > 1e-2
     k = {t.name: np.array(t.data) for t in GGUFReader(str(separate)).tensors if t.name.endswith("attn_k.weight")}
     full_kv = [i for i, s in enumerate(swa_pattern(6, 2)[:4]) if not s]
     v_is_k = {f"blk.{i}.attn_v.weight": _copy(k[f"blk.{i}.attn_k.weight"]) for i in full_kv}
-    np.testing.assert_array_equal(llama_cpp_logits(_edited(separate, v_is_k), ids), ref)
+    np.testing.assert_array_equal(llama_cpp_logits(edited(separate, v_is_k), ids), ref)

@@ -1,8 +1,9 @@
-"""The engine on a tiny gemma4 file (per-layer embedding inputs, KV-shared layers attending over
-an earlier layer's K/V, sliding-window layers with their own head size, V = K on the full
-layers) and a tiny gemma3n one (AltUp's streams, LAuReL, activation sparsity): batched and
-chunked, preempted, resumed from a prefix-cache hit and decoded with n-gram speculation, each
-request gives the greedy tokens it gives decoded alone."""
+"""The engine on tiny files of the 2026 families' new parts: gpt-oss (attention sinks, sliding
+windows on every other layer, experts with biases and the clamped SwiGLU), gemma4 (per-layer
+embedding inputs, KV-shared layers attending over an earlier layer's K/V, sliding-window layers
+with their own head size, V = K on the full layers) and gemma3n (AltUp's streams, LAuReL,
+activation sparsity): batched and chunked, preempted, resumed from a prefix-cache hit and
+decoded with n-gram speculation, each request gives the greedy tokens it gives decoded alone."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from arch_cases import write
 from engine.test_engine_tiny import GREEDY, PROMPTS, engine, run, tiny_pool_engine
 from gemma3n_models import write_gemma3n
 from gemma_models import write_gemma4
 
 from edge_infer import SamplingParams
+from edge_infer.cli.inspect import layers
+from edge_infer.formats.gguf import GGUFFile
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +26,14 @@ def gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_gemma4(tmp_path_factory.mktemp("gemma4") / "gemma4.gguf", context_length=512)
 
 
-@pytest.fixture(scope="module", params=["gemma4", "gemma3n"])
+@pytest.fixture(scope="module", params=["gpt-oss", "gemma4", "gemma3n"])
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "gpt-oss":
+        return write(folder, "gpt-oss", context_length=1024)
     if request.param == "gemma4":
-        return write_gemma4(tmp_path_factory.mktemp("gemma4") / "gemma4.gguf", context_length=512)
-    return write_gemma3n(tmp_path_factory.mktemp("gemma3n") / "gemma3n.gguf", context_length=512)
+        return write_gemma4(folder / "gemma4.gguf", context_length=512)
+    return write_gemma3n(folder / "gemma3n.gguf", context_length=512)
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -45,6 +52,8 @@ def test_kv_pool_holds_only_the_layers_with_kv(gemma4: Path) -> None:
     assert len(runner.kv_pool) == 4 and runner.kv[4] is runner.kv[2] and runner.kv[5] is runner.kv[3]
     # the sliding-window layers' heads are narrower and more numerous than the full layers'
     assert runner.kv[1][0].shape[2:] == (2, 16) and runner.kv[0][0].shape[2:] == (1, 32)
+    with GGUFFile(gemma4) as f:  # `edge-infer inspect` names the layers without K/V of their own
+        assert layers(f)["kinds"] == ["attention"] * 4 + ["shared_kv_attention"] * 2
 
 
 def test_batched_chunked_and_preempted_equal_alone(model: Path) -> None:
