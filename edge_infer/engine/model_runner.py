@@ -48,16 +48,15 @@ class ModelRunner:
         pools = {i: pool for (heads, dim), layers in _kv_shapes(cfg).items()
                  for i, pool in zip(layers, backend.make_kv_pool(len(layers), num_blocks, block_size, heads, dim,
                                                                  kv_dtype))}
-        kv_layers = cfg.kv_layers
-        self.kv_pool = [pools[i] for i in kv_layers]
+        self.kv_pool = [pools[i] for i in cfg.kv_layers]
         self.states = backend.make_state_pool(cfg.state_shapes, num_state_slots) if cfg.recurrent else []
         # what each layer's forward reads and writes: its KV pair, its recurrent state pool, both
         # (falcon-h1: (KV, states)), or None (nemotron_h's FFN layers)
-        kv_of, state_of = iter(self.kv_pool), iter(self.states)
+        state_of = iter(self.states)
         self.kv: list[Any] = []
         for i in range(cfg.n_layers):
-            # a KV-shared layer (gemma4) attends over its source layer's K/V
-            attn = next(kv_of) if i in kv_layers else pools.get(cfg.kv_source(i)) if cfg.has_attention(i) else None
+            # a KV-shared layer (gemma4, gemma3n) attends over its source layer's K/V
+            attn = pools[cfg.kv_source(i)] if cfg.has_attention(i) else None
             state = next(state_of) if cfg.is_recurrent(i) else None
             self.kv.append((attn, state) if attn is not None and state is not None else state if attn is None else attn)
 

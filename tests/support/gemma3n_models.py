@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from gemma_models import write_meta
 from gguf import GGUFWriter
 from tiny_models import VOCAB_SIZE, _add_tokenizer, _Weights, finish
 
@@ -33,17 +34,6 @@ def swa_layers(n_layers: int, swa_period: int | None) -> list[bool]:
     llama.cpp's default for gemma3n when the key is absent, a period of 5)."""
     period = 5 if swa_period is None else swa_period
     return [i % period < period - 1 for i in range(n_layers)]
-
-
-def _meta(w: GGUFWriter, values: dict[str, object]) -> None:
-    """gemma3n.<key> = value: ints UINT32, floats FLOAT32, lists arrays (INT32 / FLOAT32 / BOOL)."""
-    for key, value in values.items():
-        if isinstance(value, list):
-            w.add_array(f"{ARCH}.{key}", value)
-        elif isinstance(value, float):
-            w.add_float32(f"{ARCH}.{key}", value)
-        else:
-            w.add_uint32(f"{ARCH}.{key}", int(value))  # type: ignore[call-overload]
 
 
 def write_gemma3n(
@@ -98,7 +88,7 @@ def write_gemma3n(
             "activation_sparsity_scale": [SPARSITY_STD_MUL if i < SPARSE_LAYERS else float("-inf")
                                           for i in range(n_layers)],
         })
-    _meta(w, meta)
+    write_meta(w, ARCH, meta)
     _add_tokenizer(w, add_bos=True)
 
     # Every block output is RMS-normed by a weighted norm whose weights set how much it adds.

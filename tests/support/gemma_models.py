@@ -31,15 +31,15 @@ def swa_pattern(n_layers: int, shared_kv: int) -> list[bool]:
     return kv + [(i - n_kv) % 2 == 0 for i in range(n_kv, n_layers)]
 
 
-def _meta(w: GGUFWriter, values: dict[str, object]) -> None:
-    """gemma4.<key> = value: ints UINT32, floats FLOAT32, lists arrays (INT32 / BOOL)."""
+def write_meta(w: GGUFWriter, arch: str, values: dict[str, object]) -> None:
+    """<arch>.<key> = value: ints UINT32, floats FLOAT32, lists arrays (INT32 / FLOAT32 / BOOL)."""
     for key, value in values.items():
         if isinstance(value, list):
-            w.add_array(f"{ARCH}.{key}", value)
+            w.add_array(f"{arch}.{key}", value)
         elif isinstance(value, float):
-            w.add_float32(f"{ARCH}.{key}", value)
+            w.add_float32(f"{arch}.{key}", value)
         else:
-            w.add_uint32(f"{ARCH}.{key}", int(value))  # type: ignore[call-overload]
+            w.add_uint32(f"{arch}.{key}", int(value))  # type: ignore[call-overload]
 
 
 def _skip(wt: _Weights, rows: int, cols: int) -> None:
@@ -104,7 +104,7 @@ def write_gemma4(
     }
     if moe:
         meta.update({"expert_count": n_exp, "expert_used_count": n_used, "expert_feed_forward_length": f_exp})
-    _meta(w, meta)
+    write_meta(w, ARCH, meta)
     _add_tokenizer(w, add_bos=True)
 
     # Every block output is RMS-normed by its post-norm, so the post-norm weights set how much

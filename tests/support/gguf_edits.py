@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from arch_compare import batched, ours, token_ids
+from arch_compare import batched, llama_cpp_logits, ours, token_ids
 
 Edit = Callable[[np.ndarray], None]
 
@@ -58,3 +58,13 @@ def assert_chunk_and_batch_invariant(name: str, path: Path) -> None:
     for other in (token_ids(2), token_ids(3)[:5]):
         np.testing.assert_array_equal(batched(path, ids, other), prefill,
                                       err_msg=f"{name}: batched with a sequence of {len(other)}")
+
+
+def assert_feature_bites(original: Path, changed: Path) -> None:
+    """llama.cpp alone: the file's logits are finite, varied and reach a softcap of 30, and the
+    changed file's (a feature edited or written otherwise) move by more than 1e-2 relative L2,
+    ten times the comparison's tolerance."""
+    ids = token_ids()
+    ref = llama_cpp_logits(original, ids)
+    assert np.isfinite(ref).all() and np.abs(ref).max() > 25.0 and len(set(ref.argmax(-1).tolist())) > 10
+    assert rel(llama_cpp_logits(changed, ids), ref) > 1e-2
