@@ -11,6 +11,7 @@ those features moves llama.cpp's logits well past the comparison's tolerance."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ import pytest
 from arch_compare import assert_matches, assert_quantized_kl, llama_cpp_logits, token_ids
 from gemma_models import swa_pattern, write_gemma4
 from gguf_edits import assert_chunk_and_batch_invariant, assert_feature_bites, edited, fill, rel, shuffle_rows
+
+from edge_infer.errors import UnsupportedModelError
+from edge_infer.formats.gguf import GGUFFile
+from edge_infer.models import config_from_gguf
 
 # name: write_gemma4's options
 CASES: dict[str, dict[str, Any]] = {
@@ -121,3 +126,17 @@ def test_fixture_v_is_k_without_attn_v(files: Path) -> None:
     full_kv = [i for i, s in enumerate(swa_pattern(6, 2)[:4]) if not s]
     v_is_k = {f"blk.{i}.attn_v.weight": _copy(k[f"blk.{i}.attn_k.weight"]) for i in full_kv}
     np.testing.assert_array_equal(llama_cpp_logits(edited(separate, v_is_k), ids), ref)
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("attention.sliding_window_pattern", 6, "sliding_window_pattern' as per-layer flags"),
+    ("attention.head_count_kv", [1, 2, 2, 2, 2, 1], "head_count_kv varies within the full or sliding-window layers"),
+    ("attention.value_length_swa", 8, "key and value lengths equal"),
+    ("attention.shared_kv_layers", 5, "shared_kv_layers = 5 of 6 layers"),
+])
+def test_malformed_metadata_is_refused_by_name(key: str, value: object, says: str, files: Path) -> None:
+    """A gemma4 file whose metadata llama.cpp would refuse gets one error naming the key."""
+    with GGUFFile(_write(files, "dense")) as f:
+        f.metadata[f"gemma4.{key}"] = value
+        with pytest.raises(UnsupportedModelError, match=re.escape(says)):
+            config_from_gguf(f)
