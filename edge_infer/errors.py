@@ -19,6 +19,11 @@ class UnsupportedModelError(EdgeInferError):
     """The model's architecture or hyper-parameters are outside what the runtime can run."""
 
 
+class ConversionError(EdgeInferError):
+    """A Hugging Face folder cannot be converted to GGUF: a missing or unreadable file, an
+    unsupported architecture, a missing, unexpected or misshapen tensor; the message names it."""
+
+
 class HubError(EdgeInferError):
     """Pulling or locating a model failed: unknown name, no network, bad checksum."""
 

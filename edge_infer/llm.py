@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from edge_infer.config import EngineConfig, RuntimePlan
+from edge_infer.engine.embedding import cosine_scores
+from edge_infer.engine.encoder_engine import EncoderEngine
 from edge_infer.engine.worker import EngineWorker, RequestHandle
 from edge_infer.errors import InvalidRequest
 from edge_infer.hub import DEFAULT_MODEL
@@ -113,6 +115,30 @@ class LLM:
         assert engine is not None
         ids = [engine.embed_ids(t) for t in items]  # tokenized here, off the engine thread
         return self._worker.call(lambda e: e.embed(ids))
+
+    def rerank(self, query: str, documents: Sequence[str]) -> list[float]:
+        """A relevance score per document, in input order (higher: more relevant). A reranker
+        (pooling_type rank: a cross-encoder) scores each (query, document) pair with its
+        classification head; any other embedding model gives the cosine of the query's and the
+        document's embeddings."""
+        if not isinstance(query, str):
+            raise InvalidRequest(f"query must be a string, got {type(query).__name__}")
+        docs = list(documents) if not isinstance(documents, str) else [documents]
+        if not docs:
+            raise InvalidRequest("rerank needs at least one document")
+        for d in docs:
+            if not isinstance(d, str):
+                raise InvalidRequest(f"each document must be a string, got {type(d).__name__}")
+        engine = self._worker.engine
+        assert engine is not None
+        # tokenized here, off the engine thread
+        if isinstance(engine, EncoderEngine) and engine.rerank_method == "rank":
+            pairs = [engine.rerank_ids(query, d) for d in docs]
+            scores = self._worker.call(lambda e: e.score_pairs(pairs))  # type: ignore[union-attr]
+        else:
+            ids = [engine.embed_ids(query)] + [engine.embed_ids(d) for d in docs]
+            scores = cosine_scores(self._worker.call(lambda e: e.embed(ids)))
+        return [float(s) for s in scores]
 
     def prompt_logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits float32 [len(token_ids), vocab]: row i predicts token i + 1."""

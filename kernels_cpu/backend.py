@@ -14,7 +14,7 @@ from edge_infer.formats.gguf import GGUFFile
 from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.formats.weight_types import TYPES
 
-from . import altup, attention, matmul, matmul_experts, matmul_i8, matmul_k, moe, ops, recurrent
+from . import altup, attention, encoder, matmul, matmul_experts, matmul_i8, matmul_k, moe, ops, recurrent
 from .dequant import F32, KERNEL_TYPES, Q4_K
 from .repack_i8 import I8Weights, repack
 from .repack_k import KWeights, repack_k
@@ -313,6 +313,17 @@ class CpuBackend:
     unembed_mean = staticmethod(altup.unembed_mean_kernel)
     gaussian_topk = staticmethod(altup.gaussian_topk_kernel)
     mul_rows = staticmethod(altup.mul_rows_kernel)
+
+    # bidirectional encoders (kernels_cpu.encoder)
+    layernorm = staticmethod(encoder.layernorm_kernel)
+    add_layernorm = staticmethod(encoder.add_layernorm_kernel)
+    input_layernorm = staticmethod(encoder.input_layernorm_kernel)
+    bias_gelu = staticmethod(encoder.bias_gelu_kernel)
+
+    def encoder_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, seq_start: np.ndarray,
+                          seq_end: np.ndarray, head_dim: int, scale: np.float32, slopes: np.ndarray,
+                          out: np.ndarray) -> None:
+        encoder.encoder_attention_kernel(q, k, v, seq_start, seq_end, head_dim, scale, slopes, self.n_threads, out)
 
     @staticmethod
     def expert_scale(n: int, scale: np.ndarray, work: Workspace) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from edge_infer._version import __version__
-from edge_infer.cli import bench, chat, doctor, inspect, models, perplexity, quantize, run, serve
+from edge_infer.cli import bench, chat, convert, doctor, inspect, models, perplexity, quantize, run, serve
 from edge_infer.errors import EdgeInferError
 
 Register = Callable[[Any, list[argparse.ArgumentParser]], None]
@@ -25,7 +25,7 @@ Register = Callable[[Any, list[argparse.ArgumentParser]], None]
 _COMMANDS: tuple[Register, ...] = (
     models.register_pull, models.register_models, inspect.register,
     run.register, chat.register, perplexity.register, bench.register,
-    serve.register, doctor.register, quantize.register,
+    serve.register, doctor.register, quantize.register, convert.register,
 )
 
 

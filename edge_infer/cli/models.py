@@ -49,11 +49,12 @@ def list_models() -> dict[str, Any]:
     for m in hub.KNOWN_MODELS.values():
         path = hub.cached_path(m.name)
         size = path.stat().st_size if path.is_file() else None
-        # Only a size check: hashing every model just to list them would take seconds.
-        cached = "no" if size is None else "yes" if size == m.size else "wrong size"
+        # Only a size check: hashing every model just to list them would take seconds. A file
+        # converted on pull has no pinned size (m.size and m.sha256 are its source zip's).
+        cached = "no" if size is None else "yes" if m.convert or size == m.size else "wrong size"
         rows.append({"name": m.name, "size": m.size, "license": m.license, "cached": cached,
                      "path": str(path), "packages": list(m.packages), "sha256": m.sha256,
-                     "description": m.description})
+                     "convert": m.convert, "description": m.description})
     known = {hub.cached_path(n).name for n in hub.KNOWN_MODELS}
     d = hub.models_dir()
     others = sorted(p for p in d.glob("*.gguf") if p.name not in known) if d.is_dir() else []

@@ -77,7 +77,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 LIMIT_FLAGS = (("max_body", 32 * 2**20, "bytes of a request body"), ("max_n", 16, "completions per request (n)"),
                ("max_stop", 16, "stop strings per request"), ("max_stop_chars", 512, "characters of a stop string"),
                ("max_logit_bias", 1024, "logit_bias entries"), ("max_messages", 2048, "chat messages per request"),
-               ("max_tools", 128, "tools per request"), ("max_inputs", 2048, "prompts or embedding inputs per request"),
+               ("max_tools", 128, "tools per request"), ("max_inputs", 2048, "prompts, embedding inputs or rerank documents per request"),
                ("max_chars", 4 * 2**20, "characters of text per request: messages, tools, prompts, inputs"))
 
 

@@ -22,7 +22,7 @@ from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError, from_engine_error
 
 if TYPE_CHECKING:
-    from edge_infer.engine.engine import LLMEngine
+    from edge_infer.engine.engines import Engine
     from edge_infer.engine.worker_protocol import OnOutput, Worker
 
 log = logging.getLogger("edge_infer.cluster")
@@ -46,7 +46,7 @@ def _replica_error(e: BaseException, what: str) -> BaseException:
     return APIError(503, REPLICA_FAILED, code="replica_failed", headers={"Retry-After": "1"})
 
 
-async def _call_replica(handle: Any, fn: Callable[[LLMEngine], T]) -> T:
+async def _call_replica(handle: Any, fn: Callable[[Engine], T]) -> T:
     """fn(engine) on one engine replica (the router's choice), within CALL_TIMEOUT_S."""
     try:
         return await asyncio.wait_for(handle.call.remote(fn), CALL_TIMEOUT_S)
@@ -59,7 +59,7 @@ class RemoteWorker:
     call() are called on helper threads; the streams run on the event loop, which delivers the
     outputs. Its engine is on a replica, so `engine` is None."""
 
-    engine: LLMEngine | None = None
+    engine: Engine | None = None
 
     def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.handle, self.loop = handle, loop
@@ -93,7 +93,7 @@ class RemoteWorker:
         if fut is not None:
             self.loop.call_soon_threadsafe(fut.cancel)
 
-    def call(self, fn: Callable[[LLMEngine], T]) -> T:
+    def call(self, fn: Callable[[Engine], T]) -> T:
         """fn(engine) on one replica. It blocks until the replica answers, so never on the event
         loop's thread (ClusterEngine.call awaits the same call there)."""
         try:
@@ -148,7 +148,7 @@ class ClusterEngine(AsyncEngine):
         self.max_model_len = int(self.replica_info["max_model_len"])
         return worker
 
-    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+    async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """fn(engine) on one engine replica (the router's choice), awaited on the event loop."""
         if self.worker is None:
             raise APIError(503, "the engine is not running", code="shutting_down")

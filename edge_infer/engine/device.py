@@ -10,7 +10,7 @@ import logging
 
 from edge_infer.config import EngineConfig, default_threads
 from edge_infer.errors import InvalidRequest, UnsupportedModelError
-from edge_infer.models.backend import Backend
+from edge_infer.models.backend import Backend, EncoderBackend
 from edge_infer.models.config import ModelConfig
 
 log = logging.getLogger("edge_infer.engine")
@@ -76,4 +76,17 @@ def make_backend(config: EngineConfig, cfg: ModelConfig) -> Backend:
         log.warning("device auto: running on the CPU: %s", lacks)
     else:
         log.info("device auto: the CPU (%s)", missing)
+    return CpuBackend(config.n_threads or default_threads())
+
+
+def encoder_backend(config: EngineConfig, arch: str) -> EncoderBackend:
+    """The backend of an encoder model: the CPU (the CUDA backend has no encoder kernels:
+    device='cuda' is refused by name, 'auto' says so in the log)."""
+    from edge_infer.kernels_cpu.backend import CpuBackend
+
+    if config.device == "cuda":
+        raise UnsupportedModelError(f"device='cuda': {arch}: the CUDA backend has no encoder kernels (bidirectional "
+                                    "attention, LayerNorm); use device='cpu' or 'auto'")
+    if config.device == "auto" and cuda_missing() is None:
+        log.warning("device auto: running on the CPU: %s: the CUDA backend has no encoder kernels", arch)
     return CpuBackend(config.n_threads or default_threads())

@@ -48,3 +48,10 @@ def _rows(pooling: str, start: int, end: int, n: int) -> list[int]:
     if pooling == "cls":
         return [0] if start == 0 else []
     return [end - 1 - start] if end == n else []
+
+
+def cosine_scores(embeddings: np.ndarray) -> np.ndarray:
+    """float32 [n - 1]: the cosine of row 0 (a query's unit-norm embedding) with each other row
+    (the documents'): how a model without a rerank head ranks documents."""
+    rows = embeddings.astype(np.float64)
+    return (rows[1:] @ rows[0]).astype(np.float32)

@@ -1,4 +1,4 @@
-"""EngineWorker: the one thread that runs an LLMEngine. Callers on any thread submit requests
+"""EngineWorker: the one thread that runs an engine (an LLMEngine, or an EncoderEngine for an encoder model). Callers on any thread submit requests
 and read their outputs from a per-request queue; requests submitted together are batched.
 What callers ask reaches the thread as a command (AddRequest, Abort, Call, Stop: frozen
 dataclasses, matched between steps). The fronts see it as a `Worker` (worker_protocol.py).
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from edge_infer.config import EngineConfig
-from edge_infer.engine.engine import LLMEngine
+from edge_infer.engine.engines import Engine, make_engine
 from edge_infer.engine.sequence import LogitsProcessor
 from edge_infer.errors import EdgeInferError
 from edge_infer.outputs import RequestOutput
@@ -90,7 +90,7 @@ class Abort:
 class Call:
     """Run fn(engine) between steps; its result or exception goes to `result`."""
 
-    fn: Callable[[LLMEngine], Any]
+    fn: Callable[[Engine], Any]
     result: Future[Any]
 
 
@@ -106,13 +106,13 @@ class EngineWorker:
     """The engine thread: a `Worker` (engine/worker_protocol.py) in this process. The engine it
     built is `engine` (None once shut down)."""
 
-    def __init__(self, config: EngineConfig, on_step: Callable[[LLMEngine], None] | None = None) -> None:
+    def __init__(self, config: EngineConfig, on_step: Callable[[Engine], None] | None = None) -> None:
         self._commands: queue.Queue[Command] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._on_step = on_step
-        self.engine: LLMEngine | None = None
+        self.engine: Engine | None = None
         self._thread = threading.Thread(target=self._run, args=(config,), name="edge-infer-engine", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -138,7 +138,7 @@ class EngineWorker:
         """Abort before the next step: its handle gets an error naming it; unknown ids do nothing."""
         self._commands.put(Abort(request_id))
 
-    def call(self, fn: Callable[[LLMEngine], T]) -> T:
+    def call(self, fn: Callable[[Engine], T]) -> T:
         """Run fn(engine) on the engine thread between steps and return its result."""
         self._live()
         result: Future[T] = Future()
@@ -148,7 +148,7 @@ class EngineWorker:
                 raise EdgeInferError("the engine was shut down")
         return result.result()
 
-    def _live(self) -> LLMEngine:
+    def _live(self) -> Engine:
         if self.engine is None or not self._thread.is_alive():
             raise EdgeInferError("this LLM is closed (close() was called, or its engine stopped)")
         return self.engine
@@ -167,7 +167,7 @@ class EngineWorker:
     def _run(self, config: EngineConfig) -> None:
         try:
             with KERNEL_LOCK:
-                self.engine = LLMEngine(config)
+                self.engine = make_engine(config)
         except BaseException as e:  # reported to the constructor's caller
             self._error = e
             self._ready.set()
@@ -213,7 +213,7 @@ class EngineWorker:
             if self._on_step is not None:
                 self._on_step(engine)
 
-    def _handle(self, engine: LLMEngine, cmd: AddRequest | Abort | Call) -> None:
+    def _handle(self, engine: Engine, cmd: AddRequest | Abort | Call) -> None:
         match cmd:
             case AddRequest():
                 rid = cmd.handle.request_id

@@ -16,7 +16,7 @@ from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from edge_infer.engine.engine import LLMEngine
+    from edge_infer.engine.engines import Engine
     from edge_infer.engine.worker import RequestHandle
 
 T = TypeVar("T")
@@ -31,7 +31,7 @@ class Worker(Protocol):
     but the one the worker delivers on (the remote worker's event loop)."""
 
     @property
-    def engine(self) -> LLMEngine | None:
+    def engine(self) -> Engine | None:
         """The engine in this process, for what any thread may read (tokenizing, the model's
         config); None when it runs elsewhere (a cluster replica) or has stopped."""
         ...
@@ -46,7 +46,7 @@ class Worker(Protocol):
         """Stop a request (its KV blocks are freed before the next step); unknown ids are ignored."""
         ...
 
-    def call(self, fn: Callable[[LLMEngine], T]) -> T:
+    def call(self, fn: Callable[[Engine], T]) -> T:
         """fn(engine) between two engine steps, and its result (or its exception, raised here)."""
         ...
 

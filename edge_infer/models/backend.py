@@ -193,3 +193,27 @@ class Backend(Protocol):
     def scale(self, x: Array, factor: Any) -> None: ...
 
     def add(self, h: Array, delta: Array) -> None: ...
+
+
+class EncoderBackend(Backend, Protocol):
+    """A backend that also runs bidirectional encoders (models/encoder.py): the CPU's."""
+
+    def layernorm(self, x: Array, w: Array, b: Array, eps: Any, out: Array) -> None:
+        """out = LayerNorm(x) * w + b per row (kernels_cpu.encoder)."""
+        ...
+
+    def add_layernorm(self, x: Array, bias: Array, res: Array, w: Array, b: Array, eps: Any, out: Array) -> None:
+        """x += bias + res, then out = LayerNorm(x) * w + b: an encoder's post-norm residual."""
+        ...
+
+    def input_layernorm(self, x: Array, type_row: Array, pos_table: Array, positions: Array, w: Array, b: Array,
+                        eps: Any, out: Array) -> None:
+        """An encoder's input: token embeddings + token type + learned positions, LayerNorm'd."""
+        ...
+
+    def bias_gelu(self, x: Array, bias: Array, out: Array) -> None: ...
+
+    def encoder_attention(self, q: Array, k: Array, v: Array, seq_start: Array, seq_end: Array, head_dim: int,
+                          scale: Any, slopes: Array, out: Array) -> None:
+        """Bidirectional attention within each input (kernels_cpu.encoder.encoder_attention_kernel)."""
+        ...

@@ -120,7 +120,11 @@ class MetadataReader:
 
     def pooling(self) -> str:
         """`pooling_type` as ModelConfig.pooling names it; a decoder file without one: "last"."""
-        kind = self.get("pooling_type", 3)
+        return self.pooling_or("last")
+
+    def pooling_or(self, default: str) -> str:
+        """`pooling_type` by name (POOLINGS), `default` when the file has none."""
+        kind = self.get("pooling_type", {v: k for k, v in POOLINGS.items()}[default])
         if kind not in POOLINGS:
             raise UnsupportedModelError(f"{self.f.path}: {self.arch}.pooling_type = {kind} is not a known pooling type")
         return POOLINGS[kind]

@@ -168,7 +168,7 @@ def row_slices(m: QMatrix, rows: tuple[int, ...]) -> list[QMatrix]:
     return out
 
 
-class _Tensors:
+class Tensors:
     """The file's tensors as load_weights takes them, remembering which it took."""
 
     def __init__(self, f: GGUFFile, types: tuple[int, ...]) -> None:
@@ -196,15 +196,19 @@ class _Tensors:
 
     def check_all_used(self, cfg: ModelConfig) -> None:
         """Every tensor is used or on the architecture's list of tensors it may ignore."""
-        used = self.used | {name for name, factors in (("rope_freqs.weight", cfg.rope_freqs),
-                                                       ("rope_factors_long.weight", cfg.rope_factors_long),
-                                                       ("rope_factors_short.weight", cfg.rope_factors_short)) if factors}
-        left = sorted(n for n in self.f.tensors if n not in used and not any(fnmatch(n, p) for p in cfg.ignored_tensors))
+        self.used |= {name for name, factors in (("rope_freqs.weight", cfg.rope_freqs),
+                                                 ("rope_factors_long.weight", cfg.rope_factors_long),
+                                                 ("rope_factors_short.weight", cfg.rope_factors_short)) if factors}
+        self.refuse_unused(cfg.arch, cfg.ignored_tensors)
+
+    def refuse_unused(self, arch: str, ignored: tuple[str, ...] = ()) -> None:
+        """UnsupportedModelError naming the tensors neither used nor matching an `ignored` pattern."""
+        left = sorted(n for n in self.f.tensors if n not in self.used and not any(fnmatch(n, p) for p in ignored))
         if left:
             more = f" and {len(left) - 5} more" if len(left) > 5 else ""
             raise UnsupportedModelError(
                 f"{self.f.path}: tensor{'s' if len(left) > 1 else ''} {', '.join(map(repr, left[:5]))}{more} "
-                f"not used by edge-infer's {cfg.arch} model (a variant it does not support: supported architectures "
+                f"not used by edge-infer's {arch} model (a variant it does not support: supported architectures "
                 f"and their tensors are listed in the README)"
             )
 
@@ -213,7 +217,7 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
     """All weights of a model, prepared by the backend; nothing is copied but small vectors (and
     what the backend repacks). Every tensor of the file must be used (or ignorable)."""
     d = cfg.d_model
-    t = _Tensors(f, tuple(backend.matrix_types))
+    t = Tensors(f, tuple(backend.matrix_types))
     emb = t.mat("token_embd.weight", cfg.vocab_size, d)
     output = emb if cfg.tied_embeddings else t.mat("output.weight", cfg.vocab_size, d)
     layers = []
@@ -251,7 +255,7 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, backend: Backend) -> ModelWeight
     return ModelWeights(emb, output_norm, prepared[-1], layers, ple_embd, ple_proj_norm, alt[:k], alt[k:])
 
 
-def _attention(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
+def _attention(t: Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
     """Layer i's attention projections, biases and QK norms (a KV-shared layer's Q only:
     its attn_k, attn_v and K norm, if the file has them, go unused, as in llama.cpp)."""
     p, d, hd = f"blk.{i}.", cfg.d_model, cfg.layer_head_dim(i)
@@ -282,7 +286,7 @@ def _attention(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
             lw.k_norm = t.vec(p + "attn_k_norm.weight", kv_dim if cfg.qk_norm_full else hd)
 
 
-def _ffn(t: _Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
+def _ffn(t: Tensors, cfg: ModelConfig, i: int, lw: LayerWeights) -> None:
     """Layer i's FFN: its pre-norm (none in nemotron_h's FFN-only layers, where attn_norm is
     it), then a dense SwiGLU / GeGLU (gate, up, down), an ungated one (relu2, xielu: up, down), or the
     mixture of experts with its shared expert, if any, as the dense matrices."""

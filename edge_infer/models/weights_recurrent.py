@@ -15,7 +15,7 @@ from edge_infer.models.config import ModelConfig
 
 
 class TensorSource(Protocol):
-    """What the loaders read through (weights._Tensors): a checked matrix or float32 vector by
+    """What the loaders read through (weights.Tensors): a checked matrix or float32 vector by
     name, remembering it was used; `has(name)` for optional tensors."""
 
     def mat(self, name: str, rows: int, cols: int) -> QMatrix: ...

@@ -5,7 +5,7 @@ it is ready (and while shutting down), 200 after. /health and /metrics stay open
 keys are set; everything else needs `Authorization: Bearer KEY`. Every route answers only to
 the Host names of --allowed-hosts; the JSON routes take only `application/json` bodies, read
 up to --max-body bytes (http_guards.py). The routes live by group in routes_generate.py
-(completions, chat), routes_tokens.py (embeddings, tokenize, detokenize) and routes_status.py
+(completions, chat), routes_tokens.py (embeddings, rerank, tokenize, detokenize) and routes_status.py
 (health, models, metrics); each reads its app's settings and engine from context.py.
 """
 
@@ -36,7 +36,8 @@ from edge_infer.server.http_guards import LOOPBACK_NAMES, HostCheck
 from edge_infer.server.limits import RequestLimits
 
 log = logging.getLogger("edge_infer.server")
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/health", "/metrics", "/tokenize", "/detokenize")
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/rerank", "/rerank",
+          "/v1/reranking", "/health", "/metrics", "/tokenize", "/detokenize")
 
 
 @dataclass(slots=True)

@@ -33,7 +33,7 @@ from edge_infer.server.tools import MARKERS, detect_format
 
 if TYPE_CHECKING:
     from edge_infer.chat import ChatTemplate
-    from edge_infer.engine.engine import LLMEngine
+    from edge_infer.engine.engines import Engine
     from edge_infer.engine.worker_protocol import Worker
     from edge_infer.formats.gguf import GGUFFile
     from edge_infer.tokenizer import Tokenizer
@@ -261,7 +261,7 @@ class AsyncEngine:
         """fn() on a helper thread (tokenizing, templates: work that must not block the loop)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+    async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """fn(engine) on the engine thread between steps."""
         worker = self.worker
         if worker is None:

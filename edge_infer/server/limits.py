@@ -26,8 +26,8 @@ class RequestLimits:
     max_logit_bias: int = 1024  # logit_bias entries
     max_messages: int = 2048  # chat messages
     max_tools: int = 128  # tools
-    max_inputs: int = 2048  # embeddings inputs / completions prompts
-    max_chars: int = MAX_CHARS  # characters of text: messages, tools, prompts, inputs together
+    max_inputs: int = 2048  # embeddings inputs / completions prompts / rerank documents
+    max_chars: int = MAX_CHARS  # characters of text: messages, tools, prompts, inputs, query, documents together
 
     def __post_init__(self) -> None:
         for name in ("max_body", "max_n", "max_stop", "max_stop_chars", "max_logit_bias", "max_messages", "max_tools",
@@ -53,12 +53,12 @@ class RequestLimits:
         over("logit_bias", len(_get(req, "logit_bias") or {}), self.max_logit_bias, "entries")
         over("messages", len(_get(req, "messages") or []), self.max_messages, "messages")
         over("tools", len(_get(req, "tools") or []), self.max_tools, "tools")
-        for name in ("prompt", "input"):
+        for name in ("prompt", "input", "documents"):
             v = _get(req, name)
             if isinstance(v, list) and v and not all(_is_int(t) for t in v):
                 over(name, len(v), self.max_inputs, "inputs")
         # Before any templating or tokenizing, which cost CPU in proportion to the text.
-        sizes = {name: _chars(_get(req, name)) for name in ("messages", "tools", "prompt", "input")}
+        sizes = {name: _chars(_get(req, name)) for name in ("messages", "tools", "prompt", "input", "query", "documents")}
         total = sum(sizes.values())
         if total > self.max_chars:
             field = max(sizes, key=lambda k: sizes[k])

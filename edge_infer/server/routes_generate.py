@@ -1,5 +1,6 @@
 """The generating routes: POST /v1/completions and /v1/chat/completions (completions.py and
-chat.py build the answers; this module checks the request and names the model)."""
+chat.py build the answers; this module checks the request, names the model and refuses an
+encoder's, which computes embeddings and rerank scores but no text)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from starlette.responses import Response
 from edge_infer.server.chat import create_chat_completion
 from edge_infer.server.completions import create_completion
 from edge_infer.server.context import parse_request
+from edge_infer.server.engine_client import AsyncEngine
+from edge_infer.server.errors import APIError
 from edge_infer.server.protocol import ChatCompletionRequest, CompletionRequest
 from edge_infer.server.schema import body_schema
 
@@ -18,10 +21,29 @@ router = APIRouter()
 @router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
 async def completions(request: Request) -> Response:
     ctx, req = await parse_request(request, CompletionRequest)
-    return await create_completion(req, ctx.engine, ctx.check_model(req.model), request.receive)
+    model = ctx.check_model(req.model)
+    _refuse_encoder(ctx.engine)
+    return await create_completion(req, ctx.engine, model, request.receive)
 
 
 @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     ctx, req = await parse_request(request, ChatCompletionRequest)
-    return await create_chat_completion(req, ctx.engine, ctx.check_model(req.model), request.receive)
+    model = ctx.check_model(req.model)
+    _refuse_encoder(ctx.engine)
+    return await create_chat_completion(req, ctx.engine, model, request.receive)
+
+
+def _refuse_encoder(engine: AsyncEngine) -> None:
+    """A 400 naming the reason for an encoder model, before any templating or tokenizing (its
+    engine would refuse the request too, but chat would first fail on the missing template)."""
+    worker = engine.worker
+    eng = worker.engine if worker is not None else None
+    if eng is None:  # a cluster's replicas refuse it themselves
+        return
+    from edge_infer.engine.encoder_engine import EncoderEngine  # loaded already: make_engine chose by it
+
+    if isinstance(eng, EncoderEngine):
+        raise APIError(400, f"this model ({eng.model_config.arch}) is an encoder: it computes embeddings and rerank "
+                       "scores (/v1/embeddings, /v1/rerank), it does not generate text", param="model",
+                       code="model_not_generative")

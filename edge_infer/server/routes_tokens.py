@@ -1,6 +1,7 @@
 """The routes over the model's inputs rather than its generations: POST /v1/embeddings
-(embeddings.py), /tokenize (a prompt, or messages under the chat template, to token ids) and
-/detokenize (token ids to text)."""
+(embeddings.py), /v1/rerank with llama.cpp's aliases /rerank and /v1/reranking (rerank.py),
+/tokenize (a prompt, or messages under the chat template, to token ids) and /detokenize
+(token ids to text)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from edge_infer.server.context import parse_request
 from edge_infer.server.embeddings import create_embeddings
 from edge_infer.server.errors import APIError, from_engine_error
 from edge_infer.server.protocol import DetokenizeRequest, EmbeddingRequest, TokenizeRequest, template_messages
+from edge_infer.server.rerank import RerankRequest, create_rerank
 from edge_infer.server.schema import body_schema
 
 router = APIRouter()
@@ -21,6 +23,14 @@ router = APIRouter()
 async def embeddings(request: Request) -> Response:
     ctx, req = await parse_request(request, EmbeddingRequest)
     return JSONResponse(await create_embeddings(req, ctx.engine, ctx.check_model(req.model)))
+
+
+@router.post("/v1/rerank", openapi_extra=body_schema(RerankRequest))
+@router.post("/rerank", openapi_extra=body_schema(RerankRequest))
+@router.post("/v1/reranking", openapi_extra=body_schema(RerankRequest))
+async def rerank(request: Request) -> Response:
+    ctx, req = await parse_request(request, RerankRequest)
+    return JSONResponse(await create_rerank(req, ctx.engine, ctx.check_model(req.model)))
 
 
 @router.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))

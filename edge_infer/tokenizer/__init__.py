@@ -3,8 +3,8 @@
 `Tokenizer.from_gguf(path)` reads the vocabulary; `encode` and `decode` follow llama.cpp's
 `llama_tokenize(add_special, parse_special)` and `llama_detokenize`. The pieces live in
 this package's modules: pre-tokenizers (pretok), byte-level BPE (bpe), SentencePiece BPE
-(spm), special-token splitting (special), vocab loading with llama.cpp's special-token
-rules (vocab) and streaming decode (detok).
+(spm), WordPiece (wpm), special-token splitting (special), vocab loading with llama.cpp's
+special-token rules (vocab) and streaming decode (detok).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from edge_infer.tokenizer.detok import IncrementalDetokenizer, clean_spaces
 from edge_infer.tokenizer.pretok import PreTokenizer
 from edge_infer.tokenizer.special import SpecialMatcher
 from edge_infer.tokenizer.spm import SPACE, SPMModel
-from edge_infer.tokenizer.vocab import Attr, Vocab, load_vocab
+from edge_infer.tokenizer.vocab import Attr, Vocab, load_vocab, special_id_key
+from edge_infer.tokenizer.wpm import WPMModel
 
 if TYPE_CHECKING:
     from edge_infer.formats.gguf import GGUFFile
@@ -33,7 +34,7 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 class Tokenizer:
-    """Encode text to token ids and back, for one GGUF vocabulary (BPE or SPM)."""
+    """Encode text to token ids and back, for one GGUF vocabulary (BPE, SPM or WordPiece)."""
 
     def __init__(self, vocab: Vocab) -> None:
         self._v = vocab
@@ -41,17 +42,20 @@ class Tokenizer:
         self._tokens = vocab.tokens
         self._pieces: list[bytes | None] = [None] * len(vocab.tokens)
         self._matchers: dict[bool, SpecialMatcher] = {}
+        self._bpe: BPEModel | None = None
+        self._spm: SPMModel | None = None
+        self._wpm: WPMModel | None = None
         if vocab.kind == "bpe":
             assert vocab.pre is not None
-            self._bpe: BPEModel | None = BPEModel(
+            self._bpe = BPEModel(
                 vocab.token_to_id, vocab.merges, PreTokenizer(vocab.pre.splitter),
                 ignore_merges=vocab.pre.ignore_merges, escape_whitespace=vocab.pre.escape_whitespace,
                 whole_newlines=vocab.pre.gemma4,
             )
-            self._spm: SPMModel | None = None
+        elif vocab.kind == "wpm":
+            self._wpm = WPMModel(vocab.token_to_id, vocab.special["unk"], vocab.lowercase, vocab.strip_accents)
         else:
             assert vocab.scores is not None
-            self._bpe = None
             self._spm = SPMModel(vocab.token_to_id, vocab.scores)
 
     @classmethod
@@ -72,16 +76,22 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """ "bpe" (GGUF model gpt2 or gemma4) or "spm" (SentencePiece, GGUF model llama)."""
+        """ "bpe" (GGUF model gpt2 or gemma4), "spm" (SentencePiece, llama) or "wpm" (WordPiece, bert)."""
         return self._v.kind
 
     @property
     def bos_id(self) -> int | None:
+        """BOS token ([CLS] in a WordPiece vocabulary), if any."""
         return self._v.special["bos"]
 
     @property
     def eos_id(self) -> int | None:
         return self._v.special["eos"]
+
+    @property
+    def sep_id(self) -> int | None:
+        """Separator token ([SEP] in WordPiece vocabularies, whose EOS is unset unless the file names one)."""
+        return self._v.special["sep"]
 
     @property
     def eot_id(self) -> int | None:
@@ -95,12 +105,18 @@ class Tokenizer:
 
     @property
     def add_bos(self) -> bool:
-        """Whether encode(add_special=True) starts with BOS."""
+        """llama_vocab_get_add_bos: whether encode(add_special=True) starts with BOS (WordPiece: always)."""
         return self._v.add_bos
 
     @property
     def add_eos(self) -> bool:
+        """llama_vocab_get_add_eos (WordPiece's encode ends with SEP instead, whatever this says)."""
         return self._v.add_eos
+
+    @property
+    def add_sep(self) -> bool:
+        """llama_vocab_get_add_sep: whether a pair of texts (rerank) is joined by SEP."""
+        return self._v.add_sep
 
     @property
     def add_space_prefix(self) -> bool:
@@ -131,7 +147,7 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`, as llama_tokenize(text, add_special, parse_special).
 
-        add_special: add BOS/EOS as the vocabulary asks (add_bos_token / add_eos_token).
+        add_special: add BOS/EOS as the vocabulary asks (add_bos_token / add_eos_token); WordPiece: BOS ... SEP.
         parse_special: turn control-token text such as "<|im_end|>" into that token;
         otherwise it is plain text (user-defined tokens are always recognised, as in llama.cpp).
         """
@@ -175,6 +191,9 @@ class Tokenizer:
     def _encode_fragments(self, frags: Sequence[str | int], add_special: bool) -> list[int]:
         v = self._v
         out: list[int] = []
+        if self._wpm is not None:  # llama.cpp adds [CLS] ... [SEP] whatever add_bos/add_eos say
+            ids = self._wpm.encode_fragments(frags)
+            return [self._required("bos"), *ids, self._required("sep")] if add_special else ids
         if add_special and v.add_bos:
             out.append(self._required("bos"))
         if self._bpe is not None:
@@ -203,7 +222,7 @@ class Tokenizer:
     def _required(self, role: str) -> int:
         i = self._v.special[role]
         if i is None:
-            raise TokenizerError(f"the vocabulary asks to add a {role.upper()} token but has none")
+            raise TokenizerError(f"the vocabulary has no {role.upper()} token to add ({special_id_key(role)})")
         return i
 
     # -- decoding ---------------------------------------------------------------------------
@@ -224,7 +243,7 @@ class Tokenizer:
         if attr & _RAW:
             return text.encode("utf-8", "surrogateescape")
         if attr & Attr.NORMAL:
-            if self._v.pre is None or self._v.pre.escape_whitespace:  # SPM, or SPM-style BPE
+            if self._v.pre is None or self._v.pre.escape_whitespace:  # SPM, WPM, or SPM-style BPE
                 return text.replace(SPACE, " ").encode("utf-8", "surrogateescape")
             return _bpe_piece(text)
         if attr & Attr.BYTE:

@@ -15,7 +15,7 @@ from typing import Any
 from edge_infer.errors import TokenizerError, UnsupportedModelError
 from edge_infer.tokenizer.pretok import PreTokenizerSpec, pre_tokenizer_spec
 
-__all__ = ["Attr", "Vocab", "load_vocab"]
+__all__ = ["Attr", "Vocab", "load_vocab", "special_id_key"]
 
 
 class Attr:
@@ -74,11 +74,16 @@ _ID_KEYS = (
 )
 
 
+def special_id_key(role: str) -> str:
+    """The GGUF key that names a special token's id ("sep" -> tokenizer.ggml.seperator_token_id)."""
+    return "tokenizer.ggml." + next(key for name, key in _ID_KEYS if name == role)
+
+
 @dataclass(slots=True, eq=False)
 class Vocab:
     """Everything the tokenizer needs from the GGUF metadata, resolved as llama.cpp does."""
 
-    kind: str  # "bpe" or "spm"
+    kind: str  # "bpe", "spm" or "wpm"
     tokens: list[str]
     token_to_id: dict[str, int]
     attrs: list[int]
@@ -91,6 +96,9 @@ class Vocab:
     add_eos: bool
     add_space_prefix: bool
     clean_spaces: bool
+    add_sep: bool = False  # llama_vocab_get_add_sep: SEP between the two texts of a pair (rerank)
+    lowercase: bool = True  # WPM normalizer (tokenizer.ggml.normalizer.*)
+    strip_accents: bool = True
 
 
 def _get(meta: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -105,9 +113,9 @@ def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
     model = _get(meta, "tokenizer.ggml.model", str, where)
     if model is None:
         raise TokenizerError(f"{where}: no tokenizer.ggml.model in the metadata")
-    if model not in ("gpt2", "gemma4", "llama"):
+    if model not in ("gpt2", "gemma4", "llama", "bert"):
         raise UnsupportedModelError(
-            f"{where}: tokenizer.ggml.model {model!r} is not supported (gpt2, gemma4, llama)"
+            f"{where}: tokenizer.ggml.model {model!r} is not supported (gpt2, gemma4, llama, bert)"
         )
     tokens = _get(meta, "tokenizer.ggml.tokens", list, where)
     if not tokens:
@@ -141,14 +149,20 @@ def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
         special: dict[str, int | None] = {"bos": None, "eos": None} if model == "gemma4" else {"bos": 11, "eos": 11}
         special["unk"] = None
         add_bos, add_space_prefix, clean_spaces = bool(pre.add_bos), False, pre.clean_spaces
+        add_sep = pre_name in ("jina-v1-en", "jina-v2-code", "roberta-bpe")
         if pre.no_bos:
             special["bos"] = None
+    elif model == "bert":
+        # llama.cpp's WPM defaults (bert-base ids); tokenizer.ggml.pre is not read for WPM
+        kind, merges, pre = "wpm", [], None
+        special = {"bos": 101, "eos": None, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
+        add_bos, add_sep, add_space_prefix, clean_spaces = True, True, False, True
     else:
         kind, merges, pre = "spm", [], None
         if scores is None:
             scores = [0.0] * n
         special = {"bos": 1, "eos": 2, "unk": 0}
-        add_bos, add_space_prefix, clean_spaces = True, True, False
+        add_bos, add_sep, add_space_prefix, clean_spaces = True, False, True, False
     for name in ("eot", "eom", "sep", "pad", "mask", *_FIM_TEXTS):
         special.setdefault(name, None)
     for name, key in _ID_KEYS:
@@ -162,10 +176,16 @@ def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
         special["bos"] = None
 
     flags = {
-        k: meta.get("tokenizer.ggml." + k) for k in ("add_bos_token", "add_eos_token", "add_space_prefix")
+        k: meta.get("tokenizer.ggml." + k)
+        for k in ("add_bos_token", "add_eos_token", "add_sep_token", "add_space_prefix",
+                  "normalizer.lowercase", "normalizer.strip_accents")
     }
     add_bos = flags["add_bos_token"] if isinstance(flags["add_bos_token"], bool) else add_bos
     add_eos = flags["add_eos_token"] if isinstance(flags["add_eos_token"], bool) else False
+    add_sep = flags["add_sep_token"] if isinstance(flags["add_sep_token"], bool) else add_sep
+    lowercase = flags["normalizer.lowercase"] if isinstance(flags["normalizer.lowercase"], bool) else True
+    strip = flags["normalizer.strip_accents"]
+    strip_accents = strip if isinstance(strip, bool) else lowercase  # llama.cpp: follows lowercase
     if pre is not None and pre.gemma4:
         add_bos = True  # llama.cpp overrides a false add_bos_token for gemma4
     if isinstance(flags["add_space_prefix"], bool):
@@ -173,7 +193,7 @@ def load_vocab(meta: dict[str, Any], where: str = "GGUF") -> Vocab:
 
     eog = _detect_special_texts(tokens, token_to_id, attrs, special)
     vocab = Vocab(kind, tokens, token_to_id, attrs, scores, merges, pre, special, eog,
-                  add_bos, add_eos, add_space_prefix, clean_spaces)
+                  add_bos, add_eos, add_space_prefix, clean_spaces, add_sep, lowercase, strip_accents)
     _name_based_attrs(vocab, str(meta.get("general.name") or ""))
     n_special = sum(k for a, k in Counter(attrs).items() if a & _SPECIAL)
     if n_special > MAX_SPECIAL_TOKENS:

@@ -151,7 +151,7 @@ def test_tiny_vocab_works() -> None:
 @pytest.mark.parametrize(
     ("change", "error", "words"),
     [
-        ({"tokenizer.ggml.model": "bert"}, UnsupportedModelError, "'bert'"),
+        ({"tokenizer.ggml.model": "t5"}, UnsupportedModelError, "'t5'"),
         ({"tokenizer.ggml.model": None}, TokenizerError, "tokenizer.ggml.model"),
         ({"tokenizer.ggml.pre": "no-such-pre"}, UnsupportedModelError, "'no-such-pre'"),
         ({"tokenizer.ggml.tokens": []}, TokenizerError, "tokens"),

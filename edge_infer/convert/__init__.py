@@ -1,0 +1,35 @@
+"""Hugging Face folder -> GGUF, writing what llama.cpp's convert_hf_to_gguf.py writes.
+
+One architecture so far, `bert` (BertModel, BertForMaskedLM and BertForSequenceClassification
+folders, as sentence-transformers ships them). The pieces: the folder's config, tensors and
+pooling (hf_folder), the tensor names, shapes and types (bert_map), the WordPiece vocabulary
+(vocab) and its special tokens (special_vocab), and the writer that puts them in one file
+(writer). This module stays free of numpy and gguf so that the hub can read CONVERTER_VERSION
+without paying for them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Bump whenever the bytes convert_hf writes for the same folder would change: the hub names
+# the cached converted files with it, so a new converter never reuses an old conversion.
+CONVERTER_VERSION = 1
+
+OUT_TYPES = ("f32", "f16", "q8_0")  # llama.cpp's --outtype names we write
+
+__all__ = ["CONVERTER_VERSION", "OUT_TYPES", "convert_hf"]
+
+
+def convert_hf(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], out_type: str = "f16") -> Path:
+    """Convert the Hugging Face folder `src_dir` to the GGUF file `out_path` (written beside it
+    under a temporary name and renamed when complete; an existing file is replaced).
+
+    out_type: "f16" (default), "f32" or "q8_0", as llama.cpp's --outtype. Raises
+    ConversionError naming the file or tensor at fault, InvalidRequest for a bad out_type or
+    an output that cannot be written. Returns out_path.
+    """
+    from edge_infer.convert.writer import write_gguf  # numpy, gguf, safetensors: only to convert
+
+    return write_gguf(Path(src_dir), Path(out_path), out_type)

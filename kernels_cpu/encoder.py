@@ -1,0 +1,162 @@
+"""Kernels of a bidirectional encoder (BERT and its kin): LayerNorm with a bias after a residual
+add, a bias-then-GELU activation, and attention over each input's own tokens in both directions
+(no KV cache: K and V are the step's rows). float32, C-contiguous, preallocated outputs; rows
+are independent and each query reads only its own input's rows in a fixed order, so a result
+never depends on what else is in the batch. Twins: reference_encoder.py."""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from . import _jit
+from ._jit import kernel
+from .fastmath import fast_exp, gelu_tanh
+from .ops import SERIAL_VALUES
+
+
+@kernel(inline=True)
+def _layernorm_row(x, w, b, eps, out, t):
+    """out[t] = (x[t] - mean) / sqrt(var + eps) * w + b, as ggml_norm then mul and add: the mean
+    and the variance of the centred values summed in float64, the scale in float32."""
+    n = x.shape[1]
+    s = 0.0
+    for k in range(n):
+        s += np.float64(x[t, k])
+    mean = np.float32(s / n)
+    v = 0.0
+    for k in range(n):
+        c = np.float64(x[t, k] - mean)
+        v += c * c
+    sc = np.float32(1.0 / math.sqrt(np.float32(v / n) + eps))
+    for k in range(n):
+        out[t, k] = np.float32((x[t, k] - mean) * sc) * w[k] + b[k]
+
+
+@kernel(parallel=True)
+def layernorm_kernel(x, w, b, eps, out):
+    """out = LayerNorm(x) * w + b; x, out: [T, D] (distinct); w, b: [D]."""
+    if x.size < SERIAL_VALUES:
+        for t in range(x.shape[0]):
+            _layernorm_row(x, w, b, eps, out, t)
+    else:
+        for t in numba.prange(x.shape[0]):
+            _layernorm_row(x, w, b, eps, out, t)
+
+
+@kernel(inline=True)
+def _add_layernorm_row(x, bias, res, w, b, eps, out, t):
+    has_bias = bias.shape[0] > 0
+    for k in range(x.shape[1]):
+        v = x[t, k] + bias[k] if has_bias else x[t, k]
+        x[t, k] = v + res[t, k]
+    _layernorm_row(x, w, b, eps, out, t)
+
+
+@kernel(parallel=True)
+def add_layernorm_kernel(x, bias, res, w, b, eps, out):
+    """x = x + bias + res (in place: a projection, its bias [D] ([0]: none) and the residual),
+    then out = LayerNorm(x) * w + b; x, res, out: [T, D], three distinct arrays."""
+    if x.size < SERIAL_VALUES:
+        for t in range(x.shape[0]):
+            _add_layernorm_row(x, bias, res, w, b, eps, out, t)
+    else:
+        for t in numba.prange(x.shape[0]):
+            _add_layernorm_row(x, bias, res, w, b, eps, out, t)
+
+
+@kernel(inline=True)
+def _input_row(x, type_row, pos_table, positions, w, b, eps, out, t):
+    has_pos = pos_table.shape[0] > 0
+    for k in range(x.shape[1]):
+        v = x[t, k] + type_row[k]
+        x[t, k] = v + pos_table[positions[t], k] if has_pos else v
+    _layernorm_row(x, w, b, eps, out, t)
+
+
+@kernel(parallel=True)
+def input_layernorm_kernel(x, type_row, pos_table, positions, w, b, eps, out):
+    """The encoder's input: x [T, D] token embeddings + type_row [D] (token type 0) + the
+    learned position embedding pos_table[positions[t]] ([0, D]: none), LayerNorm'd into out."""
+    if x.size < SERIAL_VALUES:
+        for t in range(x.shape[0]):
+            _input_row(x, type_row, pos_table, positions, w, b, eps, out, t)
+    else:
+        for t in numba.prange(x.shape[0]):
+            _input_row(x, type_row, pos_table, positions, w, b, eps, out, t)
+
+
+@kernel(inline=True)
+def _bias_gelu_row(x, bias, out, t):
+    has_bias = bias.shape[0] > 0
+    for k in range(x.shape[1]):
+        v = x[t, k] + bias[k] if has_bias else x[t, k]
+        out[t, k] = gelu_tanh(v)
+
+
+@kernel(parallel=True)
+def bias_gelu_kernel(x, bias, out):
+    """out = gelu_tanh(x + bias); x, out [T, F], bias [F] ([0]: none)."""
+    if x.size < SERIAL_VALUES:
+        for t in range(x.shape[0]):
+            _bias_gelu_row(x, bias, out, t)
+    else:
+        for t in numba.prange(x.shape[0]):
+            _bias_gelu_row(x, bias, out, t)
+
+
+@kernel(inline=True)
+def _attend(q, k, v, t, h, s0, s1, head_dim, rep, scale, slopes, sc, acc, out):
+    """Query t, head h over rows s0 .. s1 - 1; sc [>= s1 - s0] and acc [head_dim] scratch."""
+    qo, ko, n = h * head_dim, (h // rep) * head_dim, s1 - s0
+    best = np.float32(-np.inf)
+    for j in range(n):
+        dot = np.float32(0.0)
+        for d in range(head_dim):
+            dot += q[t, qo + d] * k[s0 + j, ko + d]
+        s = dot * scale
+        if slopes.shape[0] > 0:
+            s += slopes[h] * np.float32(-abs(t - s0 - j))
+        sc[j] = s
+        best = max(best, s)
+    total = 0.0
+    for j in range(n):
+        e = fast_exp(sc[j] - best)
+        sc[j] = e
+        total += e
+    inv = np.float32(1.0 / total)
+    for d in range(head_dim):
+        acc[d] = 0.0
+    for j in range(n):
+        p = sc[j] * inv
+        for d in range(head_dim):
+            acc[d] = _jit.fmadd(p, v[s0 + j, ko + d], acc[d])
+    for d in range(head_dim):
+        out[t, qo + d] = acc[d]
+
+
+@kernel(parallel=True)
+def encoder_attention_kernel(q, k, v, seq_start, seq_end, head_dim, scale, slopes, n_threads, out):
+    """Bidirectional attention: query t (row of q [T, H * hd]) attends over rows
+    seq_start[t] .. seq_end[t] - 1 of k, v [T, G * hd] (its own input), head h over K/V head
+    h // (H / G). Scores are q.k * scale, plus slopes[h] * -|i - j| when slopes [H] has
+    elements (ALiBi); softmax in float32 (fastmath.fast_exp, as paged attention) with a float64
+    normaliser; out [T, H * hd]. The (token, head) jobs are split in equal runs over n_threads
+    threads, each with its own scratch."""
+    n_tok = q.shape[0]
+    n_heads = q.shape[1] // head_dim
+    rep = n_heads // (k.shape[1] // head_dim)
+    longest = 0
+    for t in range(n_tok):
+        longest = max(longest, seq_end[t] - seq_start[t])
+    jobs = n_tok * n_heads
+    # one thread for a short step: a parallel launch costs more than its attention
+    n_par = 1 if jobs * longest * head_dim < 65536 else min(n_threads, jobs)
+    sc = np.empty((n_par, longest), np.float32)
+    acc = np.empty((n_par, head_dim), np.float32)
+    for c in numba.prange(n_par):
+        for job in range(c * jobs // n_par, (c + 1) * jobs // n_par):
+            t, h = job // n_heads, job % n_heads
+            _attend(q, k, v, t, h, seq_start[t], seq_end[t], head_dim, rep, scale, slopes, sc[c], acc[c], out)
