@@ -15,6 +15,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from edge_infer import numba_codegen  # noqa: F401  (its settings before the first numba function)
+
 
 def _njit(fn=None, *, parallel: bool = False, inline: bool = False):  # type: ignore[no-untyped-def]
     """`@njit(cache=True, nogil=True, error_model="numpy")`; inline=True inlines the function

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from edge_infer import numba_codegen  # noqa: F401  (its settings before the first numba function)
 from edge_infer.formats.weight_types import IQ4_TABLE
 
 VALUES = np.array(IQ4_TABLE, np.float32)

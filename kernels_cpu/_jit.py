@@ -1,10 +1,8 @@
 """Numba set-up shared by every CPU kernel: code-generation settings, the kernel decorators and
 bit-level float16/bfloat16 helpers (numba on the CPU has no float16 type).
 
-Settings applied before the first compilation (they also key numba's on-disk cache):
-- `-prefer-256-bit`: let LLVM use full 512-bit vectors on AVX-512 machines (it defaults to 256).
-- SLP vectorization on: small fixed-size block loops are fully unrolled before the loop
-  vectorizer sees them; the SLP pass turns the unrolled code back into vector code.
+Code-generation settings (512-bit vectors on AVX-512, SLP vectorization) are
+edge_infer/numba_codegen.py's, applied before any numba function is defined; here:
 - `noalias` array arguments (a custom pipeline): kernels never get overlapping inputs and
   outputs, and telling LLVM so is what lets it vectorize loads and stores across arrays.
 
@@ -18,8 +16,6 @@ compile and a cache load to the same bits) and spell fused multiply-adds with fm
 
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
 from llvmlite import ir
@@ -27,21 +23,7 @@ from numba.core import config, types
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.extending import intrinsic
 
-
-def _configure_codegen() -> None:
-    if os.environ.get("EDGE_INFER_NUMBA_DEFAULTS"):  # escape hatch for debugging code generation
-        return
-    config.SLP_VECTORIZE = 1  # type: ignore[attr-defined]
-    if config.CPU_FEATURES is None and (config.CPU_NAME or "").lower() != "generic":  # type: ignore[attr-defined]
-        from numba.core.codegen import get_host_cpu_features
-
-        feats = get_host_cpu_features()
-        if "+avx512f" in feats:
-            config.CPU_FEATURES = feats + ",-prefer-256-bit"  # type: ignore[attr-defined]
-
-
-_configure_codegen()
-
+from edge_infer import numba_codegen  # noqa: F401  (its settings before this package's first numba function)
 
 # fastmath flags for kernels whose results must not depend on where LLVM inlined them: reorder
 # sums (so reductions vectorize) but no `contract` (use fmadd) and no `nsz`, with which LLVM

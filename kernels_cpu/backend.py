@@ -321,9 +321,10 @@ class CpuBackend:
     bias_gelu = staticmethod(encoder.bias_gelu_kernel)
 
     def encoder_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, seq_start: np.ndarray,
-                          seq_end: np.ndarray, head_dim: int, scale: np.float32, slopes: np.ndarray,
+                          seq_end: np.ndarray, head_dim: int, scale: np.float32, slopes: np.ndarray, window: int,
                           out: np.ndarray) -> None:
-        encoder.encoder_attention_kernel(q, k, v, seq_start, seq_end, head_dim, scale, slopes, self.n_threads, out)
+        encoder.encoder_attention_kernel(q, k, v, seq_start, seq_end, head_dim, scale, slopes, window, self.n_threads,
+                                         out)
 
     @staticmethod
     def expert_scale(n: int, scale: np.ndarray, work: Workspace) -> None:

@@ -137,14 +137,27 @@ def _attend(q, k, v, t, h, s0, s1, head_dim, rep, scale, slopes, sc, acc, out):
         out[t, qo + d] = acc[d]
 
 
+@kernel(inline=True)
+def _attend_run(q, k, v, seq_start, seq_end, head_dim, rep, scale, slopes, window, j0, j1, sc, acc, out):
+    """Jobs j0 .. j1 - 1 ((token, head) pairs, token-major)."""
+    n_heads = q.shape[1] // head_dim
+    for job in range(j0, j1):
+        t, h = job // n_heads, job % n_heads
+        s0, s1 = seq_start[t], seq_end[t]
+        if window > 0:
+            s0, s1 = max(s0, t - window // 2), min(s1, t + window // 2 + 1)
+        _attend(q, k, v, t, h, s0, s1, head_dim, rep, scale, slopes, sc, acc, out)
+
+
 @kernel(parallel=True)
-def encoder_attention_kernel(q, k, v, seq_start, seq_end, head_dim, scale, slopes, n_threads, out):
+def encoder_attention_kernel(q, k, v, seq_start, seq_end, head_dim, scale, slopes, window, n_threads, out):
     """Bidirectional attention: query t (row of q [T, H * hd]) attends over rows
-    seq_start[t] .. seq_end[t] - 1 of k, v [T, G * hd] (its own input), head h over K/V head
-    h // (H / G). Scores are q.k * scale, plus slopes[h] * -|i - j| when slopes [H] has
+    seq_start[t] .. seq_end[t] - 1 of k, v [T, G * hd] (its own input), those within
+    window // 2 rows of t when window > 0 (llama.cpp's symmetric sliding window), head h over
+    K/V head h // (H / G). Scores are q.k * scale, plus slopes[h] * -|i - j| when slopes [H] has
     elements (ALiBi); softmax in float32 (fastmath.fast_exp, as paged attention) with a float64
     normaliser; out [T, H * hd]. The (token, head) jobs are split in equal runs over n_threads
-    threads, each with its own scratch."""
+    threads, each with its own scratch; a short step runs on the calling thread."""
     n_tok = q.shape[0]
     n_heads = q.shape[1] // head_dim
     rep = n_heads // (k.shape[1] // head_dim)
@@ -152,11 +165,13 @@ def encoder_attention_kernel(q, k, v, seq_start, seq_end, head_dim, scale, slope
     for t in range(n_tok):
         longest = max(longest, seq_end[t] - seq_start[t])
     jobs = n_tok * n_heads
-    # one thread for a short step: a parallel launch costs more than its attention
-    n_par = 1 if jobs * longest * head_dim < 65536 else min(n_threads, jobs)
+    # a parallel launch costs more than a short step's attention
+    n_par = 1 if jobs * longest * head_dim < 32768 else min(n_threads, jobs)
     sc = np.empty((n_par, longest), np.float32)
     acc = np.empty((n_par, head_dim), np.float32)
-    for c in numba.prange(n_par):
-        for job in range(c * jobs // n_par, (c + 1) * jobs // n_par):
-            t, h = job // n_heads, job % n_heads
-            _attend(q, k, v, t, h, seq_start[t], seq_end[t], head_dim, rep, scale, slopes, sc[c], acc[c], out)
+    if n_par == 1:
+        _attend_run(q, k, v, seq_start, seq_end, head_dim, rep, scale, slopes, window, 0, jobs, sc[0], acc[0], out)
+    else:
+        for c in numba.prange(n_par):
+            _attend_run(q, k, v, seq_start, seq_end, head_dim, rep, scale, slopes, window, c * jobs // n_par,
+                        (c + 1) * jobs // n_par, sc[c], acc[c], out)

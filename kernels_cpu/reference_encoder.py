@@ -35,13 +35,16 @@ def bias_gelu(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 
 def encoder_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seq_start: np.ndarray, seq_end: np.ndarray,
-                      head_dim: int, scale: float, slopes: np.ndarray) -> np.ndarray:
-    """Each query over its own input's rows, every head, in float64."""
+                      head_dim: int, scale: float, slopes: np.ndarray, window: int = 0) -> np.ndarray:
+    """Each query over its own input's rows (within window // 2 of it when window > 0), every
+    head, in float64."""
     n_tok, n_heads = q.shape[0], q.shape[1] // head_dim
     rep = n_heads // (k.shape[1] // head_dim)
     out = np.zeros(q.shape, np.float64)
     for t in range(n_tok):
         rows = np.arange(seq_start[t], seq_end[t])
+        if window > 0:
+            rows = rows[np.abs(rows - t) <= window // 2]
         for h in range(n_heads):
             g = h // rep
             qh = q[t, h * head_dim:(h + 1) * head_dim].astype(np.float64)

@@ -18,8 +18,10 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         description="Writes OUT from the Hugging Face folder HF_DIR (config.json, model.safetensors, "
         "tokenizer.json or vocab.txt, and sentence-transformers' modules.json + 1_Pooling when present) "
         "with the keys, tensor names and types llama.cpp's convert_hf_to_gguf.py writes. Supported: "
-        "BertModel, BertForMaskedLM, BertForSequenceClassification (the bert architecture). Norms, "
-        "biases, positions and token types stay F32, as llama.cpp keeps them.",
+        "BertModel, BertForMaskedLM, BertForSequenceClassification (bert); NomicBertModel (nomic-bert: "
+        "nomic-embed-text v1, v1.5); ModernBertModel, ModernBertForSequenceClassification (modern-bert); "
+        "JinaBertModel (jina-bert-v2: jina-embeddings-v2). Norms, biases, positions and token types stay "
+        "F32, as llama.cpp keeps them.",
     )
     p.add_argument("input", metavar="HF_DIR", help="the Hugging Face model folder")
     p.add_argument("output", metavar="OUT", help="the .gguf file to write")

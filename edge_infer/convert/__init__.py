@@ -1,11 +1,14 @@
 """Hugging Face folder -> GGUF, writing what llama.cpp's convert_hf_to_gguf.py writes.
 
-One architecture so far, `bert` (BertModel, BertForMaskedLM and BertForSequenceClassification
-folders, as sentence-transformers ships them). The pieces: the folder's config, tensors and
-pooling (hf_folder), the tensor names, shapes and types (bert_map), the WordPiece vocabulary
-(vocab) and its special tokens (special_vocab), and the writer that puts them in one file
-(writer). This module stays free of numpy and gguf so that the hub can read CONVERTER_VERSION
-without paying for them.
+Four architectures: `bert` (BertModel, BertForMaskedLM, BertForSequenceClassification, as
+sentence-transformers ships them; bert.py over bert_map.py's tensor names), `nomic-bert`
+(NomicBertModel: nomic.py), `modern-bert` (ModernBertModel, ModernBertForSequenceClassification:
+modernbert.py) and `jina-bert-v2` (JinaBertModel: jina.py), each a Converter (model_base.py).
+Shared pieces: the folder's config, tensors and pooling (hf_folder), the hyper-parameters every
+text model and encoder gets (text_params), the WordPiece or BPE vocabulary (vocab, with
+llama.cpp's pre-tokenizer hashes in bpe_pre) and its special tokens and merges (special_vocab),
+and the writer that puts them in one file (writer). This module stays free of numpy and gguf so
+that the hub can read CONVERTER_VERSION without paying for them.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """BERT's tensors as llama.cpp's converter writes them: which Hugging Face tensors it drops,
-the GGUF name of each other one (gguf-py's tensor map for MODEL_ARCH.BERT, spelled out), the
-shape each must have, and the type it is stored as."""
+the GGUF name of each other one (gguf-py's tensor map for MODEL_ARCH.BERT, spelled out) and the
+shape each must have."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gguf import GGMLQuantizationType as T
-
+from edge_infer.convert.model_base import bert_style_name
+from edge_infer.convert.model_base import check_tensors as check_planned
 from edge_infer.errors import ConversionError
 
 # the whole-model tensors: Hugging Face name (without "bert.", without .weight/.bias) -> GGUF
@@ -30,15 +30,6 @@ LAYER = {
     "output.dense": "ffn_down",
     "output.LayerNorm": "layer_output_norm",
 }
-# what BertModel.filter_tensors and prepare_tensors drop: the pooler and the pretraining heads
-DROPPED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
-DROPPED_PREFIXES = ("cls.predictions", "cls.seq_relationship")
-DROPPED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
-# always stored as F32 (llama.cpp's list, as far as bert has them), besides 1-D tensors,
-# norms and anything not named .weight
-KEEP_F32 = ("position_embd.weight", "token_types.weight")
-OUT_TYPES = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0}
-Q8_0_BLOCK = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +48,8 @@ class BertDims:
 def gguf_name(hf_name: str, has_labels: bool) -> str | None:
     """The GGUF name llama.cpp gives the Hugging Face tensor `hf_name`, or None when it drops it.
     has_labels: the config has real classifier labels (its classifier becomes cls.output)."""
-    name = hf_name[5:] if hf_name.startswith("bert.") else hf_name
-    if name.endswith(".gamma"):
-        name = name[:-6] + ".weight"
-    if name.endswith(".beta"):
-        name = name[:-5] + ".bias"
-    if name in DROPPED or name.startswith(DROPPED_PREFIXES) or name.endswith(DROPPED_SUFFIXES):
+    name = bert_style_name(hf_name)
+    if name is None:
         return None
     if has_labels and name in ("classifier.weight", "classifier.bias"):
         name = "classifier.out_proj." + name.rsplit(".", 1)[1]
@@ -114,32 +101,12 @@ OPTIONAL = ("cls.output.weight", "cls.output.bias")  # a BertModel whose config 
 def check_tensors(found: dict[str, tuple[str, tuple[int, ...]]], d: BertDims) -> None:
     """found: GGUF name -> (Hugging Face name, shape). Every expected tensor is there with its
     shape and nothing else is; otherwise a ConversionError naming the first problem."""
-    want = expected_shapes(d)
-    for name, (hf, shape) in found.items():
-        if name not in want:
-            why = (f"it is beyond the {d.layers} layers of num_hidden_layers" if name.startswith("blk.") else
-                   "a classifier with the placeholder labels LABEL_0, LABEL_1 becomes llama.cpp's `cls`, "
-                   "which its bert cannot load: give config.json's id2label the real label names"
-                   if name.startswith("cls") else "llama.cpp's bert has no such tensor")
-            raise ConversionError(f"tensor {hf!r} ({name}): unexpected; {why}")
-        if shape != want[name]:
-            raise ConversionError(f"tensor {hf!r} ({name}) has shape {list(shape)}, expected {list(want[name])} "
-                                  "from config.json")
-    missing = [n for n in want if n not in found and n not in OPTIONAL]
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise ConversionError(f"missing tensor {hf_name(missing[0])!r} ({missing[0]}){more}: model.safetensors "
-                              "does not hold all of the weights config.json describes")
-    if ("cls.output.weight" in found) != ("cls.output.bias" in found):
-        raise ConversionError("the classifier needs both its weight and its bias")
+    def why(name: str) -> str:
+        if name.startswith("blk."):
+            return f"it is beyond the {d.layers} layers of num_hidden_layers"
+        if name.startswith("cls"):
+            return ("a classifier with the placeholder labels LABEL_0, LABEL_1 becomes llama.cpp's `cls`, "
+                    "which its bert cannot load: give config.json's id2label the real label names")
+        return "llama.cpp's bert has no such tensor"
 
-
-def tensor_type(name: str, shape: tuple[int, ...], out: T) -> T:
-    """llama.cpp's choice: F32 for 1-D tensors, norms, biases, positions and token types; the
-    output type for the rest, but F16 for a Q8_0 row that is not whole blocks (as gguf-py
-    refuses it and the converter falls back)."""
-    if len(shape) <= 1 or name.endswith("_norm.weight") or name in KEEP_F32 or not name.endswith(".weight"):
-        return T.F32
-    if out == T.Q8_0 and shape[-1] % Q8_0_BLOCK:
-        return T.F16
-    return out
+    check_planned(found, expected_shapes(d), OPTIONAL, why, hf_name, pairs=("cls.output",))

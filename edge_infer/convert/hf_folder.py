@@ -1,7 +1,6 @@
-"""A Hugging Face model folder as the converter reads it: config.json (with transformers'
-BertConfig defaults for what it leaves out, as llama.cpp's converter gets them from
-AutoConfig), sentence-transformers' pooling (modules.json + its Pooling module's config), the
-classifier's labels, and the safetensors tensors in llama.cpp's order."""
+"""A Hugging Face model folder as the converter reads it: config.json and its checks,
+sentence-transformers' pooling (modules.json + its Pooling module's config), the classifier's
+labels, and the safetensors tensors in llama.cpp's order."""
 
 from __future__ import annotations
 
@@ -16,38 +15,30 @@ from gguf import PoolingType
 from edge_infer.convert.special_vocab import read_json
 from edge_infer.errors import ConversionError
 
-# config.json's `architectures[0]` -> what we convert it as (llama.cpp's BertModel class takes
-# these; its CamembertModel needs a SentencePiece vocabulary we do not read)
-SUPPORTED_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
-# transformers' BertConfig defaults: AutoConfig fills them in, so llama.cpp's converter sees them
-BERT_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-    "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512,
-    "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0, "position_embedding_type": "absolute",
-}
-INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-              "max_position_embeddings", "type_vocab_size")
-# llama.cpp's bert graph always computes GELU: another activation would load and compute wrongly
-GELU_NAMES = ("gelu", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate")
-POOLING_MODES = {"mean": PoolingType.MEAN, "cls": PoolingType.CLS, "lasttoken": PoolingType.LAST}
 FLOAT_DTYPES = ("F32", "F16", "F64")  # what safetensors.numpy reads as floats (BF16 it cannot)
+POOLING_MODES = {"mean": PoolingType.MEAN, "cls": PoolingType.CLS, "lasttoken": PoolingType.LAST}
 
 
 @dataclass(frozen=True, slots=True)
 class HFFolder:
-    """A checked folder: its config (defaults filled in) and its architecture."""
+    """A folder and its config.json (with the defaults transformers' AutoConfig fills in, where
+    llama.cpp's converter gets them from it), checked by its architecture's module."""
 
     path: Path
     config: dict[str, Any]
     architecture: str
 
     def int(self, key: str) -> int:
-        """A size from the config (read_folder checked it is a positive integer)."""
+        """A size from the config (its architecture's check made it a positive integer)."""
         return int(self.config[key])
 
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
 
-def read_folder(src: Path) -> HFFolder:
-    """The folder's config.json, checked: a BERT architecture we convert, positive sizes."""
+
+def read_config(src: Path) -> tuple[dict[str, Any], str | None]:
+    """The folder's config.json as it is, and its `architectures[0]` (None without one)."""
     if not src.is_dir():
         raise ConversionError(f"{src}: {'is not a folder' if src.exists() else 'no such folder'} "
                               "(give a Hugging Face model folder with config.json and model.safetensors)")
@@ -57,27 +48,27 @@ def read_folder(src: Path) -> HFFolder:
     if not isinstance(raw, dict):
         raise ConversionError(f"{src / 'config.json'}: expected a JSON object")
     arches = raw.get("architectures")
-    arch = arches[0] if isinstance(arches, list) and arches else None
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ConversionError(f"{src / 'config.json'}: architecture {arch!r} is not supported; "
-                              f"edge-infer convert supports {', '.join(SUPPORTED_ARCHITECTURES)}")
-    config = {**BERT_DEFAULTS, **raw}
-    for key in INT_FIELDS:
-        v = config[key]
+    arch = arches[0] if isinstance(arches, list) and arches and isinstance(arches[0], str) else None
+    return raw, arch
+
+
+def check_sizes(path: Path, config: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """Each of `keys` is a positive integer in config (a ConversionError naming the first not)."""
+    for key in keys:
+        v = config.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ConversionError(f"{src / 'config.json'}: {key} must be a positive integer, got {v!r}")
-    if config["hidden_size"] % config["num_attention_heads"]:
-        raise ConversionError(f"{src / 'config.json'}: hidden_size {config['hidden_size']} is not a multiple of "
-                              f"num_attention_heads {config['num_attention_heads']}")
-    if config["hidden_act"] not in GELU_NAMES:
-        raise ConversionError(f"{src / 'config.json'}: hidden_act {config['hidden_act']!r} is not supported; "
-                              "llama.cpp's bert computes GELU")
-    if config["position_embedding_type"] != "absolute":
-        raise ConversionError(f"{src / 'config.json'}: position_embedding_type {config['position_embedding_type']!r} "
-                              "is not supported; llama.cpp's bert has learned absolute positions")
-    if not isinstance(config["layer_norm_eps"], (int, float)) or isinstance(config["layer_norm_eps"], bool):
-        raise ConversionError(f"{src / 'config.json'}: layer_norm_eps must be a number, got {config['layer_norm_eps']!r}")
-    return HFFolder(src, config, arch)
+            raise ConversionError(f"{path}: {key} must be a positive integer, got {v!r}")
+
+
+def check_number(path: Path, config: dict[str, Any], key: str) -> None:
+    v = config.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ConversionError(f"{path}: {key} must be a number, got {v!r}")
+
+
+def check_heads(path: Path, width: int, heads: int, width_key: str, heads_key: str) -> None:
+    if width % heads:
+        raise ConversionError(f"{path}: {width_key} {width} is not a multiple of {heads_key} {heads}")
 
 
 def classifier_labels(folder: HFFolder) -> list[str] | None:

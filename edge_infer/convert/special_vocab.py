@@ -1,8 +1,9 @@
 """The special tokens of a Hugging Face folder, as llama.cpp's converter finds them.
 
-The same reading as the gguf-py that llama.cpp's converter ships (`gguf.SpecialVocab`, without
-merges): the special token ids from tokenizer_config.json's `*_token` names looked up in
-tokenizer.json's added tokens, then config.json's `*_token_id`; whether to add BOS / EOS / SEP
+The same reading as the gguf-py that llama.cpp's converter ships (`gguf.SpecialVocab`): a BPE
+tokenizer's merges (tokenizer.json's, else merges.txt), the special token ids from
+tokenizer_config.json's `*_token` names looked up in tokenizer.json's added tokens, then
+config.json's `*_token_id`; whether to add BOS / EOS / SEP
 from the post-processor; the BertNormalizer's lowercase and strip_accents flags; a chat
 template. It lives here rather than being imported because the released gguf package lags that
 copy: its SpecialVocab does not write the normalizer flags, without which llama.cpp's WordPiece
@@ -31,8 +32,9 @@ KEY_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
 
 @dataclass(slots=True)
 class Specials:
-    """What goes into the file: ids by type, add-flags by type, template, normalizer flags."""
+    """What goes into the file: merges, ids by type, add-flags by type, template, normalizer flags."""
 
+    merges: list[str] = field(default_factory=list)
     ids: dict[str, int] = field(default_factory=dict)
     add: dict[str, bool] = field(default_factory=dict)
     chat_template: str | list[dict[str, str]] | None = None
@@ -41,6 +43,8 @@ class Specials:
 
     def write(self, w: GGUFWriter) -> None:
         """Add the keys in gguf-py's order; a type without a writer method (cls) is skipped, as there."""
+        if self.merges:
+            w.add_token_merges(self.merges)
         for typ, tid in self.ids.items():
             if (add_id := getattr(w, f"add_{typ}_token_id", None)) is not None:
                 add_id(tid)
@@ -64,8 +68,9 @@ def read_json(path: Path) -> Any:
         raise ConversionError(f"{path}: cannot read it as JSON ({e})") from None
 
 
-def read_specials(folder: Path, n_vocab: int) -> Specials:
-    """The folder's special tokens, ids at or past n_vocab skipped (as gguf-py does)."""
+def read_specials(folder: Path, n_vocab: int | None, load_merges: bool = False) -> Specials:
+    """The folder's special tokens, ids at or past n_vocab skipped (as gguf-py does; None: none
+    skipped), and with load_merges its BPE merges."""
     s = Specials()
     types = list(TOKEN_TYPES)
     tok = read_json(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else None
@@ -76,6 +81,8 @@ def read_specials(folder: Path, n_vocab: int) -> Specials:
     if tok:
         if isinstance(norm := tok.get("normalizer"), dict):
             _normalizer(s, norm)
+        if load_merges:
+            s.merges = _merges(folder / "tokenizer.json", tok.get("model", {}).get("merges"))
         added = tok.get("added_tokens") or []
         _post_processor(s, tok.get("post_processor"), conf, types)
     if conf:
@@ -97,16 +104,44 @@ def read_specials(folder: Path, n_vocab: int) -> Specials:
                 if tid is None and isinstance(config.get("text_config"), dict):
                     tid = config["text_config"].get(f"{typ}_token_id")
                 _set(s, typ, tid, n_vocab)
+    if load_merges and not s.merges:
+        s.merges = _merges_txt(folder / "merges.txt")
     return s
 
 
-def _set(s: Specials, typ: str, tid: Any, n_vocab: int) -> None:
+def _merges(path: Path, merges: Any) -> list[str]:
+    """tokenizer.json's merges as "a b" strings; the pair form (transformers >= 4.45) joined with
+    its spaces written as U+0120, as gguf-py does."""
+    if not isinstance(merges, list) or not merges:
+        return []
+    if all(isinstance(m, str) for m in merges):
+        return list(merges)
+    if all(isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m) for m in merges):
+        return [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in m) for m in merges]
+    raise ConversionError(f"{path}: model.merges is neither a list of strings nor a list of pairs")
+
+
+def _merges_txt(path: Path) -> list[str]:
+    """merges.txt's "a b" lines (a leading #version line skipped, malformed lines dropped)."""
+    if not path.is_file():
+        return []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{path}: cannot read it ({e})") from None
+    if lines and lines[0].strip().startswith("#"):
+        lines = lines[1:]
+    pairs = [line.split(None, 3) for line in lines if line.strip()]
+    return [f"{p[0]} {p[1]}" for p in pairs if len(p) == 2]
+
+
+def _set(s: Specials, typ: str, tid: Any, n_vocab: int | None) -> None:
     """The first id found for a type stays (a JSON true is no id, though Python counts it an int)."""
     if not isinstance(tid, int) or isinstance(tid, bool):
         return
     if tid < 0:
         raise ConversionError(f"special token {typ}: invalid id {tid}")
-    if tid < n_vocab:
+    if n_vocab is None or tid < n_vocab:
         s.ids.setdefault(typ, tid)
     else:
         log.warning("special token %s: id %d is past the vocabulary (%d); skipped", typ, tid, n_vocab)

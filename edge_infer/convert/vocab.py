@@ -1,15 +1,16 @@
-"""The WordPiece vocabulary of a BERT folder, as llama.cpp's converter writes it.
+"""A folder's WordPiece or byte-level BPE vocabulary, as llama.cpp's converter writes it
+(get_vocab_base).
 
-From tokenizer.json (the `tokenizers` package reads it) or, without one, vocab.txt with
-tokenizer_config.json's options, as transformers builds its fast tokenizer from them. Every id
-below vocab_size gets a token (a gap becomes `[PAD<id>]`, unused), added special tokens are
-control tokens, and the tokens are written in llama.cpp's "phantom space" form: `##piece` ->
-`piece`, any other word -> `\u2581word`, control tokens as they are.
+From tokenizer.json (the `tokenizers` package reads it) or, for WordPiece without one, vocab.txt
+with tokenizer_config.json's options, as transformers builds its fast tokenizer from them. Every
+id below vocab_size gets a token (a gap becomes `[PAD<id>]`, unused), added special tokens are
+control tokens, other added tokens user-defined. WordPiece tokens are written in llama.cpp's
+"phantom space" form (`##piece` -> `piece`, any other word -> `\u2581word`, control tokens as they
+are); BPE tokens as the tokenizer spells them (byte-level characters).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,32 +18,15 @@ from typing import Any
 
 from gguf import TokenType
 
+from edge_infer.convert.bpe_pre import known_pre
 from edge_infer.convert.special_vocab import read_json
 from edge_infer.errors import ConversionError
 
 log = logging.getLogger(__name__)
 
-# llama.cpp's get_vocab_base_pre: the tokens of this text (special tokens added) identify the
-# pre-tokenizer by their sha256. Copied from its convert_hf_to_gguf.py.
-CHKTXT = (
-    '\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n\U0001f680 (normal) \U0001f636\u200d'
-    '\U0001f32b\ufe0f (multiple emojis concatenated) \u2705 \U0001f999\U0001f999 3 33 333 333'
-    '3 33333 333333 3333333 33333333 3.3 3..3 3...3 \u1780\u17b6\u1793\u17cb\u178f\u17c2'
-    '\u1796\u17b7\u179f\u17c1\u179f\u17a2\u17b6\u1785\U0001f601 ?\u6211\u60f3\u5728apple'
-    '\u5de5\u4f5c1314151\u5929\uff5e ------======= \u043d\u0435\u0449\u043e \u043d\u0430 '
-    '\u0411\u044a\u043b\u0433\u0430\u0440\u0441\u043a\u0438 \'\'\'\'\'\'```````""""......!!!!'
-    '!!?????? I\'ve been \'told he\'s there, \'RE you sure? \'M not sure I\'ll make it, \'D y'
-    'ou like some tea? We\'Ve a\'lL'
-)
-# Those of its hashes a WordPiece tokenizer gives; its table is a chain of `if`s, so where a hash
-# appears twice the later name wins (bge-small's hash also stands for jina-v2-en, later).
-KNOWN_PRE = {
-    "0876d13b50744004aa9aeae05e7b0647eac9d801b5ba4668afc01e709c15e19f": "jina-v2-en",  # bert-base-uncased, bge-small
-    "8e62295832751ca1e8f92f2226f403dea30dc5165e448b5bfa05af5340c64ec7": "bert-bge-large",  # bge-large-zh
-    "c7699093ba4255a91e702aa38a596aa81669f3525dae06c2953267dde580f448": "jina-v1-en",
-}
 # llama.cpp refuses an unknown hash; its WordPiece tokenizer never reads the name, so we write this
 UNKNOWN_PRE = "default"
+MODELS = ("WordPiece", "BPE")
 BERT_SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                  "mask_token": "[MASK]"}
 
@@ -56,11 +40,16 @@ class Vocab:
     pre: str
 
 
-def read_vocab(folder: Path, vocab_size: int) -> Vocab:
-    """The folder's vocabulary padded to vocab_size, or a ConversionError naming the file."""
-    tok = _tokenizer(folder)
+def read_vocab(folder: Path, vocab_size: int | None, model: str = "WordPiece", arch: str = "bert",
+               fallback_pre: str | None = UNKNOWN_PRE) -> Vocab:
+    """The folder's vocabulary padded to vocab_size (None: the tokenizer's own size), or a
+    ConversionError naming the file. model: the tokenizer.json model type `arch` needs;
+    fallback_pre: the pre name for a hash llama.cpp does not know (None: refuse, as it does)."""
+    tok = _tokenizer(folder, model, arch)
     vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
     added = tok.get_added_tokens_decoder()
+    if vocab_size is None:
+        vocab_size = len(vocab)
     if vocab and max(vocab.values()) >= vocab_size:
         raise ConversionError(f"{folder}: the tokenizer has token id {max(vocab.values())}, past config.json's "
                               f"vocab_size {vocab_size}")
@@ -83,11 +72,12 @@ def read_vocab(folder: Path, vocab_size: int) -> Vocab:
                 token, kind = token.replace("\u2581", " "), TokenType.USER_DEFINED
         tokens.append(token)
         types.append(kind)
-    tokens = [_phantom(t, k) for t, k in zip(tokens, types)]
-    return Vocab(tokens, [int(k) for k in types], _pre_name(tok))
+    if model == "WordPiece":
+        tokens = [_phantom(t, k) for t, k in zip(tokens, types)]
+    return Vocab(tokens, [int(k) for k in types], _pre_name(tok, folder, fallback_pre))
 
 
-def _tokenizer(folder: Path) -> Any:
+def _tokenizer(folder: Path, model: str, arch: str) -> Any:
     """tokenizers' Tokenizer for the folder, as transformers' fast tokenizer encodes."""
     from tokenizers import Tokenizer
 
@@ -96,13 +86,13 @@ def _tokenizer(folder: Path) -> Any:
             tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as e:  # the Rust side raises plain Exception for a malformed file
             raise ConversionError(f"{folder / 'tokenizer.json'}: cannot load it ({e})") from None
-        model = read_json(folder / "tokenizer.json").get("model", {}).get("type")
-        if model != "WordPiece":
-            raise ConversionError(f"{folder / 'tokenizer.json'}: a {model} tokenizer; bert needs WordPiece")
-    elif (folder / "vocab.txt").is_file():
+        found = read_json(folder / "tokenizer.json").get("model", {}).get("type")
+        if found != model:
+            raise ConversionError(f"{folder / 'tokenizer.json'}: a {found} tokenizer; {arch} needs {model}")
+    elif model == "WordPiece" and (folder / "vocab.txt").is_file():
         tok = _from_vocab_txt(folder)
     else:
-        raise ConversionError(f"{folder}: no tokenizer.json or vocab.txt")
+        raise ConversionError(f"{folder}: no tokenizer.json" + (" or vocab.txt" if model == "WordPiece" else ""))
     tok.no_truncation()  # as transformers' encode() without truncation or padding
     tok.no_padding()
     return tok
@@ -157,8 +147,12 @@ def _phantom(token: str, kind: int) -> str:
     return token[2:] if token.startswith("##") else "\u2581" + token
 
 
-def _pre_name(tok: Any) -> str:
-    digest = hashlib.sha256(str(tok.encode(CHKTXT).ids).encode()).hexdigest()
-    if digest not in KNOWN_PRE:
-        log.info("pre-tokenizer hash %s is not one llama.cpp knows; writing %r", digest, UNKNOWN_PRE)
-    return KNOWN_PRE.get(digest, UNKNOWN_PRE)
+def _pre_name(tok: Any, folder: Path, fallback: str | None) -> str:
+    digest, name = known_pre(tok)
+    if name is not None:
+        return name
+    if fallback is None:
+        raise ConversionError(f"{folder / 'tokenizer.json'}: its pre-tokenizer (hash {digest}) is not one llama.cpp "
+                              "knows, so it cannot say how to split text before BPE")
+    log.info("pre-tokenizer hash %s is not one llama.cpp knows; writing %r", digest, fallback)
+    return fallback

@@ -1,6 +1,8 @@
-"""Write one GGUF file from a BERT folder, in the order llama.cpp's converter adds things (so the
-keys come out in its order too): the tensors, then general.*, the hyper-parameters, the
-vocabulary and its special tokens. Into a temporary file beside the output, renamed on success."""
+"""Write one GGUF file from a Hugging Face folder, in the order llama.cpp's converter adds things
+(so the keys come out in its order too): the tensors, then general.*, the hyper-parameters, the
+quantization version, the vocabulary and its special tokens. The architecture's Converter
+(chosen by config.json's `architectures[0]`) says what each of those is. Into a temporary file
+beside the output, renamed on success."""
 
 from __future__ import annotations
 
@@ -9,41 +11,46 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFType, GGUFWriter, LlamaFileType, Metadata, PoolingType, size_label
+from gguf import GGUFType, GGUFWriter, LlamaFileType, Metadata, size_label
 
-from edge_infer.convert import bert_map
-from edge_infer.convert.hf_folder import (
-    HFFolder,
-    SafetensorParts,
-    classifier_labels,
-    classifier_pooling,
-    pooling_type,
-    read_folder,
-)
-from edge_infer.convert.special_vocab import Specials, read_specials
-from edge_infer.convert.vocab import Vocab, read_vocab
-from edge_infer.errors import InvalidRequest
+from edge_infer.convert.bert import BertConverter
+from edge_infer.convert.hf_folder import HFFolder, SafetensorParts, read_config
+from edge_infer.convert.jina import JinaBertConverter
+from edge_infer.convert.model_base import OUT_TYPES, Converter, tensor_type
+from edge_infer.convert.modernbert import ModernBertConverter
+from edge_infer.convert.nomic import NomicBertConverter
+from edge_infer.errors import ConversionError, InvalidRequest
 from edge_infer.formats.atomic import commit, temp_beside
 from edge_infer.formats.quants import quantize
 
 log = logging.getLogger(__name__)
 
-ARCH = "bert"
+CONVERTERS: tuple[type[Converter], ...] = (BertConverter, NomicBertConverter, ModernBertConverter, JinaBertConverter)
+BY_ARCHITECTURE = {a: c for c in CONVERTERS for a in c.hf_architectures}
+SUPPORTED_ARCHITECTURES = tuple(BY_ARCHITECTURE)
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16, "q8_0": LlamaFileType.MOSTLY_Q8_0}
 GGML_QUANT_VERSION = 2  # gguf.GGML_QUANT_VERSION, which the converter writes
 
 
+def converter_for(src: Path) -> Converter:
+    """The converter of the folder `src`, its config checked; a ConversionError for an
+    architecture we do not convert, naming those we do."""
+    raw, arch = read_config(src)
+    if arch not in BY_ARCHITECTURE:
+        raise ConversionError(f"{src / 'config.json'}: architecture {arch!r} is not supported; "
+                              f"edge-infer convert supports {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return BY_ARCHITECTURE[arch].from_config(src, raw, arch)
+
+
 def write_gguf(src: Path, out: Path, out_type: str) -> Path:
     """See edge_infer.convert.convert_hf."""
-    if out_type not in bert_map.OUT_TYPES:
-        raise InvalidRequest(f"output type {out_type!r} is not supported; use one of {', '.join(bert_map.OUT_TYPES)}")
-    folder = read_folder(src.resolve())
-    labels = classifier_labels(folder)
-    parts = SafetensorParts(folder.path)
+    if out_type not in OUT_TYPES:
+        raise InvalidRequest(f"output type {out_type!r} is not supported; use one of {', '.join(OUT_TYPES)}")
+    conv = converter_for(src.resolve())
+    parts = SafetensorParts(conv.folder.path)
     # everything that can be refused is read before a tensor's data is, or a file is made
-    vocab = read_vocab(folder.path, folder.int("vocab_size"))
-    specials = read_specials(folder.path, len(vocab.tokens))
-    pooling = pooling_type(folder), classifier_pooling(folder)
+    conv.prepare()
+    plan = conv.plan(parts)
     if out.is_dir():
         raise InvalidRequest(f"{out}: is a folder; give the path of the .gguf file to write")
     if not out.parent.is_dir():
@@ -53,10 +60,13 @@ def write_gguf(src: Path, out: Path, out_type: str) -> Path:
     except OSError as e:
         raise InvalidRequest(f"{out}: cannot write in {out.parent} ({e.strerror or e})") from None
     try:
-        w = GGUFWriter(path=None, arch=ARCH)
-        _add_tensors(w, folder, parts, labels, bert_map.OUT_TYPES[out_type])
-        _add_metadata(w, folder, labels, FILE_TYPES[out_type], pooling)
-        _add_vocab(w, folder, vocab, specials)
+        w = GGUFWriter(path=None, arch=conv.arch)
+        for p in plan:
+            _add_tensor(w, p.name, p.read(), p.shape, OUT_TYPES[out_type])
+        _add_general(w, conv.folder)
+        conv.add_parameters(w, FILE_TYPES[out_type])
+        w.add_quantization_version(GGML_QUANT_VERSION)
+        conv.add_vocab(w)
         w.write_header_to_file(path=tmp)
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -69,38 +79,21 @@ def write_gguf(src: Path, out: Path, out_type: str) -> Path:
     return out
 
 
-def _dims(folder: HFFolder, labels: list[str] | None) -> bert_map.BertDims:
-    return bert_map.BertDims(
-        vocab=folder.int("vocab_size"), hidden=folder.int("hidden_size"), layers=folder.int("num_hidden_layers"),
-        ffn=folder.int("intermediate_size"), positions=folder.int("max_position_embeddings"),
-        token_types=folder.int("type_vocab_size"), labels=len(labels or ()))
+def _add_tensor(w: GGUFWriter, name: str, data: np.ndarray, shape: tuple[int, ...], out: T) -> None:
+    """One tensor in llama.cpp's type for it (tensor_type), quantized as gguf-py would."""
+    qtype = tensor_type(name, shape, out)
+    if qtype == T.F32:
+        data = data.astype(np.float32, copy=False)
+    elif qtype == T.F16:
+        data = data.astype(np.float16, copy=False)
+    else:
+        data = quantize(data.astype(np.float32, copy=False), qtype)
+    w.add_tensor(name, data, raw_dtype=qtype)
 
 
-def _add_tensors(w: GGUFWriter, folder: HFFolder, parts: SafetensorParts, labels: list[str] | None, out: T) -> None:
-    """Every kept tensor, checked first (names and shapes from the headers, before any data is
-    read), then read, typed and added in the safetensors order."""
-    found: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for hf in parts.names():
-        name = bert_map.gguf_name(hf, labels is not None)
-        if name is not None:
-            found[name] = (hf, parts.shape(hf))
-    bert_map.check_tensors(found, _dims(folder, labels))
-    for name, (hf, shape) in found.items():
-        data = parts.get(hf)
-        qtype = bert_map.tensor_type(name, shape, out)
-        if qtype == T.F32:
-            data = data.astype(np.float32, copy=False)
-        elif qtype == T.F16:
-            data = data.astype(np.float16, copy=False)
-        else:
-            data = quantize(data.astype(np.float32, copy=False), qtype)
-        w.add_tensor(name, data, raw_dtype=qtype)
-
-
-def _add_metadata(w: GGUFWriter, folder: HFFolder, labels: list[str] | None, ftype: LlamaFileType,
-                  pooling: tuple[PoolingType | None, PoolingType | None]) -> None:
-    """general.* and the hyper-parameters, each as the converter adds it."""
-    c = folder.config
+def _add_general(w: GGUFWriter, folder: HFFolder) -> None:
+    """general.*: the type, then gguf-py's Metadata heuristics over the folder (its name, the size
+    label from the parameter count)."""
     total, shared, expert, n_experts = w.get_total_parameter_count()
     meta = Metadata.load(None, folder.path, None, total)
     if meta.name is None:
@@ -109,35 +102,3 @@ def _add_metadata(w: GGUFWriter, folder: HFFolder, labels: list[str] | None, fty
         meta.size_label = size_label(total, shared, expert, n_experts)
     w.add_type(GGUFType.MODEL)
     meta.set_gguf_meta_model(w)
-    # TextModel.set_gguf_parameters, for the keys a BERT config can have
-    w.add_block_count(folder.int("num_hidden_layers"))
-    w.add_context_length(folder.int("max_position_embeddings"))
-    w.add_embedding_length(folder.int("hidden_size"))
-    w.add_feed_forward_length(folder.int("intermediate_size"))
-    w.add_head_count(folder.int("num_attention_heads"))
-    if (n_kv := c.get("num_key_value_heads", c.get("n_kv_heads"))) is not None:
-        w.add_head_count_kv(n_kv)
-    w.add_layer_norm_eps(c["layer_norm_eps"])
-    if (head_dim := c.get("head_dim")) is not None:
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-    w.add_file_type(ftype)
-    # BertModel.set_gguf_parameters
-    w.add_causal_attention(False)
-    if pooling[0] is not None:
-        w.add_pooling_type(pooling[0])
-    if pooling[1] is not None:
-        w.add_uint32(f"{ARCH}.classifier.pooling_type", pooling[1].value)
-    if labels:
-        w.add_classifier_output_labels(labels)
-    w.add_quantization_version(GGML_QUANT_VERSION)
-
-
-def _add_vocab(w: GGUFWriter, folder: HFFolder, vocab: Vocab, specials: Specials) -> None:
-    """BertModel.set_vocab: token types, the WordPiece vocabulary, the special tokens."""
-    w.add_token_type_count(folder.int("type_vocab_size"))
-    w.add_tokenizer_model("bert")
-    w.add_tokenizer_pre(vocab.pre)
-    w.add_token_list(vocab.tokens)
-    w.add_token_types(vocab.types)
-    specials.write(w)

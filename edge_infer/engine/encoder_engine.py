@@ -1,6 +1,6 @@
-"""EncoderEngine: the engine of an encoder model (bert, nomic-bert, jina-bert-v2): embeddings and
+"""EncoderEngine: the engine of an encoder model (bert and its kin, models/encoder.py): embeddings and
 rerank scores, no generation, no KV cache. The engine thread (worker.py) runs it as it runs an
-LLMEngine: the request methods refuse generation by name, and `embed` / `rerank` run whole
+LLMEngine: the request methods refuse generation by name, and `embed` / `score_pairs` run whole
 inputs packed into steps of up to `capacity` tokens (a step never splits an input: attention
 goes both ways over it).
 
@@ -105,14 +105,18 @@ class EncoderEngine:
         return self._check(list(prompt))
 
     def rerank_ids(self, query: str, document: str) -> list[int]:
-        """The pair a cross-encoder scores: [CLS] query [SEP] document [SEP] (the query with the
-        model's special tokens, the document with its trailing ones). Any thread."""
-        q = self.tokenizer.encode(query, add_special=True, parse_special=False)
-        d = self.tokenizer.encode(document, add_special=True, parse_special=False)
-        bos = self.tokenizer.bos_id
-        if self.tokenizer.add_bos and bos is not None and d and d[0] == bos:
-            d = d[1:]
-        return self._check(q + d)
+        """The pair a cross-encoder scores, as llama.cpp's server builds it (format_rerank): BOS
+        if the vocabulary adds one, the query, EOS (or SEP when there is no EOS) if it adds EOS,
+        SEP if it adds SEP, the document, EOS again: [CLS] query [SEP] document [SEP] for a
+        converted BERT. Any thread."""
+        tok = self.tokenizer
+        q = tok.encode(query, add_special=False, parse_special=False)
+        d = tok.encode(document, add_special=False, parse_special=False)
+        eos = tok.eos_id if tok.eos_id is not None else tok.sep_id
+        bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+        end = [eos] if tok.add_eos and eos is not None else []
+        sep = [tok.sep_id] if tok.add_sep and tok.sep_id is not None else []
+        return self._check(bos + q + end + sep + d + end)
 
     def _check(self, ids: list[int]) -> list[int]:
         if not ids:
@@ -140,7 +144,7 @@ class EncoderEngine:
             what = "a reranker: score pairs with rerank" if pooling == "rank" else "no one vector per input"
             raise InvalidRequest(f"this model's pooling_type is {pooling!r} ({what}); embeddings pool "
                                  f"{', '.join(EMBED_POOLINGS)}")
-        rows = self._pooled(prompts).astype(np.float64)
+        rows = self.encoder.dense_out(self._pooled(prompts)).astype(np.float64)
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
         return (rows / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
@@ -152,9 +156,11 @@ class EncoderEngine:
         return np.ascontiguousarray(self.encoder.rank_head(self._pooled(pairs))[:, 0], np.float32)
 
     def _pooled(self, prompts: list[list[int]]) -> np.ndarray:
-        """float32 [n, D]: each input's hidden states pooled (rank: its first token's)."""
-        pooling = self.model_config.pooling
-        out = np.empty((len(prompts), self.model_config.d_model), np.float32)
+        """float32 [n, D]: each input's hidden states pooled (rank: as the head reads them, first token or mean)."""
+        cfg = self.model_config
+        # a rank head reads the first token, or the mean (modern-bert's classifier.pooling_type)
+        pooling = cfg.cls_pooling if cfg.pooling == "rank" else cfg.pooling
+        out = np.empty((len(prompts), cfg.d_model), np.float32)
         for idx, starts, hidden in self._steps(prompts):
             for i, s in zip(idx, starts, strict=True):
                 n = len(prompts[i])
@@ -162,7 +168,7 @@ class EncoderEngine:
                     out[i] = hidden[s : s + n].astype(np.float64).mean(axis=0)
                 elif pooling == "last":
                     out[i] = hidden[s + n - 1]
-                else:  # cls, rank, none: the first token
+                else:  # cls, none: the first token
                     out[i] = hidden[s]
         self.stats["inputs"] += len(prompts)
         return out

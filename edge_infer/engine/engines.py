@@ -1,5 +1,5 @@
-"""Which engine runs a model: an EncoderEngine for an encoder's file (bert, nomic-bert,
-jina-bert-v2: embeddings and rerank), an LLMEngine for everything else."""
+"""Which engine runs a model: an EncoderEngine for an encoder's file (bert, nomic-bert, modern-bert,
+jina-bert-v2, gemma-embedding: embeddings and rerank), an LLMEngine for everything else."""
 
 from __future__ import annotations
 

@@ -214,6 +214,7 @@ class EncoderBackend(Backend, Protocol):
     def bias_gelu(self, x: Array, bias: Array, out: Array) -> None: ...
 
     def encoder_attention(self, q: Array, k: Array, v: Array, seq_start: Array, seq_end: Array, head_dim: int,
-                          scale: Any, slopes: Array, out: Array) -> None:
-        """Bidirectional attention within each input (kernels_cpu.encoder.encoder_attention_kernel)."""
+                          scale: Any, slopes: Array, window: int, out: Array) -> None:
+        """Bidirectional attention within each input, within a symmetric window when window > 0
+        (kernels_cpu.encoder.encoder_attention_kernel)."""
         ...

@@ -52,6 +52,22 @@ def test_avx512_codegen_is_on() -> None:
         assert "-prefer-256-bit" in (config.CPU_FEATURES or "")
 
 
+def test_full_width_codegen_whatever_is_imported_first() -> None:
+    """numba builds its CPU target once, at the first numba function defined anywhere: the engine
+    imports formats' compiled quantizer fits (formats/quant_fit.py) long before the kernels, so
+    those must apply the settings too, or every kernel of the process compiles with 256-bit
+    vectors (the public API's forward ran ymm kernels while `edge-infer bench` ran zmm ones)."""
+    import subprocess
+    import sys
+
+    probe = ("import edge_infer.formats.quants\n"
+             "from numba.core.registry import cpu_target\n"
+             "print(cpu_target.target_context.codegen()._tm_features)")
+    feats = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    if VREG == "zmm":
+        assert "-prefer-256-bit" in feats, feats
+
+
 @pytest.mark.parametrize("name", ["decode_q4_1", "decode_q8_0", "decode_q4_k", "decode_q6_k"])
 def test_decoders_vectorize(name: str) -> None:
     asm = asm_of(getattr(dq, name), DECODER_SIG)

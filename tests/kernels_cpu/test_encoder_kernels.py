@@ -57,7 +57,7 @@ def test_attention_matches_twin_and_is_batch_invariant(alibi: bool, kv_heads: in
     scale = np.float32(hd**-0.5)
     seq_start, seq_end = _inputs(lengths)
     out = np.empty_like(q)
-    encoder.encoder_attention_kernel(q, k, v, seq_start, seq_end, hd, scale, slopes, 2, out)
+    encoder.encoder_attention_kernel(q, k, v, seq_start, seq_end, hd, scale, slopes, 0, 2, out)
     ref = reference_encoder.encoder_attention(q, k, v, seq_start, seq_end, hd, float(scale), slopes)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     # the third input alone gives the same bits as among the others
@@ -65,15 +65,32 @@ def test_attention_matches_twin_and_is_batch_invariant(alibi: bool, kv_heads: in
     alone = np.empty((n, heads * hd), np.float32)
     ss, se = _inputs([n])
     encoder.encoder_attention_kernel(q[s0 : s0 + n].copy(), k[s0 : s0 + n].copy(), v[s0 : s0 + n].copy(), ss, se, hd,
-                                     scale, slopes, 2, alone)
+                                     scale, slopes, 0, 2, alone)
     np.testing.assert_array_equal(alone, out[s0 : s0 + n])
     # both directions: an input's first token sees its last one
     k2 = k.copy()
     k2[s0 + n - 1] += 3.0
     out2 = np.empty_like(q)
-    encoder.encoder_attention_kernel(q, k2, v, seq_start, seq_end, hd, scale, slopes, 2, out2)
+    encoder.encoder_attention_kernel(q, k2, v, seq_start, seq_end, hd, scale, slopes, 0, 2, out2)
     assert np.abs(out2[s0] - out[s0]).max() > 1e-3
     np.testing.assert_array_equal(out2[:s0], out[:s0])
+
+
+def test_symmetric_window_matches_twin() -> None:
+    """A sliding layer's keys within window // 2 rows either side, clipped to the input."""
+    heads, hd, lengths = 2, 16, [12, 20]
+    t = sum(lengths)
+    q, k, v = _rows(t, heads * hd, 0), _rows(t, heads * hd, 1), _rows(t, heads * hd, 2)
+    seq_start, seq_end = _inputs(lengths)
+    for window in (4, 7):
+        out = np.empty_like(q)
+        encoder.encoder_attention_kernel(q, k, v, seq_start, seq_end, hd, np.float32(0.25), np.empty(0, np.float32),
+                                         window, 2, out)
+        ref = reference_encoder.encoder_attention(q, k, v, seq_start, seq_end, hd, 0.25, np.empty(0, np.float32),
+                                                  window)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+        full = reference_encoder.encoder_attention(q, k, v, seq_start, seq_end, hd, 0.25, np.empty(0, np.float32))
+        assert np.abs(out - full).max() > 1e-2
 
 
 def test_alibi_slopes_follow_ggml() -> None:

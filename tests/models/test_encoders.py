@@ -1,13 +1,16 @@
-"""The encoders (bert, nomic-bert, jina-bert-v2) against llama.cpp on tiny random-weight GGUFs in
+"""The encoders (bert, nomic-bert, jina-bert-v2, modern-bert, gemma-embedding) against llama.cpp on tiny random-weight GGUFs in
 llama.cpp's layout (tests/support/bert_models.py): each input's pooled embedding at cosine >=
 0.9999 (mean, cls; a rank head's scores within 2e-3), bit-identical alone and batched with
 others. Every feature the variants add moves llama.cpp's result far past that tolerance (edited
-tensors), or ours when we leave it out (RoPE, ALiBi), so none can be skipped unnoticed."""
+tensors), or ours when we leave it out (RoPE, ALiBi, the symmetric window, the sliding layers'
+rope base, gemma's dense layers), so none can be skipped unnoticed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +29,10 @@ CASES: dict[str, EncoderSpec] = {
     "nomic-bert": EncoderSpec(arch="nomic-bert", fused_qkv=True, biases=False, qk_std=0.4),
     "jina-bert-v2": EncoderSpec(arch="jina-bert-v2", qk_norm=True, norm_2=True, qk_std=0.4),
     "jina-bert-v2-geglu": EncoderSpec(arch="jina-bert-v2", geglu=True, qk_std=0.4),
+    "modern-bert": EncoderSpec(arch="modern-bert", n_layers=3, qk_std=0.4),
+    "modern-bert-rank": EncoderSpec(arch="modern-bert", n_layers=3, pooling="rank", rank_head=True),
+    "gemma-embedding": EncoderSpec(arch="gemma-embedding", n_layers=3, n_heads=2, n_kv_heads=1, head_dim=48,
+                                   qk_std=0.4, dense=96),
 }
 POOLING_IDS = {"mean": 1, "cls": 2, "rank": 4}
 COS = 0.9999
@@ -104,6 +111,10 @@ TENSOR_FEATURES = {
                   "FFN biases": {f"blk.{i}.ffn_up.bias": fill(0.0) for i in range(2)},
                   "input norm bias": {"token_embd_norm.bias": fill(0.0)}},
     "bert-rank": {"dense head bias": {"cls.bias": fill(0.0)}},
+    "modern-bert-rank": {"head norm": {"cls.norm.weight": fill(3.0)}},
+    "gemma-embedding": {"post-norms": {f"blk.{i}.post_{x}_norm.weight": fill(3.0) for i in range(3)
+                                       for x in ("attention", "ffw")},
+                        "Q/K head norms": {f"blk.{i}.attn_{x}_norm.weight": fill(3.0) for i in range(3) for x in "qk"}},
     # the Q/K LayerNorms' weights scale every score (their biases move little: q.k of unit rows)
     "jina-bert-v2": {"Q/K norms": {f"blk.{i}.attn_{x}_norm.weight": fill(3.0) for i in range(2) for x in "qk"},
                      "second attention norm": {f"blk.{i}.attn_norm_2.bias": fill(0.0) for i in range(2)}},
@@ -122,16 +133,39 @@ def test_feature_moves_llama_cpp(name: str, feature: str, files: Path) -> None:
         assert min(cosines(np.array(b), a)) < 1 - 10 * (1 - COS), feature
 
 
-@pytest.mark.parametrize("name,attr", [("nomic-bert", "inv_freq"), ("jina-bert-v2-geglu", "slopes")])
-def test_positions_ablated_fail(name: str, attr: str, files: Path) -> None:
-    """RoPE (nomic) and ALiBi (jina) have no tensor to edit: ours without them misses llama.cpp."""
+def _no_rope(enc: Any) -> None:
+    enc.inv_freqs = [np.zeros_like(f) for f in enc.inv_freqs]
+
+
+def _no_alibi(enc: Any) -> None:
+    enc.slopes = enc.slopes[:0]
+
+
+def _no_window(enc: Any) -> None:
+    enc.cfg = dataclasses.replace(enc.cfg, sliding_window=0)
+
+
+def _one_rope_base(enc: Any) -> None:
+    enc.inv_freqs = [enc.inv_freqs[-1]] * len(enc.inv_freqs)  # the last layer is a full one in both files
+
+
+def _no_dense(enc: Any) -> None:
+    enc.w.dense_2 = enc.w.dense_3 = None
+
+
+# features with no tensor to edit: ours without them misses llama.cpp
+ABLATIONS = [("nomic-bert", _no_rope), ("jina-bert-v2-geglu", _no_alibi), ("modern-bert", _no_window),
+             ("modern-bert", _one_rope_base), ("gemma-embedding", _no_window), ("gemma-embedding", _one_rope_base),
+             ("gemma-embedding", _no_dense)]
+
+
+@pytest.mark.parametrize("name,ablate", ABLATIONS, ids=[f"{n}-{f.__name__}" for n, f in ABLATIONS])
+def test_ablated_feature_misses_llama_cpp(name: str, ablate: Callable[[Any], None], files: Path) -> None:
     spec, ids = CASES[name], inputs()
     path = _path(files, name)
     refs = reference(path, spec, ids)
     with LLM(str(path), n_threads=1) as llm:
-        enc = llm.worker.engine.encoder  # type: ignore[union-attr]
-        value = getattr(enc, attr)
-        setattr(enc, attr, np.zeros_like(value) if attr == "inv_freq" else value[:0])
+        ablate(llm.worker.engine.encoder)  # type: ignore[union-attr]
         assert min(cosines(llm.embed(ids), refs)) < 1 - 10 * (1 - COS)
 
 
@@ -163,7 +197,8 @@ def test_rerank_orders_by_score(files: Path) -> None:
         docs = ["the cat sat on the mat", "paris is the capital of france", "hello world"]
         scores = llm.rerank("what is the capital of france", docs)
         pairs = [llm.worker.engine.rerank_ids("what is the capital of france", d) for d in docs]  # type: ignore[union-attr]
-        assert pairs[0][0] == CLS and pairs[0].count(SEP) == 2 and pairs[0][-1] == SEP
+        # llama.cpp's format_rerank: this vocabulary adds [CLS] and [SEP], no EOS
+        assert pairs[0][0] == CLS and pairs[0].count(SEP) == 1 and pairs[0][-1] != SEP
         np.testing.assert_allclose(scores, np.array(reference(llm_path := _path(files, "bert-rank"), CASES["bert-rank"],
                                                                pairs))[:, 0], atol=2e-3, err_msg=str(llm_path))
     with LLM(str(_path(files, "bert-mean")), n_threads=1) as llm:

@@ -120,7 +120,7 @@ def write_tiny_bert(folder: Path, *, config: dict[str, Any] | None = None, tenso
             {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
         (folder / "1_Pooling").mkdir(exist_ok=True)
         (folder / "1_Pooling" / "config.json").write_text(json.dumps(
-            {"word_embedding_dimension": c["hidden_size"], "pooling_mode_cls_token": pooling == "cls",
+            {"word_embedding_dimension": c.get("hidden_size", c.get("n_embd")), "pooling_mode_cls_token": pooling == "cls",
              "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max",
              "pooling_mode_mean_sqrt_len_tokens": False}))
     return folder
