@@ -122,7 +122,12 @@ class ChatEncoder:
             raise ChatTemplateError(
                 f"unknown --template {forced!r} (built-in: {', '.join(BUILTIN_TEMPLATES)})"
             )
+        from edge_infer.models.encoder_config import encoder_refusal
+
         with GGUFFile(path) as f:
+            why = encoder_refusal(f)
+            if why is not None:
+                raise ChatTemplateError(why)
             own = f.metadata.get("tokenizer.chat_template")
             if forced is None and not (isinstance(own, str) and own.strip()):
                 raise ChatTemplateError(

@@ -85,11 +85,19 @@ def layers(f: Any) -> dict[str, Any]:
     """The model's layer kinds as edge-infer runs it: {"kinds": ["attention" | "short_conv" |
     "mamba2" | "gated_deltanet" | "attention+mamba2" (falcon-h1) | "ffn" (nemotron_h's FFN-only
     layers) | "shared_kv_attention" (gemma4's, gemma3n's: over an earlier layer's K/V), ...],
-    "state_bytes_per_sequence": N}, or {"error": why} for a model it cannot run."""
+    "state_bytes_per_sequence": N}, or {"error": why} for a model it cannot run. An encoder's
+    layers are "bidirectional_attention" (or "windowed_bidirectional_attention" on its sliding
+    layers) and it adds {"encoder": {"pooling": name}}."""
     from edge_infer.errors import EdgeInferError
     from edge_infer.models import config_from_gguf
+    from edge_infer.models.encoder_config import encoder_config_from_gguf, is_encoder
 
     try:
+        if is_encoder(f):
+            enc = encoder_config_from_gguf(f)
+            return {"kinds": ["windowed_bidirectional_attention" if enc.layer_window(i) else "bidirectional_attention"
+                              for i in range(enc.n_layers)],
+                    "state_bytes_per_sequence": 0, "encoder": {"pooling": enc.pooling}}
         cfg = config_from_gguf(f)
     except EdgeInferError as e:
         return {"error": str(e)}
@@ -109,6 +117,8 @@ def _layers_line(r: dict[str, Any]) -> str:
         counts[k] = counts.get(k, 0) + 1
     mix = ", ".join(f"{n} {k}" for k, n in counts.items())
     state = info["state_bytes_per_sequence"]
+    if "encoder" in info:
+        mix += f"; an encoder, pooling {info['encoder']['pooling']}: embeddings and rerank, no generation"
     return f"layers: {len(info['kinds'])} ({mix})" + (f"; recurrent state {human_bytes(state)} per sequence" if state else "")
 
 

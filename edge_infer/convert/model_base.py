@@ -42,6 +42,9 @@ class Converter:
 
     arch: ClassVar[str]  # the GGUF architecture
     hf_architectures: ClassVar[tuple[str, ...]]  # config.json's architectures it converts
+    # include sentence-transformers' Dense modules (set by the writer before prepare); read only
+    # where llama.cpp's converter can write them (gemma-embedding), as it ignores them elsewhere
+    dense_modules: bool = False
 
     def __init__(self, folder: HFFolder) -> None:
         self.folder = folder

@@ -66,7 +66,7 @@ def read_vocab(folder: Path, vocab_size: int | None, model: str = "WordPiece", a
             a = added[i]
             if not a.normalized:  # llama.cpp takes added tokens pre-normalized: as decode(encode(t))
                 token = tok.decode(tok.encode(token, add_special_tokens=False).ids, skip_special_tokens=False)
-            if a.special or _looks_special(token):
+            if a.special or looks_special(token):
                 kind = TokenType.CONTROL
             else:
                 token, kind = token.replace("\u2581", " "), TokenType.USER_DEFINED
@@ -133,7 +133,7 @@ def _content(entry: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _looks_special(token: str) -> bool:
+def looks_special(token: str) -> bool:
     """llama.cpp's does_token_look_special, for added tokens not marked special."""
     return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
             or (token.startswith("<|") and token.endswith("|>"))

@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFType, GGUFWriter, LlamaFileType, Metadata, size_label
 
 from edge_infer.convert.bert import BertConverter
+from edge_infer.convert.gemma_embedding import GemmaEmbeddingConverter
 from edge_infer.convert.hf_folder import HFFolder, SafetensorParts, read_config
 from edge_infer.convert.jina import JinaBertConverter
 from edge_infer.convert.model_base import OUT_TYPES, Converter, tensor_type
@@ -25,7 +26,8 @@ from edge_infer.formats.quants import quantize
 
 log = logging.getLogger(__name__)
 
-CONVERTERS: tuple[type[Converter], ...] = (BertConverter, NomicBertConverter, ModernBertConverter, JinaBertConverter)
+CONVERTERS: tuple[type[Converter], ...] = (BertConverter, NomicBertConverter, ModernBertConverter, JinaBertConverter,
+                                           GemmaEmbeddingConverter)
 BY_ARCHITECTURE = {a: c for c in CONVERTERS for a in c.hf_architectures}
 SUPPORTED_ARCHITECTURES = tuple(BY_ARCHITECTURE)
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16, "q8_0": LlamaFileType.MOSTLY_Q8_0}
@@ -42,11 +44,12 @@ def converter_for(src: Path) -> Converter:
     return BY_ARCHITECTURE[arch].from_config(src, raw, arch)
 
 
-def write_gguf(src: Path, out: Path, out_type: str) -> Path:
+def write_gguf(src: Path, out: Path, out_type: str, dense_modules: bool = True) -> Path:
     """See edge_infer.convert.convert_hf."""
     if out_type not in OUT_TYPES:
         raise InvalidRequest(f"output type {out_type!r} is not supported; use one of {', '.join(OUT_TYPES)}")
     conv = converter_for(src.resolve())
+    conv.dense_modules = dense_modules
     parts = SafetensorParts(conv.folder.path)
     # everything that can be refused is read before a tensor's data is, or a file is made
     conv.prepare()

@@ -42,6 +42,7 @@ from edge_infer.models import (
     smollm3,
 )
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.encoder_config import encoder_refusal
 
 ARCHITECTURES: dict[str, ModuleType] = {
     m.ARCH: m
@@ -55,6 +56,9 @@ ARCHITECTURES: dict[str, ModuleType] = {
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
     """The config of a model of any supported architecture; UnsupportedModelError otherwise."""
     arch = f.architecture
+    why = encoder_refusal(f)
+    if why is not None:
+        raise UnsupportedModelError(why)
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"{f.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"

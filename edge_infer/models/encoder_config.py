@@ -110,6 +110,15 @@ def is_encoder(f: GGUFFile) -> bool:
     return f.architecture in ENCODER_ARCHS
 
 
+def encoder_refusal(f: GGUFFile) -> str | None:
+    """What a generating path says to an encoder's file (None for any other model)."""
+    if not is_encoder(f):
+        return None
+    return (f"{f.path}: {f.architecture} is an encoder: it computes embeddings and rerank scores (LLM.embed, "
+            "LLM.rerank, /v1/embeddings, /v1/rerank; benchmarks/bench_embeddings.py times it), it does not "
+            "generate text")
+
+
 def encoder_config_from_gguf(f: GGUFFile) -> EncoderConfig:
     """The config of a bert, nomic-bert or jina-bert-v2 file (UnsupportedModelError naming the
     key otherwise)."""

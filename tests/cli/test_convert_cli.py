@@ -51,3 +51,17 @@ def test_user_mistakes_are_one_line(tiny: Path, tmp_path: Path, capsys: pytest.C
     rc, _, err = run(capsys, "convert", str(tiny), str(tmp_path / "no" / "o.gguf"))
     assert_one_line_error(rc, err)
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_dense_modules_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """EmbeddingGemma's sentence-transformers Dense projections are written by default and left
+    out with --no-sentence-transformers-dense-modules (llama.cpp's default file)."""
+    from tiny_gemma_embedding import write_tiny_gemma_embedding
+
+    folder = write_tiny_gemma_embedding(tmp_path / "eg")
+    for flag, dense in ((), True), (("--no-sentence-transformers-dense-modules",), False):
+        out = tmp_path / f"eg-{dense}.gguf"
+        rc, _, err = run(capsys, "convert", str(folder), str(out), "--type", "f32", *flag)
+        assert rc == 0 and err == ""
+        names = {t.name for t in GGUFReader(str(out)).tensors}
+        assert ("dense_2.weight" in names and "dense_3.weight" in names) == dense, flag

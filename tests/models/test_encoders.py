@@ -206,3 +206,15 @@ def test_rerank_orders_by_score(files: Path) -> None:
         emb = llm.embed(["the cat", "the cat", "paris france"])
         np.testing.assert_allclose(scores, [float(emb[0] @ emb[1]), float(emb[0] @ emb[2])], rtol=1e-6)
         assert scores[0] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_inspect_names_the_encoder(files: Path) -> None:
+    """`edge-infer inspect` shows an encoder's layers (sliding ones marked) and its pooling."""
+    from edge_infer.cli.inspect import layers
+    from edge_infer.formats.gguf import GGUFFile
+
+    with GGUFFile(_path(files, "modern-bert")) as f:
+        r = layers(f)
+    assert r["encoder"] == {"pooling": "mean"}
+    # modern-bert's pattern of 3 with the full layer first
+    assert r["kinds"] == ["bidirectional_attention"] + ["windowed_bidirectional_attention"] * 2
