@@ -144,13 +144,14 @@ class Encoder:
     def _ffn_act(self, lw: EncoderLayer, x: Array, n: int) -> Array:
         """The FFN's activation before its down projection (ws.act): GELU(up + b), or the
         gated SwiGLU / GELU (jina: up's bias added first)."""
-        b, ws = self.b, self.ws
-        up, act = ws.up[:n], ws.act[:n]
+        b, ws, f = self.b, self.ws, self.cfg.ffn_dim
+        # the FFN buffers may be wider (gemma's dense_2): rows of exactly the FFN's width
+        up, act = _rows(ws.up, n, f), _rows(ws.act, n, f)
         if lw.w_gate is None:  # bert: up (+ bias), GELU
             b.matmuls(x, (lw.w_up,), (up,), ws)
             b.bias_gelu(up, lw.b_up, act)
             return act
-        gate = ws.gate[:n]
+        gate = _rows(ws.gate, n, f)
         b.matmuls(x, (lw.w_gate, lw.w_up), (gate, up), ws)
         if self.cfg.ffn == "swiglu":
             b.silu_mul(gate, up, act)

@@ -32,7 +32,7 @@ CASES: dict[str, EncoderSpec] = {
     "modern-bert": EncoderSpec(arch="modern-bert", n_layers=3, qk_std=0.4),
     "modern-bert-rank": EncoderSpec(arch="modern-bert", n_layers=3, pooling="rank", rank_head=True),
     "gemma-embedding": EncoderSpec(arch="gemma-embedding", n_layers=3, n_heads=2, n_kv_heads=1, head_dim=48,
-                                   qk_std=0.4, dense=96),
+                                   qk_std=0.4, dense=192),  # wider than the FFN (128)
 }
 POOLING_IDS = {"mean": 1, "cls": 2, "rank": 4}
 COS = 0.9999
@@ -218,3 +218,19 @@ def test_inspect_names_the_encoder(files: Path) -> None:
     assert r["encoder"] == {"pooling": "mean"}
     # modern-bert's pattern of 3 with the full layer first
     assert r["kinds"] == ["bidirectional_attention"] + ["windowed_bidirectional_attention"] * 2
+
+
+@pytest.mark.parametrize("name", ["bert-mean", "gemma-embedding", "modern-bert-rank"])
+def test_scratch_contents_never_leak(name: str, files: Path) -> None:
+    """The forward reads only scratch it wrote: with every workspace buffer poisoned with NaN
+    first (what reused memory can hold), the same bits come out. gemma-embedding's Dense layers
+    make its FFN buffers wider than the FFN."""
+    spec, ids = CASES[name], inputs()
+    with LLM(str(_path(files, name)), n_threads=1) as llm:
+        clean = ours(llm, spec, ids)
+        ws = llm.worker.engine.encoder.ws  # type: ignore[union-attr]
+        for f in dataclasses.fields(ws):
+            buf = getattr(ws, f.name)
+            if isinstance(buf, np.ndarray) and buf.dtype.kind == "f":
+                buf.fill(np.nan)
+        np.testing.assert_array_equal(ours(llm, spec, ids), clean)
