@@ -4,6 +4,7 @@ that the two-replica cluster of test_cluster.py has stopped and the replica coun
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,11 +26,21 @@ def test_autoscaling_grows_under_load_and_shrinks_back(start_server: Callable[..
                        "--target-ongoing", "1", "--upscale-delay", "1", "--downscale-delay", "4",
                        "--served-model-name", "m", "--kv-cache-memory", "64MiB")
     base = len(engine_pids())
+    stop = threading.Event()
+
+    def load(i: int) -> None:
+        # streams kept in flight until the second replica is up: the load must outlast Serve's
+        # metrics period (10 s) however fast a replica decodes (6 x 100 tokens once took ~30 s,
+        # and on a faster run ended before the autoscaler looked)
+        while not stop.is_set():
+            chat(srv.url, f"Tell a long tale {i}.", 100, True, 300, True)
+
     with ThreadPoolExecutor(6) as pool:
-        # 6 x 100 tokens: ~30 s of load through Ray on 2 cores, past the ~11 s the second replica
-        # takes to appear (upscale delay 1 s, Serve's metrics every 10 s)
-        futures = [pool.submit(chat, srv.url, f"Tell a long tale {i}.", 100, True, 300, True) for i in range(6)]
-        wait_for(lambda: len(engine_pids()) >= base + 1, 120, "a second replica")
+        futures = [pool.submit(load, i) for i in range(6)]
+        try:
+            wait_for(lambda: len(engine_pids()) >= base + 1, 120, "a second replica")
+        finally:
+            stop.set()
         for f in futures:
             f.result(timeout=300)
     wait_for(lambda: len(engine_pids()) == base, 120, "the scale-down")
