@@ -25,10 +25,9 @@ from edge_infer.convert.model_base import (
     Converter,
     Planned,
     Shapes,
-    bert_style_name,
+    bert_family_gguf_name,
     check_tensors,
     hf_name_of,
-    map_name,
     planned,
 )
 from edge_infer.convert.special_vocab import read_json, read_specials
@@ -53,13 +52,7 @@ NORM_PAIRS = ("attn_output_norm", "layer_output_norm", "attn_q_norm", "attn_k_no
 
 def gguf_name(hf: str) -> str | None:
     """The GGUF name llama.cpp gives the Hugging Face tensor `hf`, or None when it drops it."""
-    name = bert_style_name(hf)
-    if name is None:
-        return None
-    mapped = map_name(name, WHOLE, LAYER_PREFIX, LAYER)
-    if mapped is None:
-        raise ConversionError(f"tensor {hf!r} is not one of jina-bert-v2's tensors")
-    return mapped
+    return bert_family_gguf_name(hf, WHOLE, LAYER_PREFIX, LAYER, "jina-bert-v2")
 
 
 def layer_shapes(found: dict[str, tuple[str, tuple[int, ...]]], i: int, h: int, ff: int) -> Shapes:

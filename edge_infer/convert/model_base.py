@@ -128,6 +128,19 @@ def bert_style_name(hf: str) -> str | None:
     return name
 
 
+def bert_family_gguf_name(hf: str, whole: dict[str, str], layer_prefix: str, layer: dict[str, str],
+                          arch: str) -> str | None:
+    """The GGUF name of a BERT-family tensor (bert_style_name, then the architecture's maps), None
+    when llama.cpp drops it; ConversionError naming `arch` for a tensor it does not map."""
+    name = bert_style_name(hf)
+    if name is None:
+        return None
+    mapped = map_name(name, whole, layer_prefix, layer)
+    if mapped is None:
+        raise ConversionError(f"tensor {hf!r} is not one of {arch}'s tensors")
+    return mapped
+
+
 def map_name(name: str, whole: dict[str, str], layer_prefix: str, layer: dict[str, str]) -> str | None:
     """The GGUF name of a Hugging Face tensor (prefixes already removed) by the two tables: whole
     model (base name -> GGUF base) and per layer (after f"{layer_prefix}{i}."), or None."""

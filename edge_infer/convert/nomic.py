@@ -29,11 +29,10 @@ from edge_infer.convert.hf_folder import (
 from edge_infer.convert.model_base import (
     Converter,
     Planned,
-    bert_style_name,
+    bert_family_gguf_name,
     check_tensors,
     hf_name_of,
     layer_shapes,
-    map_name,
     planned,
 )
 from edge_infer.convert.special_vocab import read_json, read_specials
@@ -63,13 +62,7 @@ CONTEXTS = {(8192, 2048): 2048, (2048, 2048): 512}
 
 def gguf_name(hf: str) -> str | None:
     """The GGUF name llama.cpp gives the Hugging Face tensor `hf`, or None when it drops it."""
-    name = bert_style_name(hf)
-    if name is None:
-        return None
-    mapped = map_name(name, WHOLE, LAYER_PREFIX, LAYER)
-    if mapped is None:
-        raise ConversionError(f"tensor {hf!r} is not one of nomic-bert's tensors")
-    return mapped
+    return bert_family_gguf_name(hf, WHOLE, LAYER_PREFIX, LAYER, "nomic-bert")
 
 
 def nomic_config(path: Path, raw: dict[str, Any], arch: str) -> HFFolder:

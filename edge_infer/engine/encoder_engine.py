@@ -26,7 +26,7 @@ from edge_infer.engine.sequence import LogitsProcessor
 from edge_infer.errors import InvalidRequest
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.models.encoder import Encoder
-from edge_infer.models.encoder_config import encoder_config_from_gguf
+from edge_infer.models.encoder_config import encoder_config_from_gguf, encoder_refusal
 from edge_infer.models.encoder_weights import load_encoder_weights
 from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
@@ -68,9 +68,7 @@ class EncoderEngine:
 
     # -- what an encoder refuses -----------------------------------------------------------------
     def _no_generation(self) -> InvalidRequest:
-        return InvalidRequest(f"this model ({self.model_config.arch}) is an encoder: it computes embeddings and "
-                              "rerank scores (LLM.embed, LLM.rerank, /v1/embeddings, /v1/rerank), it does not "
-                              "generate text")
+        return InvalidRequest(encoder_refusal(self.gguf) or f"{self.model_config.arch} does not generate text")
 
     def prepare_prompt(self, prompt: str | list[int], params: SamplingParams) -> tuple[str | None, list[int]]:
         raise self._no_generation()
