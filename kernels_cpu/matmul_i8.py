@@ -26,10 +26,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._jit import kernel, prefetch
+from ._jit import HAS_F16C, kernel, prefetch
+from .simd_dot import FMT_IQ4, FMT_MXFP4
 from .simd_i8 import GROUP, block_scales, dot_tile, dot_tile4, scale_accumulate, scale_min_accumulate
+from .simd_tile import PREFETCH_SCALES, i8_blocks_tile
 
-PREFETCH_SCALES = 128  # ahead of the block's scales, in scales (8 blocks); see simd_i8
 TOKEN_TILE = 4  # tokens that share each weight load in the GEMM path
 # A GEMM walks the tokens in chunks of about this many activation bytes, all row groups per
 # chunk: the chunk's int8 activations stay in L2 while the weights stream through, instead of
@@ -84,6 +85,35 @@ def quantize_rows_q8(x, xq4, xd, xsum):
             _quantize_row(x, t, xq, xd, xsum)
 
 
+@kernel(inline=True)
+def _i8_tile(n, fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, t, k4, corr):
+    """All nb blocks of a group for the n tokens from t (2..3 padded to four by repeating the
+    last) through simd_tile.i8_blocks_tile, its literal format and mins chosen here."""
+    ta, tb, tc, td = t, t + min(1, n - 1), t + min(2, n - 1), t + min(3, n - 1)
+    if n == 1:
+        _i8_tile_fmt(fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, ta, ta, ta, k4, corr, 1)
+    else:
+        _i8_tile_fmt(fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, 4)
+
+
+@kernel(inline=True)
+def _i8_tile_fmt(fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, ntok):
+    if fmt == 8:
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, 8, ntok)
+    elif fmt == 4 and with_min:
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, True, 4, ntok)
+    elif fmt == 4:
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, 4, ntok)
+    elif fmt == 5 and with_min:
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, True, 5, ntok)
+    elif fmt == 5:
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, 5, ntok)
+    elif fmt == FMT_IQ4:
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, FMT_IQ4, ntok)
+    else:
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, FMT_MXFP4, ntok)
+
+
 @kernel
 def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc):
     """Row groups g0..g1-1 of one matrix for every token (see matmul_i8_kernel); iacc: int32
@@ -97,6 +127,8 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
     mflat = wm.reshape(-1)
     xflat = xq4.reshape(-1)
     facc_flat = facc.reshape(-1)
+    xdf = xd.reshape(-1)
+    xsf = xsum.reshape(-1)
     dtmp = np.empty(GROUP, np.float32)  # the block's scales and mins as float32
     mtmp = np.empty(GROUP, np.float32)
     chunk = token_chunk(xq4.shape[1] * 4)
@@ -109,30 +141,34 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
                 for u in range(n):
                     for ln in range(GROUP):
                         facc[u, ln] = 0.0
-                for b in range(nb):
-                    prefetch(dflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
-                    if with_min:
-                        prefetch(mflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
-                    wo = (g * nb + b) * bb
-                    x0 = t * k4 + b * 8
-                    if n > 1:
-                        dot_tile4(fmt, iacc, wflat, wo, xflat, x0, x0 + k4, x0 + min(2, n - 1) * k4,
-                                  x0 + min(3, n - 1) * k4)
-                    else:
-                        dot_tile(1, fmt, iacc, wflat, wo, xflat, x0, k4)
-                    so = (g * nb + b) * GROUP
-                    block_scales(dflat, so, dtmp)
-                    if with_min:
-                        block_scales(mflat, so, mtmp)
-                    for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
-                        xs = xsum[t + u, b]
-                        dx = xd[t + u, b]
+                if HAS_F16C:  # one IR loop over the blocks, the tile's accumulators in registers
+                    _i8_tile(n, fmt, with_min, facc_flat, wflat, g * nb * bb, xflat, xdf, xsf, dflat, mflat,
+                             g * nb * GROUP, nb, t, k4, w_offset)
+                else:  # scales converted one by one: block by block through memory
+                    for b in range(nb):
+                        prefetch(dflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
                         if with_min:
-                            scale_min_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
-                                                 dtmp, 0, dx, mtmp, dx * np.float32(xs))
+                            prefetch(mflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
+                        wo = (g * nb + b) * bb
+                        x0 = t * k4 + b * 8
+                        if n > 1:
+                            dot_tile4(fmt, iacc, wflat, wo, xflat, x0, x0 + k4, x0 + min(2, n - 1) * k4,
+                                      x0 + min(3, n - 1) * k4)
                         else:
-                            scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
-                                             dtmp, 0, dx)
+                            dot_tile(1, fmt, iacc, wflat, wo, xflat, x0, k4)
+                        so = (g * nb + b) * GROUP
+                        block_scales(dflat, so, dtmp)
+                        if with_min:
+                            block_scales(mflat, so, mtmp)
+                        for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
+                            xs = xsum[t + u, b]
+                            dx = xd[t + u, b]
+                            if with_min:
+                                scale_min_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
+                                                     dtmp, 0, dx, mtmp, dx * np.float32(xs))
+                            else:
+                                scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
+                                                 dtmp, 0, dx)
                 for u in range(n):
                     for ln in range(min(GROUP, R - g * GROUP)):
                         out[t + u, g * GROUP + ln] = facc[u, ln]

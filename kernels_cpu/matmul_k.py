@@ -34,7 +34,7 @@ from edge_infer.formats.weight_types import IQ4_XS, Q6_K, TQ1_0, TQ2_0
 
 from ._jit import kernel
 from .matmul_i8 import TOKEN_TILE, quantize_rows_q8, token_chunk
-from .simd_dot import FMT_GRID, GRIDS, SPLIT_FORMATS, TABLE_OFFSET
+from .simd_dot import FMT_GRID, FMT_IQ4, GRIDS, SPLIT_FORMATS, TABLE_OFFSET
 from .simd_i8 import (
     GROUP,
     block_bytes,
@@ -47,11 +47,49 @@ from .simd_i8 import (
     staged_tile,
 )
 from .simd_k import imadd, imul_set, scale_rows, unpack_scales_q4k, widen_odd_nibbles, widen_scales
+from .simd_tile import MODE_MIN, MODE_SCALE, MODE_SPLIT, MODE_TQ, k_super_tile
 
 # per format code: the grid formats' factor of d (weight_types.GridCodes.d_factor), and whether
 # their scales are per 16 columns
 _D_FACTOR = tuple(GRIDS[f].d_factor if f in GRIDS else 1.0 for f in range(max(GRIDS) + 1))
 _SPLIT = tuple(f in SPLIT_FORMATS for f in range(max(GRIDS) + 1))
+
+
+@kernel(inline=True)
+def _tile_fmt(n, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s):
+    """k_super_tile with its literal format and the mode it implies: bits 4, 5 (Q4_K, Q5_K:
+    MODE_MIN), 6 (Q6_K: MODE_SPLIT), 2 (TQ1_0, TQ2_0: MODE_TQ), else IQ4_XS's table format
+    (MODE_SCALE); n: 1 or 4 tokens."""
+    if n == 1:
+        if bits == 4:
+            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_MIN, 4, 1)
+        elif bits == 5:
+            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_MIN, 5, 1)
+        elif bits == 6:
+            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_SPLIT, 6, 1)
+        elif bits == 2:
+            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_TQ, 2, 1)
+        else:
+            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_SCALE,
+                         FMT_IQ4, 1)
+    elif bits == 4:
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_MIN, 4, 4)
+    elif bits == 5:
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_MIN, 5, 4)
+    elif bits == 6:
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SPLIT, 6, 4)
+    elif bits == 2:
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_TQ, 2, 4)
+    else:
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SCALE,
+                     FMT_IQ4, 4)
+
+
+@kernel(inline=True)
+def _super_tile(n, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s):
+    """Super-block s of the tile of n tokens from t (2..3 padded to four by repeating the last)."""
+    ta, tb, tc, td = t, t + min(1, n - 1), t + min(2, n - 1), t + min(3, n - 1)
+    _tile_fmt(1 if n == 1 else 4, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s)
 
 
 @kernel
@@ -75,6 +113,8 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
     wflat = wk.reshape(-1)
     w16 = wflat.view(np.uint16)
     xflat = xq4.reshape(-1)
+    xdf = xd.reshape(-1)
+    xsf = xs16.reshape(-1)
     chunk = token_chunk(xq4.shape[1] * 4)
     for c0 in range(0, T, chunk):  # tokens in chunks whose activations stay in L2 over all the groups
         c1 = min(T, c0 + chunk)
@@ -106,6 +146,10 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
                         unpack_scales_q4k(isc, imn, wflat, base + 64)
                         scale_rows(ds, isc, 8, dtmp, False)
                         scale_rows(ms, imn, 8, mtmp, True)
+                    if not grid:  # one IR sequence for the super-block, accumulators in registers
+                        _super_tile(n, bits, facc, wflat, base + head, xflat, xdf, xsf, ds, ms, dtmp, isc,
+                                    t, k4, xd.shape[1], xs16.shape[1], s)
+                        continue
                     for b in range(8):
                         wo = base + head + b * blk
                         x0 = t * k4 + s * 64 + b * 8

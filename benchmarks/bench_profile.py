@@ -1,0 +1,130 @@
+"""Where prefill and decode spend their time: every CPU backend call timed (wall clock, summed
+per method) over one prefill of --prompt tokens and --gen decode steps, plus the numba
+parallel launches per decode token.
+
+    python benchmarks/bench_profile.py --model qwen2.5-coder-1.5b [--json]
+
+Each backend method is wrapped by a timer for the run (the engine thread calls it
+synchronously); the figures include the wrapper's ~1 us per call. A launch is one call of a
+numba kernel compiled with parallel=True (counted by wrapping each such dispatcher the CPU
+backend reaches through its modules).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+_TIMES: dict[str, float] = defaultdict(float)
+_CALLS: dict[str, int] = defaultdict(int)
+_LAUNCHES = [0]
+
+
+def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            _TIMES[name] += time.perf_counter() - t0
+            _CALLS[name] += 1
+
+    return wrapper
+
+
+class _Counted:
+    """A parallel dispatcher that counts its calls (module attribute replaced for the run)."""
+
+    def __init__(self, disp: Any) -> None:
+        self.disp = disp
+
+    def __call__(self, *a: Any) -> Any:
+        _LAUNCHES[0] += 1
+        return self.disp(*a)
+
+
+def _instrument() -> None:
+    import numba
+
+    from edge_infer.kernels_cpu import backend as cpu_backend
+
+    cls = cpu_backend.CpuBackend
+    for name, attr in list(vars(cls).items()):
+        if name.startswith("_") or name in ("prepare_weights", "make_workspace", "make_kv_pool", "make_state_pool"):
+            continue
+        fn = attr.__func__ if isinstance(attr, staticmethod) else attr
+        if callable(fn):
+            wrapped = _timed(name, fn)
+            setattr(cls, name, staticmethod(wrapped) if isinstance(attr, staticmethod) else wrapped)
+    import sys
+
+    for mod_name, mod in list(sys.modules.items()):
+        if not mod_name.startswith("edge_infer.kernels_cpu"):
+            continue
+        for k, v in list(vars(mod).items()):
+            if isinstance(v, numba.core.registry.CPUDispatcher) and v.targetoptions.get("parallel"):
+                setattr(mod, k, _Counted(v))
+
+
+def _report(label: str, wall: float, tokens: int) -> dict[str, Any]:
+    total = sum(t for n, t in _TIMES.items() if n != "run_step")  # run_step wraps the whole forward
+    rows = sorted(_TIMES.items(), key=lambda kv: -kv[1])
+    print(f"\n{label}: {tokens} tokens in {wall * 1e3:.1f} ms ({tokens / wall:.1f} tok/s); backend calls "
+          f"{total * 1e3:.1f} ms, launches {_LAUNCHES[0]} ({_LAUNCHES[0] / max(1, tokens):.1f} per token)")
+    print(f"{'method':<22}{'calls':>8}{'ms':>10}{'% wall':>8}{'us/call':>10}")
+    for name, t in rows:
+        print(f"{name:<22}{_CALLS[name]:>8}{t * 1e3:>10.1f}{100 * t / wall:>8.1f}{1e6 * t / _CALLS[name]:>10.1f}")
+    print(f"{'(outside the backend)':<22}{'':>8}{(wall - total) * 1e3:>10.1f}{100 * (wall - total) / wall:>8.1f}")
+    return {"label": label, "tokens": tokens, "wall_s": wall, "launches": _LAUNCHES[0],
+            "methods": {n: {"calls": _CALLS[n], "s": t} for n, t in rows}}
+
+
+def _reset() -> None:
+    _TIMES.clear()
+    _CALLS.clear()
+    _LAUNCHES[0] = 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+
+    from edge_infer import hub
+    from edge_infer.bench.pp_tg import bench_prompt
+    from edge_infer.llm import LLM
+    from edge_infer.sampling_params import SamplingParams
+
+    _instrument()
+    path = str(hub.resolve_model(a.model))
+    out = []
+    with LLM(path, n_threads=a.threads, max_num_batched_tokens=max(a.prompt, 256), enable_prefix_caching=False,
+             max_num_seqs=1) as llm:
+        prompt = bench_prompt(llm.model_config.vocab_size, a.prompt, 42)
+        llm.generate([prompt[:16]], SamplingParams(max_tokens=4, temperature=0.0))  # compile / warm up
+        llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        _reset()
+        r = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        m = r[0].metrics
+        assert m is not None and m.first_token_time is not None and m.first_scheduled_time is not None
+        out.append(_report(f"prefill {a.prompt}", m.first_token_time - m.first_scheduled_time, a.prompt))
+        _reset()
+        r = llm.generate([prompt[:32]], SamplingParams(max_tokens=a.gen + 1, temperature=0.0, ignore_eos=True))
+        m = r[0].metrics
+        assert m is not None
+        # the 32-token prompt's prefill is in the counts too: a small share next to the decode steps
+        out.append(_report(f"decode {a.gen}", m.token_times[-1] - m.token_times[0], a.gen))
+    if a.json:
+        print(json.dumps({"model": a.model, "threads": a.threads, "runs": out}))
+
+
+if __name__ == "__main__":
+    main()

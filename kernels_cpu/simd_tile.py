@@ -1,0 +1,182 @@
+"""One super-block (256 columns) of a K-quant matrix's 16-row group for one or four tokens, as
+one LLVM IR sequence: the 8 blocks' integer dot products (kernels_cpu.simd_dot) and each block's
+float epilogue, with the tokens' float accumulators in registers from the first block to the
+last (loaded once, stored once) instead of through memory per block.
+
+The arithmetic per (token, row lane, block) is exactly kernels_cpu.matmul_k's (the same
+operations in the same order: fmul, fmul, fadd, never fused), so a row's bits do not depend on
+whether this tile or the per-block path computed it, nor on the batch.
+
+Modes (the epilogue of each block b, for token u with scale dx, sums per 16 lo, hi):
+    MODE_MIN   (Q4_K, Q5_K): acc += float(dot) * (ds_b * dx) + ms_b * (dx * float(lo + hi))
+    MODE_SPLIT (Q6_K): isum = isc_2b * (dot_lo - 32 lo) + isc_2b+1 * (dot_hi - 32 hi) (int32);
+               acc += float(isum) * (d * dx)
+    MODE_SCALE (IQ4_XS): acc += float(dot - TABLE_OFFSET * (lo + hi)) * (ds_b * dx)
+    MODE_TQ    (TQ1_0, TQ2_0): acc += float(dot - (lo + hi)) * (d * dx)
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from .simd_dot import BLOCK_BYTES, HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI, TABLE_OFFSET, dot_block_ir
+
+MODE_MIN, MODE_SPLIT, MODE_SCALE, MODE_TQ = 0, 1, 2, 3
+PREFETCH_SCALES = 128  # the int8 kernel's block scales, this many elements (8 blocks) ahead
+_I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+_VI, _VF = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+
+
+def _splat(builder, v, vt):
+    one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(_VI, [0] * 16))
+
+
+def _vec_at(builder, base, off, vt):
+    return builder.load(builder.bitcast(builder.gep(base, [off]), vt.as_pointer()), align=4)
+
+
+def _c64(v: int) -> ir.Constant:
+    return ir.Constant(_I64, v)
+
+
+@intrinsic
+def k_super_tile(typingctx, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, mode, bits,
+                 ntok):
+    """facc[16 u + l] += super-block s's contribution for token u < ntok (a literal: 1 or 4) at
+    row lane l. w: uint8, the group's super-block record at w[wo...] after its header (8 blocks
+    of format bits, a literal); x4: int32 flat activations, token t's quads at t * k4; xd:
+    float32 flat, t's block scales at t * nxd; xs: int32 flat, t's sums per 16 at t * nxs;
+    ds, ms: float32 [8 * 16] the super-block's per-block row scales and negated mins; dtmp:
+    float32 [16] the rows' d; isc: int32 [16 * 16] Q6_K's scales per 16 columns; ta..td the
+    tokens (a short tile repeats its last). mode: a literal MODE_*."""
+    lits = (mode, bits, ntok)
+    if not all(isinstance(v, types.IntegerLiteral) for v in lits):
+        return None
+    if not all(isinstance(a, types.Array) for a in (facc, w, x4, xd, xs, ds, ms, dtmp, isc)):
+        return None
+    md, fmt, n = (v.literal_value for v in lits)
+    sig = types.void(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, mode, bits, ntok)
+
+    def codegen(context, builder, signature, args):
+        def data(k):
+            return context.make_array(signature.args[k])(context, builder, value=args[k]).data
+
+        def i64(k):
+            return context.cast(builder, args[k], signature.args[k], types.int64)
+
+        fp, wp, xp, xdp, xsp, dsp, msp, dtp, iscp = (data(k) for k in (0, 1, 3, 4, 5, 6, 7, 8, 9))
+        wbase = builder.gep(wp, [i64(2)])
+        toks = [i64(10 + u) for u in range(n)]
+        k4v, nxd, nxs, sv = i64(14), i64(15), i64(16), i64(17)
+        xrow = [builder.add(builder.mul(t, k4v), builder.mul(sv, _c64(64))) for t in toks]
+        drow = [builder.add(builder.mul(t, nxd), builder.mul(sv, _c64(8))) for t in toks]
+        srow = [builder.add(builder.mul(t, nxs), builder.mul(sv, _c64(16))) for t in toks]
+        acc = [_vec_at(builder, fp, _c64(16 * u), _VF) for u in range(n)]
+        dvec = _vec_at(builder, dtp, _c64(0), _VF) if md in (MODE_SPLIT, MODE_TQ) else None
+        split = md == MODE_SPLIT
+        for b in range(8):
+            wb = builder.gep(wbase, [_c64(b * BLOCK_BYTES[fmt])])
+            xoffs = [builder.add(r, _c64(8 * b)) for r in xrow]
+            sums = dot_block_ir(builder, wb, xp, xoffs, HAS_VNNI, fmt, split, HAS_SDOT, HAS_AVX2_DOT)
+            for u in range(n):
+                dx = builder.load(builder.gep(xdp, [builder.add(drow[u], _c64(b))]))
+                lo = builder.load(builder.gep(xsp, [builder.add(srow[u], _c64(2 * b))]))
+                hi = builder.load(builder.gep(xsp, [builder.add(srow[u], _c64(2 * b + 1))]))
+                dxv = _splat(builder, dx, _VF)
+                if split:  # Q6_K: the codes' offset 32 and the scales per 16, in exact int32
+                    off = ir.Constant(_I32, 32)
+                    s_lo = _vec_at(builder, iscp, _c64(32 * b), _VI)
+                    s_hi = _vec_at(builder, iscp, _c64(32 * b + 16), _VI)
+                    a_lo = builder.mul(builder.sub(sums[2 * u], _splat(builder, builder.mul(off, lo), _VI)), s_lo)
+                    a_hi = builder.mul(builder.sub(sums[2 * u + 1], _splat(builder, builder.mul(off, hi), _VI)), s_hi)
+                    isum = builder.add(a_lo, a_hi)
+                    term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dvec, dxv))
+                elif md == MODE_TQ:
+                    isum = builder.sub(sums[u], _splat(builder, builder.add(lo, hi), _VI))
+                    term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dvec, dxv))
+                else:
+                    isum = sums[u]
+                    if md == MODE_SCALE:
+                        corr = builder.mul(ir.Constant(_I32, TABLE_OFFSET), builder.add(lo, hi))
+                        isum = builder.sub(isum, _splat(builder, corr, _VI))
+                    dsb = _vec_at(builder, dsp, _c64(16 * b), _VF)
+                    term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dsb, dxv))
+                    if md == MODE_MIN:
+                        mx = builder.fmul(dx, builder.sitofp(builder.add(lo, hi), _F32))
+                        msb = _vec_at(builder, msp, _c64(16 * b), _VF)
+                        term = builder.fadd(term, builder.fmul(msb, _splat(builder, mx, _VF)))
+                acc[u] = builder.fadd(acc[u], term)
+        for u in range(n):
+            builder.store(acc[u], builder.bitcast(builder.gep(fp, [_c64(16 * u)]), _VF.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def i8_blocks_tile(typingctx, facc, w, wo, x4, xd, xs, wd, wm, so, nblk, ta, tb, tc, td, k4, nb, corr, with_min, fmt,
+                   ntok):
+    """The int8 kernel's (kernels_cpu.matmul_i8) blocks 0..nblk - 1 of a 16-row group for token
+    u < ntok (a literal: 1 or 4), added to facc[16 u + l] as that kernel's per-block epilogue
+    does, in the same operations and order, block by block:
+        acc += float(dot - corr * xs) * (d * dx) [+ m * (dx * float(xs))]
+    w: uint8, block b at w[wo + b * BLOCK_BYTES[fmt]] (fmt a literal); wd, wm: uint16 f16 bits,
+    block b's 16 row scales (mins) at so + 16 b (wm read only when with_min, a literal bool);
+    x4 int32, xd float32, xs int32: token t's quads at t * k4, its scales and sums at t * nb.
+    Only for F16C targets (the scales are converted as a vector)."""
+    lits = (fmt, ntok)
+    if not all(isinstance(v, types.IntegerLiteral) for v in lits) or not isinstance(with_min, types.BooleanLiteral):
+        return None
+    if not all(isinstance(a, types.Array) for a in (facc, w, x4, xd, xs, wd, wm)):
+        return None
+    fm, n, mins = fmt.literal_value, ntok.literal_value, with_min.literal_value
+    sig = types.void(facc, w, wo, x4, xd, xs, wd, wm, so, nblk, ta, tb, tc, td, k4, nb, corr, with_min, fmt, ntok)
+    vh = ir.VectorType(ir.HalfType(), 16)
+
+    def codegen(context, builder, signature, args):
+        def data(k):
+            return context.make_array(signature.args[k])(context, builder, value=args[k]).data
+
+        def i64(k):
+            return context.cast(builder, args[k], signature.args[k], types.int64)
+
+        fp, wp, xp, xdp, xsp, wdp, wmp = (data(k) for k in (0, 1, 3, 4, 5, 6, 7))
+        wo64, so64, count, k4v, nbv = i64(2), i64(8), i64(9), i64(14), i64(15)
+        corr32 = context.cast(builder, args[16], signature.args[16], types.int32)
+        toks = [i64(10 + u) for u in range(n)]
+        slots = [cgutils.alloca_once(builder, _VF) for _ in range(n)]  # promoted to registers by mem2reg
+        for u in range(n):
+            builder.store(_vec_at(builder, fp, _c64(16 * u), _VF), slots[u])
+        i8p = ir.IntType(8).as_pointer()
+        pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]))
+        with cgutils.for_range(builder, count) as loop:
+            b = loop.index
+            wb = builder.gep(wp, [builder.add(wo64, builder.mul(b, _c64(BLOCK_BYTES[fm])))])
+            xoffs = [builder.add(builder.mul(t, k4v), builder.mul(b, _c64(8))) for t in toks]
+            sums = dot_block_ir(builder, wb, xp, xoffs, HAS_VNNI, fm, False, HAS_SDOT, HAS_AVX2_DOT)
+            soff = builder.add(so64, builder.mul(b, _c64(16)))
+            for arr in (wdp, wmp) if mins else (wdp,):  # the scales' stream, 8 blocks ahead
+                ahead = builder.bitcast(builder.gep(arr, [builder.add(soff, _c64(PREFETCH_SCALES))]), i8p)
+                builder.call(pf, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+            dvec = builder.fpext(_vec_at(builder, wdp, soff, vh), _VF)
+            mvec = builder.fpext(_vec_at(builder, wmp, soff, vh), _VF) if mins else None
+            for u in range(n):
+                at = builder.add(builder.mul(toks[u], nbv), b)
+                dx = builder.load(builder.gep(xdp, [at]))
+                x_sum = builder.load(builder.gep(xsp, [at]))
+                isum = builder.sub(sums[u], _splat(builder, builder.mul(corr32, x_sum), _VI))
+                dxv = _splat(builder, dx, _VF)
+                term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dvec, dxv))
+                if mins:
+                    mx = builder.fmul(dx, builder.sitofp(x_sum, _F32))
+                    term = builder.fadd(term, builder.fmul(mvec, _splat(builder, mx, _VF)))
+                builder.store(builder.fadd(builder.load(slots[u]), term), slots[u])
+        for u in range(n):
+            builder.store(builder.load(slots[u]), builder.bitcast(builder.gep(fp, [_c64(16 * u)]), _VF.as_pointer()),
+                          align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
