@@ -7,7 +7,7 @@ parallel launches per decode token.
 Each backend method is wrapped by a timer for the run (the engine thread calls it
 synchronously); the figures include the wrapper's ~1 us per call. A launch is one call of a
 numba kernel compiled with parallel=True (counted by wrapping each such dispatcher the CPU
-backend reaches through its modules).
+backend reaches through its modules, after a warm-up has compiled them all).
 """
 
 from __future__ import annotations
@@ -22,6 +22,16 @@ from typing import Any
 _TIMES: dict[str, float] = defaultdict(float)
 _CALLS: dict[str, int] = defaultdict(int)
 _LAUNCHES = [0]
+_DETAIL = [False]  # matmuls split by weight type and shape (--detail)
+
+
+def _matmul_key(a: tuple[Any, ...]) -> str:
+    """matmuls(self, x, ws, ...): the weights' types and shapes, e.g. 'Q4_K 1536x1536 +2'."""
+    from edge_infer.formats.weight_types import weight_type
+
+    ws = a[2]
+    w = ws[0]
+    return f"matmuls {weight_type(w.qtype).name} {w.rows}x{w.cols}" + (f" +{len(ws) - 1}" if len(ws) > 1 else "")
 
 
 def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -30,8 +40,9 @@ def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*a, **k)
         finally:
-            _TIMES[name] += time.perf_counter() - t0
-            _CALLS[name] += 1
+            key = _matmul_key(a) if name == "matmuls" and _DETAIL[0] else name
+            _TIMES[key] += time.perf_counter() - t0
+            _CALLS[key] += 1
 
     return wrapper
 
@@ -96,14 +107,15 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--detail", action="store_true", help="matmuls split by the first weight's type and shape")
     a = ap.parse_args()
+    _DETAIL[0] = a.detail
 
     from edge_infer import hub
     from edge_infer.bench.pp_tg import bench_prompt
     from edge_infer.llm import LLM
     from edge_infer.sampling_params import SamplingParams
 
-    _instrument()
     path = str(hub.resolve_model(a.model))
     out = []
     with LLM(path, n_threads=a.threads, max_num_batched_tokens=max(a.prompt, 256), enable_prefix_caching=False,
@@ -111,6 +123,7 @@ def main() -> None:
         prompt = bench_prompt(llm.model_config.vocab_size, a.prompt, 42)
         llm.generate([prompt[:16]], SamplingParams(max_tokens=4, temperature=0.0))  # compile / warm up
         llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        _instrument()  # after the warm-up: a kernel compiled now would see the counting wrappers
         _reset()
         r = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
         m = r[0].metrics

@@ -75,8 +75,10 @@ with a leading expert axis (wk [E, G, S, B]; wi [E, G, nb, bb], wd, wm [E, G, nb
   gated_add_kernel(x f32 [N, D], g f32 [D], y f32 [N, D], out f32 [N, D])
       out[t] += sigmoid(x[t] . g) * y[t] (qwen2moe's shared expert).
 
-KV pool of one layer: k_cache, v_cache [num_blocks, block_size, n_kv, hd] of uint16 (IEEE half
-bits: numba has no float16), float32, or int8 with float32 scales k_scale, v_scale
+KV pool of one layer: v_cache [num_blocks, block_size, n_kv, hd] and k_cache [num_blocks, n_kv,
+hd, block_size] (each block's keys transposed, so 16 keys of one dimension are one vector: the
+lanes of the attention scores) of uint16 (IEEE half bits: numba has no float16), float32, or
+int8 with float32 scales v_scale (k_scale: [num_blocks, n_kv, block_size], transposed as K)
 [num_blocks, block_size, n_kv] (value = q * s, s = max|x| / 127 per token and head); for f16
 and f32 pools pass empty scales (shape (0, 0, 0)). Token j of sequence s lives in block
 block_tables[s, j // block_size] at offset j % block_size; its slot = block * block_size +
@@ -101,6 +103,9 @@ positions: int32 [N]; token_seq: int32 [N], the block_tables row of each token.
       [n_heads]: gpt-oss's per-head logit in the softmax with no value, [0]: none), over
       keys 0..p of the token's own sequence (window > 0: only keys j with p - j < window). A sequence's tokens are consecutive in the batch with
       increasing positions. K/V are read from the pool, including this step's (store first).
+      (kernels_cpu.attention_tiles: up to 16 of a sequence's tokens share each key and value
+      converted; a score is the sequential fused multiply-add chain over the head dimension,
+      so a token's row is the same bits in any tile, batch or chunk.)
 
 Per-row ops, float32, rows independent:
   rmsnorm_kernel(x [T, D], w [D], eps, out [T, D])   out = x / sqrt(mean(x^2) + eps) * w

@@ -14,7 +14,19 @@ from edge_infer.formats.gguf import GGUFFile
 from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.formats.weight_types import TYPES
 
-from . import altup, attention, encoder, matmul, matmul_experts, matmul_i8, matmul_k, moe, ops, recurrent
+from . import (
+    altup,
+    attention,
+    attention_tiles,
+    encoder,
+    matmul,
+    matmul_experts,
+    matmul_i8,
+    matmul_k,
+    moe,
+    ops,
+    recurrent,
+)
 from .dequant import F32, KERNEL_TYPES, Q4_K
 from .repack_i8 import I8Weights, repack
 from .repack_k import KWeights, repack_k
@@ -115,12 +127,16 @@ class CpuBackend:
 
     def make_kv_pool(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                      kv_dtype: str) -> list[KVLayer]:
-        """Per layer (k_cache, k_scale, v_cache, v_scale) [num_blocks, block_size, n_kv_heads,
-        head_dim]; the scales are empty unless q8_0."""
+        """Per layer (k_cache, k_scale, v_cache, v_scale): v_cache [num_blocks, block_size,
+        n_kv_heads, head_dim], k_cache [num_blocks, n_kv_heads, head_dim, block_size] (blocks
+        transposed, kernels_cpu.attention); v_scale [num_blocks, block_size, n_kv_heads] and
+        k_scale [num_blocks, n_kv_heads, block_size], empty unless q8_0."""
         dt = KV_DTYPES[kv_dtype]
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
+        kshape = (num_blocks, n_kv_heads, head_dim, block_size)
         sshape = shape[:3] if kv_dtype == "q8_0" else (0, 0, 0)
-        return [(np.zeros(shape, dt), np.zeros(sshape, np.float32), np.zeros(shape, dt), np.zeros(sshape, np.float32))
+        ksshape = (num_blocks, n_kv_heads, block_size) if kv_dtype == "q8_0" else (0, 0, 0)
+        return [(np.zeros(kshape, dt), np.zeros(ksshape, np.float32), np.zeros(shape, dt), np.zeros(sshape, np.float32))
                 for _ in range(n_layers)]
 
     def copy_blocks(self, kv: list[KVLayer], copies: list[tuple[int, int]]) -> None:
@@ -288,7 +304,7 @@ class CpuBackend:
                   out: np.ndarray, sinks: np.ndarray = _NO_BIAS) -> None:
         """sinks f32 [n_heads]: gpt-oss's attention sinks ([0]: none)."""
         k_cache, k_scale, v_cache, v_scale = kv
-        attention.paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions,
+        attention_tiles.paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions,
                                          scale, window, softcap, sinks, out, self.n_threads)
 
     rmsnorm = staticmethod(ops.rmsnorm_kernel)

@@ -93,11 +93,13 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_c
                     scale: float, window: int, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Dense causal attention: gather each sequence's keys 0..p from its block table; sinks
     [n_heads]: a logit per head in the softmax with no value row (gpt-oss)."""
-    n_kv, hd = k_cache.shape[2], k_cache.shape[3]
-    bs = k_cache.shape[1]
+    n_kv, hd = v_cache.shape[2], v_cache.shape[3]
+    bs = v_cache.shape[1]
     n_heads = q.shape[1] // hd
     rep = n_heads // n_kv
-    kc, vc = cache_values(k_cache, k_scale), cache_values(v_cache, v_scale)
+    # the K pool's blocks are [head, dim, offset]: back to V's [offset, head, dim]
+    kc = cache_values(k_cache.transpose(0, 3, 1, 2), k_scale.transpose(0, 2, 1) if k_scale.size else k_scale)
+    vc = cache_values(v_cache, v_scale)
     out = np.zeros((q.shape[0], n_heads * hd), np.float64)
     for i in range(q.shape[0]):
         p = int(positions[i])

@@ -31,6 +31,7 @@ class BenchConfig:
     repetitions: int = 3
     llama_cpp: bool = True
     seed: int = 42
+    ik_llama_bench: str | None = None  # ik_llama.cpp's llama-bench binary: a second baseline row
 
 
 def bench_prompt(vocab_size: int, n: int, seed: int) -> list[int]:
@@ -135,6 +136,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         out["llama_cpp"] = ref
     if ref:
         out["llama_cpp_build"] = baseline_info()
+    if cfg.ik_llama_bench:
+        from edge_infer.bench.ik_llama import run_ik_llama
+
+        out["ik_llama"] = run_ik_llama(cfg.ik_llama_bench, path, cfg.threads, cfg.n_prompt, cfg.n_gen, cfg.repetitions)
     return out
 
 
@@ -151,7 +156,8 @@ def combine_baseline(before: dict[str, Any] | None, after: dict[str, Any] | None
 
 
 def _with_model(cfg: BenchConfig, path: str) -> BenchConfig:
-    return BenchConfig(path, cfg.threads, cfg.n_prompt, cfg.n_gen, cfg.repetitions, cfg.llama_cpp, cfg.seed)
+    return BenchConfig(path, cfg.threads, cfg.n_prompt, cfg.n_gen, cfg.repetitions, cfg.llama_cpp, cfg.seed,
+                       cfg.ik_llama_bench)
 
 
 def format_table(res: dict[str, Any]) -> str:
@@ -183,4 +189,7 @@ def format_table(res: dict[str, Any]) -> str:
         lines.append(f"llama.cpp: {ref['error']}")
     if ref:
         lines.append(format_baseline(res.get("llama_cpp_build")))
+    from edge_infer.bench.ik_llama import format_ik_rows
+
+    lines += format_ik_rows(res)
     return "\n".join(lines)

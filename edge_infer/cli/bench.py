@@ -24,6 +24,9 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (default 128)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions (default 3)")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp side")
+    p.add_argument("--ik-llama-bench", metavar="PATH", default=None,
+                   help="also run ik_llama.cpp's llama-bench binary (-rtr 1) on the same file, prompt, length and "
+                   "threads, and show its row and our ratio to it")
     p.add_argument("--workload", metavar="NAME", default=None,
                    help="instead of pp/tg: serve a workload (decode-heavy, mixed, decode-heavy-poisson, "
                    "mixed-poisson) and report throughput, TTFT and inter-token latency")
@@ -51,11 +54,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from edge_infer.bench.plot import check_plot_path
 
         check_plot_path(args.plot)
+    ik = None
+    if args.ik_llama_bench is not None:
+        from edge_infer.bench.ik_llama import check_llama_bench
+
+        ik = check_llama_bench(args.ik_llama_bench)
     if args.workload is not None:
+        if ik is not None:
+            raise InvalidRequest("--ik-llama-bench compares pp/tg: it does not combine with --workload")
         return _cmd_workload(args, threads)
     results = []
     for model in args.model:
-        cfg = BenchConfig(model, threads, args.n_prompt, args.n_gen, args.repetitions, not args.no_llama_cpp)
+        cfg = BenchConfig(model, threads, args.n_prompt, args.n_gen, args.repetitions, not args.no_llama_cpp,
+                          ik_llama_bench=ik)
         # several models: each in a fresh process, so that none runs in the memory and thread
         # state the previous one left (measured: smollm2 decoded at 76 tok/s after three larger
         # models in the same process, 131 alone)
@@ -81,6 +92,8 @@ def _run_in_child(cfg: Any) -> dict[str, Any]:
            "-p", str(cfg.n_prompt), "-n", str(cfg.n_gen), "-r", str(cfg.repetitions)]
     if not cfg.llama_cpp:
         cmd.append("--no-llama-cpp")
+    if cfg.ik_llama_bench:
+        cmd += ["--ik-llama-bench", cfg.ik_llama_bench]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]

@@ -37,3 +37,44 @@ def test_bench_against_llama_cpp_on_a_tiny_model(tmp_path: Path) -> None:
     assert lim["edge_frac"] == pytest.approx(res["edge"]["tg_tps"] / lim["limit_tps"])
     table = format_table(res)
     assert "MiB of weights per token" in table and "before us" in table and "after us" in table and build["system_info"] in table
+
+
+_FAKE_LLAMA_BENCH = """#!/bin/sh
+# stands in for ik_llama.cpp's llama-bench: checks the flags edge-infer passes, prints its JSON
+case "$*" in *"-rtr 1"*"-o json"*) ;; *) echo "unexpected flags: $*" >&2; exit 2;; esac
+echo '[{"n_prompt": 16, "n_gen": 0, "avg_ts": 400.0, "cpu_info": "Test CPU", "build_commit": "abc1234",
+  "flash_attn": true, "repack": true},
+ {"n_prompt": 0, "n_gen": 4, "avg_ts": 50.0, "cpu_info": "Test CPU", "build_commit": "abc1234",
+  "flash_attn": true, "repack": true}]'
+"""
+
+
+def test_ik_llama_bench_row_and_ratio(tmp_path: Path) -> None:
+    fake = tmp_path / "llama-bench"
+    fake.write_text(_FAKE_LLAMA_BENCH)
+    fake.chmod(0o755)
+    path = write_tiny_llama(tmp_path / "tiny.gguf", qtype="Q8_0")
+    res = run(BenchConfig(str(path), threads=1, n_prompt=16, n_gen=4, repetitions=1, llama_cpp=False,
+                          ik_llama_bench=str(fake)))
+    ik = res["ik_llama"]
+    assert ik["pp_tps"] == 400.0 and ik["tg_tps"] == 50.0 and ik["build_commit"] == "abc1234"
+    table = format_table(res)
+    assert "ik_llama.cpp           400.0            50.0" in table
+    assert f"{res['edge']['pp_tps'] / 400.0:.2f}x" in table and "Test CPU" in table and "-rtr 1" in table
+    fake.write_text("#!/bin/sh\necho 'no such model' >&2\nexit 1\n")
+    res = run(BenchConfig(str(path), threads=1, n_prompt=16, n_gen=4, repetitions=1, llama_cpp=False,
+                          ik_llama_bench=str(fake)))
+    assert "exited with code 1: no such model" in res["ik_llama"]["error"]
+    assert "ik_llama.cpp: ik_llama.cpp's llama-bench exited" in format_table(res)
+
+
+def test_ik_llama_bench_path_is_checked(tmp_path: Path) -> None:
+    from edge_infer.bench.ik_llama import check_llama_bench
+    from edge_infer.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="no file at"):
+        check_llama_bench(str(tmp_path / "missing"))
+    plain = tmp_path / "llama-bench"
+    plain.write_text("not a program")
+    with pytest.raises(InvalidRequest, match="not executable"):
+        check_llama_bench(str(plain))

@@ -51,7 +51,7 @@ def test_kv_pool_holds_only_the_layers_with_kv(gemma4: Path) -> None:
     assert cfg.kv_layers == (0, 1, 2, 3) and [cfg.kv_source(i) for i in (4, 5)] == [2, 3]
     assert len(runner.kv_pool) == 4 and runner.kv[4] is runner.kv[2] and runner.kv[5] is runner.kv[3]
     # the sliding-window layers' heads are narrower and more numerous than the full layers'
-    assert runner.kv[1][0].shape[2:] == (2, 16) and runner.kv[0][0].shape[2:] == (1, 32)
+    assert runner.kv[1][2].shape[2:] == (2, 16) and runner.kv[0][2].shape[2:] == (1, 32)  # V: [block, offset, heads, dim]
     with GGUFFile(gemma4) as f:  # `edge-infer inspect` names the layers without K/V of their own
         assert layers(f)["kinds"] == ["attention"] * 4 + ["shared_kv_attention"] * 2
 

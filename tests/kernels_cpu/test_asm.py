@@ -177,16 +177,17 @@ def test_int8_matmuls_use_vpmaddubsw_on_avx2() -> None:
 
 
 def test_attention_has_no_gathers() -> None:
-    """The per-query attention loops (dot products over the head dimension, the weighted value
-    sum, for all the heads of a kv group) read contiguous rows: vector FMAs on f16 rows
-    converted once per row, never gathers."""
-    from edge_infer.kernels_cpu import attention as at
+    """The tiled attention's loops read contiguous rows: the keys' scores as vector FMAs over 16
+    keys converted once per chunk (vcvtph2ps), the weighted value sums as vector FMAs over
+    converted value rows; never gathers."""
+    from edge_infer.kernels_cpu import attention_tiles as at
 
-    q_t, cache = nt.Array(nt.float32, 2, "C"), nt.Array(nt.uint16, 4, "C")
+    f2, cache = nt.Array(nt.float32, 2, "C"), nt.Array(nt.uint16, 4, "C")
     scales, tables = nt.Array(nt.float32, 3, "C"), nt.Array(nt.int32, 2, "C")
     vec, i32 = nt.Array(nt.float32, 1, "C"), nt.Array(nt.int32, 1, "C")
-    sig = (q_t, nt.int64, nt.int64, nt.int64, nt.int64, nt.int32, tables, cache, scales, cache, scales, i32,
-           nt.float32, nt.int64, nt.float32, vec, q_t, q_t, q_t, vec, q_t, q_t)  # vec after softcap: the sinks
-    asm = asm_of(at._attend_query, sig)
+    i64 = nt.int64
+    sig = (f2, i64, i64, i64, i64, i64, nt.int32, tables, cache, scales, cache, scales, i32, nt.float32, i64,
+           nt.float32, vec, f2, vec, vec, vec, f2, vec, f2, vec, f2)
+    asm = asm_of(at._attend_tile, sig)
     assert uses(asm, "vfmadd", VREG) and uses(asm, "vcvtph2ps", VREG)
     assert "gather" not in asm

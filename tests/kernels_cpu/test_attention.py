@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from edge_infer.kernels_cpu import reference as ref
-from edge_infer.kernels_cpu.attention import paged_attention_kernel, qkv_finish_kernel, store_kv_kernel
+from edge_infer.kernels_cpu.attention import qkv_finish_kernel, store_kv_kernel
+from edge_infer.kernels_cpu.attention_tiles import paged_attention_kernel
 
 NO_SINKS = np.empty(0, np.float32)
 
@@ -20,10 +21,11 @@ def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: in
     perm = rng.permutation(n_blocks)
     width = max(-(-n // bs) for n in lens)
     tables = np.zeros((len(lens), width), np.int32)
-    kc = np.zeros((n_blocks, bs, n_kv, hd), dtype)
-    vc = np.zeros_like(kc)
+    kc = np.zeros((n_blocks, n_kv, hd, bs), dtype)  # K blocks transposed
+    vc = np.zeros((n_blocks, bs, n_kv, hd), dtype)
     sshape = (n_blocks, bs, n_kv) if dtype == np.int8 else (0, 0, 0)
-    ks, vs = np.zeros(sshape, np.float32), np.zeros(sshape, np.float32)
+    kshape = (n_blocks, n_kv, bs) if dtype == np.int8 else (0, 0, 0)  # K's scales transposed as its blocks
+    ks, vs = np.zeros(kshape, np.float32), np.zeros(sshape, np.float32)
     at = 0
     for s, n in enumerate(lens):
         nb = -(-n // bs)
@@ -92,25 +94,27 @@ def test_attention_sinks_join_the_softmax() -> None:
 
 
 def test_store_skips_negative_slots_and_rounds_to_f16() -> None:
-    kc = np.zeros((2, 2, 1, 4), np.uint16)
-    vc = np.zeros_like(kc)
+    kc = np.zeros((2, 1, 4, 2), np.uint16)  # [block, head, dim, offset]
+    vc = np.zeros((2, 2, 1, 4), np.uint16)
     none = np.zeros((0, 0, 0), np.float32)
     k = np.array([[1.0, 2.5, -3.0, 1 / 3], [9, 9, 9, 9]], np.float32)
     store_kv_kernel(k, k, np.array([3, -1], np.int64), kc, none, vc, none)
-    np.testing.assert_array_equal(kc[1, 1, 0].view(np.float16), k[0].astype(np.float16))
-    assert not kc[0].any() and not kc[1, 0].any()
+    np.testing.assert_array_equal(vc[1, 1, 0].view(np.float16), k[0].astype(np.float16))
+    np.testing.assert_array_equal(kc[1, 0, :, 1].view(np.float16), k[0].astype(np.float16))
+    assert not vc[0].any() and not vc[1, 0].any() and not kc[0].any() and not kc[1, 0, :, 0].any()
 
 
 def test_q8_0_store_round_trip() -> None:
-    kc = np.zeros((1, 2, 2, 8), np.int8)
-    vc = np.zeros_like(kc)
+    kc = np.zeros((1, 2, 8, 2), np.int8)  # [block, head, dim, offset]
+    vc = np.zeros((1, 2, 2, 8), np.int8)
     ks, vs = np.zeros((1, 2, 2), np.float32), np.zeros((1, 2, 2), np.float32)
     k = np.random.default_rng(2).standard_normal((2, 16)).astype(np.float32)
     k[1, 8:] = 0.0  # an all-zero head: scale 0, values 0
     store_kv_kernel(k, k, np.array([0, 1], np.int64), kc, ks, vc, vs)
-    back = ref.cache_values(kc, ks)[0].reshape(2, 16)
-    assert np.all(np.abs(back - k) <= np.abs(k).reshape(2, 2, 8).max(-1).repeat(8, -1) / 127 * 0.5 + 1e-7)
-    assert ks[0, 1, 1] == 0 and not kc[0, 1, 1].any()
+    for cache, scale in ((vc, vs), (kc.transpose(0, 3, 1, 2), ks.transpose(0, 2, 1))):
+        back = ref.cache_values(cache, scale)[0].reshape(2, 16)
+        assert np.all(np.abs(back - k) <= np.abs(k).reshape(2, 2, 8).max(-1).repeat(8, -1) / 127 * 0.5 + 1e-7)
+    assert ks[0, 1, 1] == 0 and not kc[0, 1, :, 1].any() and not vc[0, 1, 1].any()
 
 
 @pytest.mark.parametrize("neox", [False, True])
@@ -131,8 +135,8 @@ def test_qkv_finish_matches_reference(neox: bool, extras: bool | str) -> None:
     mscale = 1.3 if extras else 1.0
     pos = np.array([0, 3, 7, 100, 4000], np.int32)
     inv = 10000.0 ** (-2.0 * np.arange(n_rot // 2) / n_rot)
-    kc = np.zeros((3, bs, n_kv, hd), np.float32)
-    vc = np.zeros_like(kc)
+    kc = np.zeros((3, n_kv, hd, bs), np.float32)  # K blocks transposed
+    vc = np.zeros((3, bs, n_kv, hd), np.float32)
     e3 = np.zeros((0, 0, 0), np.float32)
     slots = np.array([0, 1, 2, 5, -1], np.int64)
     want_q, want_k, want_v = q.copy(), k.copy(), v.copy()
@@ -149,6 +153,6 @@ def test_qkv_finish_matches_reference(neox: bool, extras: bool | str) -> None:
     np.testing.assert_allclose(k, want_k, rtol=2e-5, atol=2e-5)
     for t, s in enumerate(slots):
         if s >= 0:
-            np.testing.assert_array_equal(kc[s // bs, s % bs].reshape(-1), k[t])
+            np.testing.assert_array_equal(kc[s // bs, :, :, s % bs].reshape(-1), k[t])
             np.testing.assert_array_equal(vc[s // bs, s % bs].reshape(-1), v[t])
     np.testing.assert_allclose(v, want_v, rtol=1e-6)

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from edge_infer.kernels_cpu.attention import paged_attention_kernel
+    from edge_infer.kernels_cpu.attention_tiles import paged_attention_kernel
     from edge_infer.kernels_cpu.matmul import matmul_kernel
     from edge_infer.kernels_cpu.moe import route_kernel
 
@@ -32,7 +32,8 @@ SCRIPT = textwrap.dedent(
     # paged attention: 3 kv-heads of 3 queries each, f32 pool, 80 positions (five 16-slot blocks)
     n, hd, bs = 80, 64, 16
     q = rng.standard_normal((n, 9 * hd)).astype(np.float32)
-    kc, vc = (rng.standard_normal((5, bs, 3, hd)).astype(np.float32) for _ in range(2))
+    kc = rng.standard_normal((5, 3, hd, bs)).astype(np.float32)  # K blocks transposed
+    vc = rng.standard_normal((5, bs, 3, hd)).astype(np.float32)
     none = np.empty((0, 0, 0), np.float32)
     att = np.zeros((n, 9 * hd), np.float32)
     paged_attention_kernel(q, kc, none, vc, none, np.arange(5, dtype=np.int32)[None], np.zeros(n, np.int32),

@@ -40,7 +40,8 @@ SCRIPT = textwrap.dedent(
 
     from edge_infer.kernels_cpu import dequant as dq
     from edge_infer.kernels_cpu import reference as ref
-    from edge_infer.kernels_cpu.attention import paged_attention_kernel, store_kv_kernel
+    from edge_infer.kernels_cpu.attention import store_kv_kernel
+    from edge_infer.kernels_cpu.attention_tiles import paged_attention_kernel
     from edge_infer.kernels_cpu.matmul import matmul_kernel
     from edge_infer.kernels_cpu.ops import gelu_mul_kernel, silu_mul_kernel
 
@@ -72,10 +73,11 @@ SCRIPT = textwrap.dedent(
     n_kv, rep, hd, bs = 2, 3, 32, 16
     for dtype in (np.uint16, np.int8):
         n_blocks = 6
-        kc = np.zeros((n_blocks, bs, n_kv, hd), dtype)
-        vc = np.zeros_like(kc)
+        kc = np.zeros((n_blocks, n_kv, hd, bs), dtype)  # K blocks transposed
+        vc = np.zeros((n_blocks, bs, n_kv, hd), dtype)
         sshape = (n_blocks, bs, n_kv) if dtype == np.int8 else (0, 0, 0)
-        ks, vs = np.zeros(sshape, np.float32), np.zeros(sshape, np.float32)
+        kshape = (n_blocks, n_kv, bs) if dtype == np.int8 else (0, 0, 0)  # K's scales transposed as its blocks
+        ks, vs = np.zeros(kshape, np.float32), np.zeros(sshape, np.float32)
         tables = np.array([[4, 1, 3], [0, 5, 2]], np.int32)
         lens = (37, 20)
         for s, n in enumerate(lens):

@@ -151,7 +151,9 @@ def test_paged_attention_matches_the_twin_and_is_batch_invariant(window: int, so
     seq = np.array([0, 0, 0, 1, 1], np.int32)
     q = RNG.standard_normal((5, heads * hd)).astype(np.float32)
     out = _attend(q, k, v, tables, seq, pos, window, softcap)
-    want = ref.paged_attention(q, k.view(np.uint16), np.zeros((0, 0, 0), np.float32), v.view(np.uint16),
+    # the CUDA pool keeps K as V ([block, offset, head, dim]); the twin reads the CPU pool's
+    # transposed K blocks ([block, head, dim, offset])
+    want = ref.paged_attention(q, k.view(np.uint16).transpose(0, 2, 3, 1), np.zeros((0, 0, 0), np.float32), v.view(np.uint16),
                                np.zeros((0, 0, 0), np.float32), tables, seq, pos, np.float32(hd**-0.5), window,
                                softcap)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
@@ -167,8 +169,9 @@ def test_attention_over_several_partitions() -> None:
     pos = np.array([attention.PART + 57], np.int32)
     q = RNG.standard_normal((1, hd)).astype(np.float32)
     out = _attend(q, k, v, tables, np.zeros(1, np.int32), pos, 0, 0.0)
-    want = ref.paged_attention(q, k, np.zeros((0, 0, 0), np.float32), v, np.zeros((0, 0, 0), np.float32), tables,
-                               np.zeros(1, np.int32), pos, np.float32(hd**-0.5), 0, 0.0)
+    want = ref.paged_attention(q, k.transpose(0, 2, 3, 1), np.zeros((0, 0, 0), np.float32), v,
+                               np.zeros((0, 0, 0), np.float32), tables, np.zeros(1, np.int32), pos, np.float32(hd**-0.5),
+                               0, 0.0)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
@@ -187,7 +190,7 @@ def test_qkv_finish_matches_the_cpu_kernel() -> None:
     eps, none = np.float32(1e-6), np.zeros((0, 0, 0), np.float32)
     for neox in (False, True):
         cpu = [a.copy() for a in (q, k, v)]
-        kc_cpu, vc_cpu = np.zeros((4, bs, n_kv, hd), np.uint16), np.zeros((4, bs, n_kv, hd), np.uint16)
+        kc_cpu, vc_cpu = np.zeros((4, n_kv, hd, bs), np.uint16), np.zeros((4, bs, n_kv, hd), np.uint16)  # CPU K transposed
         qkv_finish_kernel(*cpu, bq, bk, bv, qn, kn, 6, pos, inv_freq, 1.0, neox, eps, slots, kc_cpu, none, vc_cpu, none)
         dev = [a.copy() for a in (q, k, v)]
         kc, vc = np.zeros((4, bs, n_kv, hd), np.float16), np.zeros((4, bs, n_kv, hd), np.float16)
@@ -195,7 +198,8 @@ def test_qkv_finish_matches_the_cpu_kernel() -> None:
                                                       slots, kc, vc)
         for a, b in zip(dev, cpu):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(kc.astype(np.float32), kc_cpu.view(np.float16).astype(np.float32), rtol=1e-3, atol=1e-3)
+        kc_rows = kc_cpu.transpose(0, 3, 1, 2)  # as the CUDA pool keeps K: [block, offset, head, dim]
+        np.testing.assert_allclose(kc.astype(np.float32), kc_rows.view(np.float16).astype(np.float32), rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(vc.astype(np.float32), vc_cpu.view(np.float16).astype(np.float32), rtol=1e-3, atol=1e-3)
 
 

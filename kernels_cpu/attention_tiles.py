@@ -1,0 +1,245 @@
+"""Paged attention in query tiles: one code path for prefill, chunked prefill, decode and
+speculative verification (the pool's layout is kernels_cpu.attention's).
+
+A work item is a tile of up to QUERY_TILE consecutive tokens of one sequence and one kv-head
+group (or, with too few items for the threads, a share of the group's query heads). The
+tile's query rows (tokens x heads) share every key and value row the pool holds for them: a
+chunk of up to 16 keys is converted to float32 once, as 16 vector lanes per head dimension (the
+K pool stores each block transposed: [head dim][offset]), and every row that sees one of the
+keys gets 16 scores from one fused multiply-add per dimension (kernels_cpu.simd_attn); each
+group of four value rows is converted once and added into every row's accumulator that sees it.
+
+Per query row the arithmetic is fixed by the row alone: a score is the sequential chain of
+fused multiply-adds over the head dimension (times the key's scale), the softmax runs over the
+row's own keys, and the values are added in key order (four at a time where the row sees all
+four of an aligned group, else one at a time). So a token's output is the same bits whatever
+else is in its tile, its batch or its chunk, and whatever the thread count.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ._jit import HAS_F16C, REORDER, fmadd, kernel
+from .attention import value_at1
+from .fastmath import fast_exp
+from .simd_attn import qk_lanes, widen16
+
+QUERY_TILE = 16  # tokens per tile (fewer when the scores of a long context would not fit SCORE_BUDGET)
+SCORE_BUDGET = 1 << 22  # float32 scores per thread's scratch (16 MB)
+LANES = 16  # keys per score vector
+
+
+@kernel(inline=True)
+def _widen(dst, do, src, so, n):
+    """dst[do:do + n] = src[so:so + n] as float32 (before any q8_0 scale); 1-D arrays."""
+    whole = n // LANES * LANES if HAS_F16C else 0  # elsewhere half -> float is a call numba's JIT cannot link
+    widen16(dst, do, src, so, whole // LANES)
+    a, b = src[so + whole : so + n], dst[do + whole : do + n]  # views, a loop from 0: no gathers
+    for j in range(n - whole):
+        b[j] = value_at1(a, j)
+
+
+@kernel(inline=True)
+def _value_rows(v_cache, vflat, v_scale, quant, blk, off, m, g, kvf, vs):
+    """kvf[u * hd:] = value row off + u of block blk, kv-head g, as float32 (u < m); vs[u] its
+    q8_0 scale, or 1. vflat, kvf: flat views of v_cache and the [4, hd] rows."""
+    hd = v_cache.shape[3]
+    for u in range(m):
+        _widen(kvf, u * hd, vflat, ((blk * v_cache.shape[1] + off + u) * v_cache.shape[2] + g) * hd, hd)
+        vs[u] = v_scale[blk, off + u, g] if quant else np.float32(1.0)
+
+
+@kernel(inline=True)
+def _key_chunk(k_cache, kflat, k_scale, quant, blk, g, c0, cw, scale, kt, ks):
+    """kt[16 d + l] = key c0 + l of block blk, kv-head g, dimension d, as float32 (l < cw);
+    ks[l] its factor: scale times its q8_0 scale, or scale. kflat: k_cache's flat view (K is
+    [block, head, dim, offset]: a dimension's offsets side by side)."""
+    hd, bs = k_cache.shape[2], k_cache.shape[3]
+    base = (blk * k_cache.shape[1] + g) * hd * bs + c0
+    if bs == LANES:  # the head's block is kt's layout already: one run of hd * 16 values
+        _widen(kt, 0, kflat, base, hd * LANES)
+    else:
+        for d in range(hd):
+            _widen(kt, LANES * d, kflat, base + d * bs, cw)
+    if quant:
+        kscol = k_scale[blk, g, c0 : c0 + cw]  # a view: the loop from 0 reads it contiguously
+        for u in range(cw):
+            ks[u] = scale * kscol[u]
+    else:
+        for u in range(cw):
+            ks[u] = scale
+
+
+@kernel(inline=True)
+def _visible(positions, i, window):
+    p = positions[i]
+    return (max(0, p - window + 1) if window > 0 else 0), p
+
+
+@kernel(fastmath=REORDER)
+def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
+                 window, softcap, sinks, sc, qh, kt, ks, kv, vs, acc, inv_den, out):
+    """Heads r0..r1-1 of kv group g for query tokens t0..t1-1 of sequence s (block_tables row).
+    Scratch: sc float32 [>= rows, width], qh float32 [>= rows * hd], kt [16 hd], ks [16], kv
+    [4, hd], vs [4], acc [>= rows, hd], inv_den [>= rows]; rows = (t1 - t0) * (r1 - r0)."""
+    bs, n_kv, hd = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
+    n_rep = q.shape[1] // (n_kv * hd)
+    quant = k_scale.shape[0] > 0
+    nr = r1 - r0
+    width = sc.shape[1]
+    scf, kflat, vflat, kvf = sc.reshape(-1), k_cache.reshape(-1), v_cache.reshape(-1), kv.reshape(-1)
+    ptile = positions[t0:t1]  # a view indexed from 0: its loops read it contiguously (no gathers)
+    kmin, kmax = positions[t0], -1
+    for i in range(t0, t1):
+        lo, p = _visible(ptile, i - t0, window)
+        kmin, kmax = min(kmin, lo), max(kmax, p)
+        for r in range(nr):
+            qoff = (g * n_rep + r0 + r) * hd
+            qrow = q[i, qoff : qoff + hd]  # a view: q[i, qoff + d] would be a gather
+            row = (i - t0) * nr + r
+            qdst = qh[row * hd : row * hd + hd]  # views, loops from 0: contiguous, no gathers
+            for d in range(hd):
+                qdst[d] = qrow[d]
+    cw = min(LANES, bs)
+    kbase = kmin - kmin % cw
+    for c in range(kbase, kmax + 1, cw):  # scores, a chunk of cw keys (one block or 16 of it) at a time
+        _key_chunk(k_cache, kflat, k_scale, quant, block_tables[s, c // bs], g, c % bs, cw, scale, kt, ks)
+        qa, qb = t1, t0  # the tokens that see a key of the chunk (contiguous: positions ascend)
+        for i in range(t0, t1):
+            lo, p = _visible(ptile, i - t0, window)
+            if lo < c + cw and p >= c:
+                qa, qb = min(qa, i), max(qb, i + 1)
+        row, rb = (qa - t0) * nr, (qb - t0) * nr
+        while row + 4 <= rb:
+            qk_lanes(scf, row * width + c - kbase, width, qh, row * hd, hd, kt, hd, ks, 4)
+            row += 4
+        while row < rb:
+            qk_lanes(scf, row * width + c - kbase, width, qh, row * hd, hd, kt, hd, ks, 1)
+            row += 1
+    inv_cap = np.float32(1.0) / softcap if softcap > 0 else np.float32(0.0)
+    for i in range(t0, t1):  # softmax of each row over its own keys
+        lo, p = _visible(ptile, i - t0, window)
+        a, e = lo - kbase, p - kbase + 1
+        for r in range(nr):
+            row = (i - t0) * nr + r
+            srow = sc[row, a:e]  # a view: loops from 0 vectorize
+            if softcap > 0:  # gemma2: scores = cap * tanh(scores / cap)
+                for j in range(e - a):
+                    srow[j] = np.float32(np.tanh(srow[j] * inv_cap)) * softcap
+            mx = srow[0]
+            for j in range(1, e - a):
+                mx = max(mx, srow[j])
+            sink = sinks[g * n_rep + r0 + r] if sinks.shape[0] > 0 else np.float32(0.0)
+            if sinks.shape[0] > 0:
+                mx = max(mx, sink)
+            den = np.float32(0.0)
+            for j in range(e - a):
+                x = fast_exp(srow[j] - mx)
+                srow[j] = x
+                den += x
+            if sinks.shape[0] > 0:  # ggml's soft_max with sinks: the sink joins the sum after the keys
+                den += fast_exp(sink - mx)
+            inv_den[row] = np.float32(1.0) / den
+            acc[row, :] = 0.0
+    for b in range(kmin // bs, kmax // bs + 1):  # values, in aligned groups of four rows of a block
+        blk = block_tables[s, b]
+        for off in range(0, bs, 4):
+            j0 = b * bs + off
+            m = min(4, bs - off)
+            if j0 + m <= kmin or j0 > kmax:
+                continue
+            _value_rows(v_cache, vflat, v_scale, quant, blk, off, m, g, kvf, vs)
+            v0, v1, v2, v3 = kv[0], kv[1], kv[2], kv[3]
+            for i in range(t0, t1):
+                lo, p = _visible(ptile, i - t0, window)
+                if p < j0 or lo >= j0 + m:
+                    continue
+                whole = m == 4 and lo <= j0 and p >= j0 + 3
+                for r in range(nr):
+                    row = (i - t0) * nr + r
+                    at = j0 - kbase
+                    arow = acc[row]
+                    if whole:
+                        w0, w1, w2, w3 = sc[row, at], sc[row, at + 1], sc[row, at + 2], sc[row, at + 3]
+                        if quant:
+                            w0, w1, w2, w3 = w0 * vs[0], w1 * vs[1], w2 * vs[2], w3 * vs[3]
+                        for d in range(hd):
+                            arow[d] = fmadd(w3, v3[d], fmadd(w2, v2[d], fmadd(w1, v1[d], fmadd(w0, v0[d], arow[d]))))
+                    else:
+                        for u in range(m):
+                            if lo <= j0 + u <= p:
+                                w = sc[row, at + u] * vs[u] if quant else sc[row, at + u]
+                                vu = kv[u]
+                                for d in range(hd):
+                                    arow[d] = fmadd(w, vu[d], arow[d])
+    for i in range(t0, t1):
+        for r in range(nr):
+            row = (i - t0) * nr + r
+            qoff = (g * n_rep + r0 + r) * hd
+            orow, arow, inv = out[i, qoff : qoff + hd], acc[row], inv_den[row]
+            for d in range(hd):
+                orow[d] = arow[d] * inv
+
+
+@kernel
+def _tiles(token_seq, N, tile):
+    """Start of each tile (consecutive tokens of one sequence, at most `tile`), then N."""
+    starts = np.empty(N + 1, np.int64)
+    n = 0
+    for t in range(N):
+        if t == 0 or token_seq[t] != token_seq[t - 1] or t - starts[n - 1] == tile:
+            starts[n] = t
+            n += 1
+    starts[n] = N
+    return starts[: n + 1]
+
+
+@kernel(parallel=True)
+def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions, scale, window,
+                           softcap, sinks, out, n_threads):
+    """Causal attention of every query token against its own sequence's cached keys.
+
+    q: float32 [N, n_heads * head_dim] (RoPE applied); token_seq: int32 [N] row of block_tables
+    for each token (a sequence's tokens consecutive, positions ascending); positions: int32 [N];
+    window: 0 = full attention, else a key at position j is visible to a query at p only if
+    p - j < window (sliding-window layers); softcap: 0 = none, else each score (q.k times scale)
+    becomes softcap * tanh(score / softcap); sinks: float32 [n_heads] attention sinks (gpt-oss:
+    a per-head logit with no value) or [0]; out: float32 [N, n_heads * head_dim]. Work items
+    (query tile, kv-head) are dealt to the n_threads threads round-robin; when there are fewer
+    of them than threads (decoding one sequence of a model with one kv-head), each query head
+    is an item of its own.
+    """
+    N = q.shape[0]
+    n_kv, hd = v_cache.shape[2], v_cache.shape[3]
+    n_rep = q.shape[1] // (n_kv * hd)
+    longest = 1
+    for t in range(N):
+        longest = max(longest, positions[t] + 1)
+    width = longest + 3 * LANES  # a tile's keys from its chunk-aligned first, and a chunk's 16 lanes past the last
+    tile = max(1, min(QUERY_TILE, N, SCORE_BUDGET // (n_rep * width)))  # scratch sized for this call's tiles
+    starts = _tiles(token_seq, N, tile)
+    n_tiles = starts.shape[0] - 1
+    # fewer (tile, kv-head) items than threads (decoding a model with one kv-head): query heads
+    # become items of their own. Not to even out an uneven count: each item converts its keys
+    # and values, and three kv-heads on two threads ran faster whole (smollm2's decode)
+    split = n_rep if n_tiles * n_kv < n_threads else 1
+    items = n_tiles * n_kv * split
+    rows = tile * n_rep
+    for tid in numba.prange(n_threads):
+        sc = np.empty((rows, width), np.float32)
+        acc = np.empty((rows, hd), np.float32)
+        qh = np.empty(rows * hd, np.float32)
+        inv_den = np.empty(rows, np.float32)
+        kt = np.zeros(LANES * hd, np.float32)
+        ks = np.zeros(LANES, np.float32)
+        kv = np.empty((4, hd), np.float32)
+        vs = np.empty(4, np.float32)
+        for it in range(tid, items, n_threads):
+            ti, rest = it // (n_kv * split), it % (n_kv * split)
+            g, part = rest // split, rest % split
+            r0, r1 = part * n_rep // split, (part + 1) * n_rep // split
+            t0 = starts[ti]
+            _attend_tile(q, t0, starts[ti + 1], g, r0, r1, token_seq[t0], block_tables, k_cache, k_scale, v_cache,
+                         v_scale, positions, scale, window, softcap, sinks, sc, qh, kt, ks, kv, vs, acc, inv_den, out)
