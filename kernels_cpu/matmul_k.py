@@ -56,40 +56,31 @@ _SPLIT = tuple(f in SPLIT_FORMATS for f in range(max(GRIDS) + 1))
 
 
 @kernel(inline=True)
-def _tile_fmt(n, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s):
+def _tile_fmt(ntok, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s):
     """k_super_tile with its literal format and the mode it implies: bits 4, 5 (Q4_K, Q5_K:
     MODE_MIN), 6 (Q6_K: MODE_SPLIT), 2 (TQ1_0, TQ2_0: MODE_TQ), else IQ4_XS's table format
-    (MODE_SCALE); n: 1 or 4 tokens."""
-    if n == 1:
-        if bits == 4:
-            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_MIN, 4, 1)
-        elif bits == 5:
-            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_MIN, 5, 1)
-        elif bits == 6:
-            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_SPLIT, 6, 1)
-        elif bits == 2:
-            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_TQ, 2, 1)
-        else:
-            k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s, MODE_SCALE,
-                         FMT_IQ4, 1)
-    elif bits == 4:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_MIN, 4, 4)
+    (MODE_SCALE); ntok: a literal 1 or 4 (inlined: it stays a literal)."""
+    if bits == 4:
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_MIN, 4, ntok)
     elif bits == 5:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_MIN, 5, 4)
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_MIN, 5, ntok)
     elif bits == 6:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SPLIT, 6, 4)
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SPLIT, 6, ntok)
     elif bits == 2:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_TQ, 2, 4)
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_TQ, 2, ntok)
     else:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SCALE,
-                     FMT_IQ4, 4)
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SCALE, FMT_IQ4,
+                     ntok)
 
 
 @kernel(inline=True)
 def _super_tile(n, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s):
     """Super-block s of the tile of n tokens from t (2..3 padded to four by repeating the last)."""
     ta, tb, tc, td = t, t + min(1, n - 1), t + min(2, n - 1), t + min(3, n - 1)
-    _tile_fmt(1 if n == 1 else 4, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s)
+    if n == 1:
+        _tile_fmt(1, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s)
+    else:
+        _tile_fmt(4, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s)
 
 
 @kernel
