@@ -7,8 +7,9 @@ values of consecutive positions side by side, the lanes kernels_cpu.attention_ti
 16 scores in) of
 - uint16: IEEE half bits (f16, the default; numba has no float16 type),
 - float32 (f32), or
-- int8 (q8_0): values q with a float32 scale s per (token, head) in k_scale, v_scale
-  [num_blocks, block_size, n_kv_heads]; value = q * s, s = max|x| / 127. Half the memory of f16.
+- int8 (q8_0): values q with a float32 scale s per (token, head) in v_scale [num_blocks,
+  block_size, n_kv_heads] and k_scale [num_blocks, n_kv_heads, block_size] (transposed as K);
+  value = q * s, s = max|x| / 127. Half the memory of f16.
 For f16 and f32 the scale arrays are unused (pass empty ones). A token at position j of
 sequence s lives in block block_tables[s, j // block_size] at offset j % block_size. The
 attention kernel itself is kernels_cpu.attention_tiles'.
@@ -29,23 +30,6 @@ from numba.core import types
 from numba.extending import overload
 
 from ._jit import f16_to_f32, f32_to_f16, kernel
-
-
-def value_at(cache, blk, off, g, d):
-    """float32 value of cache[blk, off, g, d] before its q8_0 scale (overloaded per dtype)."""
-    raise NotImplementedError  # only called from jitted code
-
-
-@overload(value_at, inline="always", jit_options={"cache": True})  # type: ignore[typeddict-unknown-key]
-def _ov_value_at(cache, blk, off, g, d):
-    dt = cache.dtype
-    if isinstance(dt, types.Integer) and dt.bitwidth == 16:
-        return lambda cache, blk, off, g, d: f16_to_f32(cache[blk, off, g, d])
-    if isinstance(dt, types.Integer) and dt.bitwidth == 8:
-        return lambda cache, blk, off, g, d: np.float32(cache[blk, off, g, d])
-    if isinstance(dt, types.Float):
-        return lambda cache, blk, off, g, d: cache[blk, off, g, d]
-    return None
 
 
 def value_at1(a, j):
@@ -132,7 +116,7 @@ overload(store_key, inline="always", jit_options={"cache": True})(_store_impl(Tr
 def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):
     """Write this step's keys and values into the pool. k, v: float32 [N, n_kv_heads * head_dim];
     slot_mapping: int64 [N] (block * block_size + offset; negative = skip); k_scale, v_scale:
-    float32 [num_blocks, block_size, n_kv_heads] for an int8 (q8_0) pool, unused otherwise."""
+    float32 (the pool's layout, kernels_cpu.attention) for an int8 (q8_0) pool, unused otherwise."""
     bs, n_kv, hd = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
     for i in numba.prange(k.shape[0]):
         slot = slot_mapping[i]
@@ -143,16 +127,6 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):
         for g in range(n_kv):
             store_key(k, i, g, k_cache, k_scale, b, o, hd)
             store_row(v, i, g, v_cache, v_scale, b, o, hd)
-
-
-@kernel(inline=True)
-def load_rows(cache, scales, quant, blk, off, m, g, factor, kv, vs):
-    """kv[u] = row off + u of block blk, kv-head g, as float32 (u < m); vs[u] = factor times
-    the row's q8_0 scale, or factor for an f16/f32 pool."""
-    for u in range(m):
-        for d in range(cache.shape[3]):
-            kv[u, d] = value_at(cache, blk, off + u, g, d)
-        vs[u] = factor * scales[blk, off + u, g] if quant else factor
 
 
 @kernel(inline=True)

@@ -99,19 +99,19 @@ def _i8_tile(n, fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, t, k4, c
 @kernel(inline=True)
 def _i8_tile_fmt(fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, ntok):
     if fmt == 8:
-        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, 8, ntok)
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, False, 8, ntok)
     elif fmt == 4 and with_min:
-        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, True, 4, ntok)
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, True, 4, ntok)
     elif fmt == 4:
-        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, 4, ntok)
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, False, 4, ntok)
     elif fmt == 5 and with_min:
-        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, True, 5, ntok)
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, True, 5, ntok)
     elif fmt == 5:
-        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, 5, ntok)
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, False, 5, ntok)
     elif fmt == FMT_IQ4:
-        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, FMT_IQ4, ntok)
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, False, FMT_IQ4, ntok)
     else:
-        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, nb, corr, False, FMT_MXFP4, ntok)
+        i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, False, FMT_MXFP4, ntok)
 
 
 @kernel

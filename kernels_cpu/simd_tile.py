@@ -42,6 +42,17 @@ def _c64(v: int) -> ir.Constant:
     return ir.Constant(_I64, v)
 
 
+def _block_term(builder, isum, dvec, dx, mvec=None, count=None):
+    """The one float sequence of a block's contribution to a token's 16 row lanes (the K and
+    int8 kernels alike): float(isum) * (d * dx), plus m * (dx * float(count)) with mins; fmul,
+    fmul[, fmul, fmul, fadd], never fused."""
+    term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dvec, _splat(builder, dx, _VF)))
+    if mvec is not None:
+        mx = builder.fmul(dx, builder.sitofp(count, _F32))
+        term = builder.fadd(term, builder.fmul(mvec, _splat(builder, mx, _VF)))
+    return term
+
+
 @intrinsic
 def k_super_tile(typingctx, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, mode, bits,
                  ntok):
@@ -85,29 +96,23 @@ def k_super_tile(typingctx, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, 
                 dx = builder.load(builder.gep(xdp, [builder.add(drow[u], _c64(b))]))
                 lo = builder.load(builder.gep(xsp, [builder.add(srow[u], _c64(2 * b))]))
                 hi = builder.load(builder.gep(xsp, [builder.add(srow[u], _c64(2 * b + 1))]))
-                dxv = _splat(builder, dx, _VF)
                 if split:  # Q6_K: the codes' offset 32 and the scales per 16, in exact int32
                     off = ir.Constant(_I32, 32)
                     s_lo = _vec_at(builder, iscp, _c64(32 * b), _VI)
                     s_hi = _vec_at(builder, iscp, _c64(32 * b + 16), _VI)
                     a_lo = builder.mul(builder.sub(sums[2 * u], _splat(builder, builder.mul(off, lo), _VI)), s_lo)
                     a_hi = builder.mul(builder.sub(sums[2 * u + 1], _splat(builder, builder.mul(off, hi), _VI)), s_hi)
-                    isum = builder.add(a_lo, a_hi)
-                    term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dvec, dxv))
+                    term = _block_term(builder, builder.add(a_lo, a_hi), dvec, dx)
                 elif md == MODE_TQ:
-                    isum = builder.sub(sums[u], _splat(builder, builder.add(lo, hi), _VI))
-                    term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dvec, dxv))
+                    term = _block_term(builder, builder.sub(sums[u], _splat(builder, builder.add(lo, hi), _VI)), dvec, dx)
                 else:
                     isum = sums[u]
                     if md == MODE_SCALE:
                         corr = builder.mul(ir.Constant(_I32, TABLE_OFFSET), builder.add(lo, hi))
                         isum = builder.sub(isum, _splat(builder, corr, _VI))
                     dsb = _vec_at(builder, dsp, _c64(16 * b), _VF)
-                    term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dsb, dxv))
-                    if md == MODE_MIN:
-                        mx = builder.fmul(dx, builder.sitofp(builder.add(lo, hi), _F32))
-                        msb = _vec_at(builder, msp, _c64(16 * b), _VF)
-                        term = builder.fadd(term, builder.fmul(msb, _splat(builder, mx, _VF)))
+                    msb = _vec_at(builder, msp, _c64(16 * b), _VF) if md == MODE_MIN else None
+                    term = _block_term(builder, isum, dsb, dx, msb, builder.add(lo, hi))
                 acc[u] = builder.fadd(acc[u], term)
         for u in range(n):
             builder.store(acc[u], builder.bitcast(builder.gep(fp, [_c64(16 * u)]), _VF.as_pointer()), align=4)
@@ -117,9 +122,8 @@ def k_super_tile(typingctx, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, 
 
 
 @intrinsic
-def i8_blocks_tile(typingctx, facc, w, wo, x4, xd, xs, wd, wm, so, nblk, ta, tb, tc, td, k4, nb, corr, with_min, fmt,
-                   ntok):
-    """The int8 kernel's (kernels_cpu.matmul_i8) blocks 0..nblk - 1 of a 16-row group for token
+def i8_blocks_tile(typingctx, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, with_min, fmt, ntok):
+    """The int8 kernel's (kernels_cpu.matmul_i8) blocks 0..nb - 1 (all of them) of a 16-row group for token
     u < ntok (a literal: 1 or 4), added to facc[16 u + l] as that kernel's per-block epilogue
     does, in the same operations and order, block by block:
         acc += float(dot - corr * xs) * (d * dx) [+ m * (dx * float(xs))]
@@ -133,7 +137,7 @@ def i8_blocks_tile(typingctx, facc, w, wo, x4, xd, xs, wd, wm, so, nblk, ta, tb,
     if not all(isinstance(a, types.Array) for a in (facc, w, x4, xd, xs, wd, wm)):
         return None
     fm, n, mins = fmt.literal_value, ntok.literal_value, with_min.literal_value
-    sig = types.void(facc, w, wo, x4, xd, xs, wd, wm, so, nblk, ta, tb, tc, td, k4, nb, corr, with_min, fmt, ntok)
+    sig = types.void(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, with_min, fmt, ntok)
     vh = ir.VectorType(ir.HalfType(), 16)
 
     def codegen(context, builder, signature, args):
@@ -144,15 +148,15 @@ def i8_blocks_tile(typingctx, facc, w, wo, x4, xd, xs, wd, wm, so, nblk, ta, tb,
             return context.cast(builder, args[k], signature.args[k], types.int64)
 
         fp, wp, xp, xdp, xsp, wdp, wmp = (data(k) for k in (0, 1, 3, 4, 5, 6, 7))
-        wo64, so64, count, k4v, nbv = i64(2), i64(8), i64(9), i64(14), i64(15)
-        corr32 = context.cast(builder, args[16], signature.args[16], types.int32)
+        wo64, so64, nbv, k4v = i64(2), i64(8), i64(9), i64(14)
+        corr32 = context.cast(builder, args[15], signature.args[15], types.int32)
         toks = [i64(10 + u) for u in range(n)]
         slots = [cgutils.alloca_once(builder, _VF) for _ in range(n)]  # promoted to registers by mem2reg
         for u in range(n):
             builder.store(_vec_at(builder, fp, _c64(16 * u), _VF), slots[u])
         i8p = ir.IntType(8).as_pointer()
         pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]))
-        with cgutils.for_range(builder, count) as loop:
+        with cgutils.for_range(builder, nbv) as loop:
             b = loop.index
             wb = builder.gep(wp, [builder.add(wo64, builder.mul(b, _c64(BLOCK_BYTES[fm])))])
             xoffs = [builder.add(builder.mul(t, k4v), builder.mul(b, _c64(8))) for t in toks]
@@ -168,11 +172,7 @@ def i8_blocks_tile(typingctx, facc, w, wo, x4, xd, xs, wd, wm, so, nblk, ta, tb,
                 dx = builder.load(builder.gep(xdp, [at]))
                 x_sum = builder.load(builder.gep(xsp, [at]))
                 isum = builder.sub(sums[u], _splat(builder, builder.mul(corr32, x_sum), _VI))
-                dxv = _splat(builder, dx, _VF)
-                term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dvec, dxv))
-                if mins:
-                    mx = builder.fmul(dx, builder.sitofp(x_sum, _F32))
-                    term = builder.fadd(term, builder.fmul(mvec, _splat(builder, mx, _VF)))
+                term = _block_term(builder, isum, dvec, dx, mvec, x_sum)
                 builder.store(builder.fadd(builder.load(slots[u]), term), slots[u])
         for u in range(n):
             builder.store(builder.load(slots[u]), builder.bitcast(builder.gep(fp, [_c64(16 * u)]), _VF.as_pointer()),
