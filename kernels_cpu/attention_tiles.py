@@ -5,15 +5,17 @@ A work item is a tile of up to QUERY_TILE consecutive tokens of one sequence and
 group (or, with too few items for the threads, a share of the group's query heads). The
 tile's query rows (tokens x heads) share every key and value row the pool holds for them: a
 chunk of up to 16 keys is converted to float32 once, as 16 vector lanes per head dimension (the
-K pool stores each block transposed: [head dim][offset]), and every row that sees one of the
-keys gets 16 scores from one fused multiply-add per dimension (kernels_cpu.simd_attn); each
-group of four value rows is converted once and added into every row's accumulator that sees it.
+K pool stores each block transposed: [head dim][offset]), and up to eight rows that see one of
+the keys get 16 scores (two chunks: 32) from one fused multiply-add per dimension
+(kernels_cpu.simd_attn.qk_lanes); the chunk's value rows are converted once and added into the
+accumulators of every row that sees them, up to 4 rows x 64 dimensions held in registers over
+the chunk (pv_lanes).
 
 Per query row the arithmetic is fixed by the row alone: a score is the sequential chain of
 fused multiply-adds over the head dimension (times the key's scale), the softmax runs over the
-row's own keys, and the values are added in key order (four at a time where the row sees all
-four of an aligned group, else one at a time). So a token's output is the same bits whatever
-else is in its tile, its batch or its chunk, and whatever the thread count.
+row's own keys, and the values are added in key order, one fused multiply-add per key and
+dimension. So a token's output is the same bits whatever else is in its tile, its batch or its
+chunk, and whatever the thread count.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 from ._jit import HAS_F16C, REORDER, fmadd, kernel
 from .attention import value_at1
 from .fastmath import fast_exp
-from .simd_attn import qk_lanes, widen16
+from .simd_attn import pv_lanes, qk_lanes, row_max, widen16
 
 QUERY_TILE = 16  # tokens per tile (fewer when the scores of a long context would not fit SCORE_BUDGET)
 SCORE_BUDGET = 1 << 22  # float32 scores per thread's scratch (16 MB)
@@ -44,7 +46,7 @@ def _widen(dst, do, src, so, n):
 @kernel(inline=True)
 def _value_rows(v_cache, vflat, v_scale, quant, blk, off, m, g, kvf, vs):
     """kvf[u * hd:] = value row off + u of block blk, kv-head g, as float32 (u < m); vs[u] its
-    q8_0 scale, or 1. vflat, kvf: flat views of v_cache and the [4, hd] rows."""
+    q8_0 scale, or 1. vflat, kvf: flat views of v_cache and the [16, hd] rows."""
     hd = v_cache.shape[3]
     for u in range(m):
         _widen(kvf, u * hd, vflat, ((blk * v_cache.shape[1] + off + u) * v_cache.shape[2] + g) * hd, hd)
@@ -73,6 +75,62 @@ def _key_chunk(k_cache, kflat, k_scale, quant, blk, g, c0, cw, scale, kt, ks):
 
 
 @kernel(inline=True)
+def _value_slices(accf, a0, scf, w0, width, kvf, v0, hd, nk, nrow, nsl):
+    """pv_lanes over nrow rows (1, 2 or 4) and nsl 16-lane slices (1, 2 or 4), as literals."""
+    if nsl == 4:
+        if nrow == 4:
+            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 4, 4)
+        elif nrow == 2:
+            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 2, 4)
+        else:
+            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 1, 4)
+    elif nsl == 2:
+        if nrow == 4:
+            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 4, 2)
+        elif nrow == 2:
+            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 2, 2)
+        else:
+            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 1, 2)
+    elif nrow == 4:
+        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 4, 1)
+    elif nrow == 2:
+        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 2, 1)
+    else:
+        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 1, 1)
+
+
+@kernel(inline=True)
+def _weighted_values(accf, sc, scf, kv, kvf, vs, quant, ra, rb, col, ja, jb):
+    """acc[row] += sc[row, col + j] (times vs[j] for a q8_0 pool) * kv[j] for rows ra..rb-1 and
+    keys j = ja..jb-1, each (row, dimension) a fused multiply-add chain in key order. The q8_0
+    scale is folded into sc in place (sc is not read again)."""
+    hd, width = kv.shape[1], sc.shape[1]
+    if quant:
+        vsr = vs[ja:jb]
+        for row in range(ra, rb):
+            wr = sc[row, col + ja : col + jb]  # views, loops from 0: contiguous
+            for j in range(jb - ja):
+                wr[j] = wr[j] * vsr[j]
+    nk, whole = jb - ja, hd // LANES * LANES
+    d0 = 0
+    while d0 < whole:
+        left = (whole - d0) // LANES
+        nsl = 4 if left >= 4 else 2 if left >= 2 else 1
+        row = ra
+        while row < rb:
+            nrow = 4 if rb - row >= 4 else 2 if rb - row >= 2 else 1
+            _value_slices(accf, row * hd + d0, scf, row * width + col + ja, width, kvf, ja * hd + d0, hd, nk, nrow, nsl)
+            row += nrow
+        d0 += nsl * LANES
+    for row in range(ra, rb):  # the dimensions past the last whole slice
+        arow = accf[row * hd + whole : row * hd + hd]
+        for j in range(ja, jb):
+            w, vrow = sc[row, col + j], kv[j, whole:]
+            for d in range(hd - whole):
+                arow[d] = fmadd(w, vrow[d], arow[d])
+
+
+@kernel(inline=True)
 def _visible(positions, i, window):
     p = positions[i]
     return (max(0, p - window + 1) if window > 0 else 0), p
@@ -82,8 +140,8 @@ def _visible(positions, i, window):
 def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
                  window, softcap, sinks, sc, qh, kt, ks, kv, vs, acc, inv_den, out):
     """Heads r0..r1-1 of kv group g for query tokens t0..t1-1 of sequence s (block_tables row).
-    Scratch: sc float32 [>= rows, width], qh float32 [>= rows * hd], kt [16 hd], ks [16], kv
-    [4, hd], vs [4], acc [>= rows, hd], inv_den [>= rows]; rows = (t1 - t0) * (r1 - r0)."""
+    Scratch: sc float32 [>= rows, width], qh float32 [>= rows * hd], kt [32 hd], ks [32], kv
+    [16, hd], vs [16], acc [>= rows, hd], inv_den [>= rows]; rows = (t1 - t0) * (r1 - r0)."""
     bs, n_kv, hd = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
     n_rep = q.shape[1] // (n_kv * hd)
     quant = k_scale.shape[0] > 0
@@ -104,20 +162,42 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
                 qdst[d] = qrow[d]
     cw = min(LANES, bs)
     kbase = kmin - kmin % cw
-    for c in range(kbase, kmax + 1, cw):  # scores, a chunk of cw keys (one block or 16 of it) at a time
+    kt2, ks2 = kt[LANES * hd :], ks[LANES:]
+    c = kbase
+    while c <= kmax:  # scores: chunks of cw keys (one block or 16 of it), two at a time where both are 16
+        nch = 2 if cw == LANES and c + cw <= kmax else 1
         _key_chunk(k_cache, kflat, k_scale, quant, block_tables[s, c // bs], g, c % bs, cw, scale, kt, ks)
-        qa, qb = t1, t0  # the tokens that see a key of the chunk (contiguous: positions ascend)
+        if nch == 2:
+            _key_chunk(k_cache, kflat, k_scale, quant, block_tables[s, (c + cw) // bs], g, (c + cw) % bs, cw, scale,
+                       kt2, ks2)
+        qa, qb = t1, t0  # the tokens that see a key of the chunks (contiguous: positions ascend)
         for i in range(t0, t1):
             lo, p = _visible(ptile, i - t0, window)
-            if lo < c + cw and p >= c:
+            if lo < c + nch * cw and p >= c:
                 qa, qb = min(qa, i), max(qb, i + 1)
         row, rb = (qa - t0) * nr, (qb - t0) * nr
-        while row + 4 <= rb:
-            qk_lanes(scf, row * width + c - kbase, width, qh, row * hd, hd, kt, hd, ks, 4)
-            row += 4
-        while row < rb:
-            qk_lanes(scf, row * width + c - kbase, width, qh, row * hd, hd, kt, hd, ks, 1)
-            row += 1
+        col = c - kbase
+        if nch == 2:  # a row's scores of keys it does not see are computed, never read
+            while row + 8 <= rb:
+                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 8, 2)
+                row += 8
+            while row + 4 <= rb:
+                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 4, 2)
+                row += 4
+            while row < rb:
+                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 1, 2)
+                row += 1
+        else:
+            while row + 8 <= rb:
+                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 8, 1)
+                row += 8
+            while row + 4 <= rb:
+                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 4, 1)
+                row += 4
+            while row < rb:
+                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 1, 1)
+                row += 1
+        c += nch * cw
     inv_cap = np.float32(1.0) / softcap if softcap > 0 else np.float32(0.0)
     for i in range(t0, t1):  # softmax of each row over its own keys
         lo, p = _visible(ptile, i - t0, window)
@@ -128,9 +208,7 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
             if softcap > 0:  # gemma2: scores = cap * tanh(scores / cap)
                 for j in range(e - a):
                     srow[j] = np.float32(np.tanh(srow[j] * inv_cap)) * softcap
-            mx = srow[0]
-            for j in range(1, e - a):
-                mx = max(mx, srow[j])
+            mx = row_max(scf, row * width + a, e - a)
             sink = sinks[g * n_rep + r0 + r] if sinks.shape[0] > 0 else np.float32(0.0)
             if sinks.shape[0] > 0:
                 mx = max(mx, sink)
@@ -143,37 +221,22 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
                 den += fast_exp(sink - mx)
             inv_den[row] = np.float32(1.0) / den
             acc[row, :] = 0.0
-    for b in range(kmin // bs, kmax // bs + 1):  # values, in aligned groups of four rows of a block
-        blk = block_tables[s, b]
-        for off in range(0, bs, 4):
-            j0 = b * bs + off
-            m = min(4, bs - off)
-            if j0 + m <= kmin or j0 > kmax:
+    accf = acc.reshape(-1)
+    for c in range(kbase, kmax + 1, cw):  # values, the scores' chunks: converted once for the tile's rows
+        _value_rows(v_cache, vflat, v_scale, quant, block_tables[s, c // bs], c % bs, cw, g, kvf, vs)
+        fa, fb = t1, t0  # the tokens that see every key of the chunk (contiguous: positions ascend)
+        for i in range(t0, t1):
+            lo, p = _visible(ptile, i - t0, window)
+            if lo <= c and p >= c + cw - 1:
+                fa, fb = min(fa, i), max(fb, i + 1)
+        if fa < fb:
+            _weighted_values(accf, sc, scf, kv, kvf, vs, quant, (fa - t0) * nr, (fb - t0) * nr, c - kbase, 0, cw)
+        for i in range(t0, t1):  # the others see a run of it (the diagonal, a window's edge)
+            lo, p = _visible(ptile, i - t0, window)
+            ja, jb = max(lo, c) - c, min(p, c + cw - 1) - c + 1
+            if (fa <= i < fb) or ja >= jb:
                 continue
-            _value_rows(v_cache, vflat, v_scale, quant, blk, off, m, g, kvf, vs)
-            v0, v1, v2, v3 = kv[0], kv[1], kv[2], kv[3]
-            for i in range(t0, t1):
-                lo, p = _visible(ptile, i - t0, window)
-                if p < j0 or lo >= j0 + m:
-                    continue
-                whole = m == 4 and lo <= j0 and p >= j0 + 3
-                for r in range(nr):
-                    row = (i - t0) * nr + r
-                    at = j0 - kbase
-                    arow = acc[row]
-                    if whole:
-                        w0, w1, w2, w3 = sc[row, at], sc[row, at + 1], sc[row, at + 2], sc[row, at + 3]
-                        if quant:
-                            w0, w1, w2, w3 = w0 * vs[0], w1 * vs[1], w2 * vs[2], w3 * vs[3]
-                        for d in range(hd):
-                            arow[d] = fmadd(w3, v3[d], fmadd(w2, v2[d], fmadd(w1, v1[d], fmadd(w0, v0[d], arow[d]))))
-                    else:
-                        for u in range(m):
-                            if lo <= j0 + u <= p:
-                                w = sc[row, at + u] * vs[u] if quant else sc[row, at + u]
-                                vu = kv[u]
-                                for d in range(hd):
-                                    arow[d] = fmadd(w, vu[d], arow[d])
+            _weighted_values(accf, sc, scf, kv, kvf, vs, quant, (i - t0) * nr, (i - t0 + 1) * nr, c - kbase, ja, jb)
     for i in range(t0, t1):
         for r in range(nr):
             row = (i - t0) * nr + r
@@ -232,10 +295,10 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
         acc = np.empty((rows, hd), np.float32)
         qh = np.empty(rows * hd, np.float32)
         inv_den = np.empty(rows, np.float32)
-        kt = np.zeros(LANES * hd, np.float32)
-        ks = np.zeros(LANES, np.float32)
-        kv = np.empty((4, hd), np.float32)
-        vs = np.empty(4, np.float32)
+        kt = np.zeros(2 * LANES * hd, np.float32)
+        ks = np.zeros(2 * LANES, np.float32)
+        kv = np.empty((LANES, hd), np.float32)
+        vs = np.empty(LANES, np.float32)
         for it in range(tid, items, n_threads):
             ti, rest = it // (n_kv * split), it % (n_kv * split)
             g, part = rest // split, rest % split

@@ -3,7 +3,12 @@
 blocks converted) meet one query row's q[d], broadcast, in one fused multiply-add per d. Each
 lane's sum is the sequential chain over d = 0..hd-1 of fmuladd (fused wherever the target has
 FMA, as kernels_cpu._jit.fmadd), so a score is the same bits whichever rows or keys share the
-call: no horizontal sum, no reassociation. Up to four query rows share each kt load.
+call: no horizontal sum, no reassociation. Up to eight query rows share each kt load (eight
+independent chains keep both FMA ports busy; four leave them waiting on the FMA latency).
+
+The weighted value sums (pv_lanes) hold a tile of up to 4 rows x 4 16-lane slices of the head
+dimension in registers across a run of keys, each lane the sequential fmuladd chain in key
+order: the accumulators go through memory once per run instead of once per key.
 """
 
 from __future__ import annotations
@@ -17,16 +22,19 @@ _VF = ir.VectorType(_F32, 16)
 
 
 @intrinsic
-def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows):
-    """For r < nrows (a literal, 1..4): sc[so + r * sstride + l] = (chain over d < hd of
-    q[qo + r * qstride + d] * kt[16 d + l]) * vs[l], the 16 lanes l. sc, q, kt, vs: float32
-    (flat, C-contiguous)."""
-    if not isinstance(nrows, types.IntegerLiteral) or not 1 <= nrows.literal_value <= 4:
+def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows, nch):
+    """For r < nrows (a literal, 1..8), chunks h < nch (a literal, 1 or 2) of 16 keys:
+    sc[so + r * sstride + 16 h + l] = (chain over d < hd of q[qo + r * qstride + d] *
+    kt[16 hd h + 16 d + l]) * vs[16 h + l], the 16 lanes l. sc, q, kt, vs: float32 (flat,
+    C-contiguous)."""
+    if not isinstance(nrows, types.IntegerLiteral) or not 1 <= nrows.literal_value <= 8:
+        return None
+    if not isinstance(nch, types.IntegerLiteral) or not 1 <= nch.literal_value <= 2:
         return None
     if not all(isinstance(a, types.Array) for a in (sc, q, kt, vs)):
         return None
-    n = nrows.literal_value
-    sig = types.void(sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows)
+    n, m = nrows.literal_value, nch.literal_value
+    sig = types.void(sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows, nch)
 
     def codegen(context, builder, signature, args):
         def data(k):
@@ -35,27 +43,129 @@ def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows):
         def i64(k):
             return context.cast(builder, args[k], signature.args[k], types.int64)
 
+        def vptr(base, off):
+            return builder.bitcast(builder.gep(base, [off]), _VF.as_pointer())
+
         scp, qp, ktp, vsp = data(0), data(3), data(6), data(8)
         so64, ss64, qo64, qs64, hd64 = i64(1), i64(2), i64(4), i64(5), i64(7)
         fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))
-        slots = [cgutils.alloca_once(builder, _VF) for _ in range(n)]  # registers after mem2reg
-        for s in slots:
-            builder.store(ir.Constant(_VF, None), s)
+        slots = [[cgutils.alloca_once(builder, _VF) for _ in range(m)] for _ in range(n)]  # registers after mem2reg
+        for row in slots:
+            for s in row:
+                builder.store(ir.Constant(_VF, None), s)  # zeros
         qrow = [builder.add(qo64, builder.mul(ir.Constant(_I64, r), qs64)) for r in range(n)]
+        kstride = builder.mul(hd64, ir.Constant(_I64, 16))
         with cgutils.for_range(builder, hd64) as loop:
             d = loop.index
-            kv = builder.load(builder.bitcast(builder.gep(ktp, [builder.mul(d, ir.Constant(_I64, 16))]),
-                                              _VF.as_pointer()), align=4)
+            at = builder.mul(d, ir.Constant(_I64, 16))
+            kv = [builder.load(vptr(ktp, builder.add(at, builder.mul(kstride, ir.Constant(_I64, h)))), align=4)
+                  for h in range(m)]
             for r in range(n):
                 x = builder.load(builder.gep(qp, [builder.add(qrow[r], d)]))
                 xv = builder.insert_element(ir.Constant(_VF, None), x, ir.Constant(_I32, 0))
                 xv = builder.shuffle_vector(xv, ir.Constant(_VF, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
-                builder.store(builder.call(fma, [xv, kv, builder.load(slots[r])]), slots[r])
-        scale = builder.load(builder.bitcast(vsp, _VF.as_pointer()), align=4)
-        for r in range(n):
-            at = builder.gep(scp, [builder.add(so64, builder.mul(ir.Constant(_I64, r), ss64))])
-            builder.store(builder.fmul(builder.load(slots[r]), scale), builder.bitcast(at, _VF.as_pointer()), align=4)
+                for h in range(m):
+                    builder.store(builder.call(fma, [xv, kv[h], builder.load(slots[r][h])]), slots[r][h])
+        for h in range(m):
+            scale = builder.load(vptr(vsp, ir.Constant(_I64, 16 * h)), align=4)
+            for r in range(n):
+                at = builder.add(builder.add(so64, builder.mul(ir.Constant(_I64, r), ss64)), ir.Constant(_I64, 16 * h))
+                builder.store(builder.fmul(builder.load(slots[r][h]), scale), vptr(scp, at), align=4)
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def pv_lanes(typingctx, acc, ao, astride, w, wo, wstride, vt, vo, vstride, nkeys, nrows, nsl):
+    """For r < nrows, s < nsl (literals 1..4), each lane l < 16 of slice s:
+    acc[ao + r * astride + 16 s + l] = fmuladd(w[wo + r * wstride + j], vt[vo + j * vstride +
+    16 s + l], acc[...]) for j = 0..nkeys-1 in that order. acc, w, vt: float32 (flat)."""
+    lits = (nrows, nsl)
+    if not all(isinstance(x, types.IntegerLiteral) and 1 <= x.literal_value <= 4 for x in lits):
+        return None
+    if not all(isinstance(a, types.Array) for a in (acc, w, vt)):
+        return None
+    n, m = nrows.literal_value, nsl.literal_value
+    sig = types.void(acc, ao, astride, w, wo, wstride, vt, vo, vstride, nkeys, nrows, nsl)
+
+    def codegen(context, builder, signature, args):
+        def data(k):
+            return context.make_array(signature.args[k])(context, builder, value=args[k]).data
+
+        def i64(k):
+            return context.cast(builder, args[k], signature.args[k], types.int64)
+
+        accp, wp, vtp = data(0), data(3), data(6)
+        ao64, as64, wo64, ws64, vo64, vs64, nk64 = (i64(k) for k in (1, 2, 4, 5, 7, 8, 9))
+        fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))
+
+        def vptr(base, off):
+            return builder.bitcast(builder.gep(base, [off]), _VF.as_pointer())
+
+        at = [[builder.add(builder.add(ao64, builder.mul(ir.Constant(_I64, r), as64)), ir.Constant(_I64, 16 * k))
+               for k in range(m)] for r in range(n)]
+        slots = [[cgutils.alloca_once(builder, _VF) for _ in range(m)] for _ in range(n)]  # registers after mem2reg
+        for r in range(n):
+            for k in range(m):
+                builder.store(builder.load(vptr(accp, at[r][k]), align=4), slots[r][k])
+        wrow = [builder.add(wo64, builder.mul(ir.Constant(_I64, r), ws64)) for r in range(n)]
+        with cgutils.for_range(builder, nk64) as loop:
+            j = loop.index
+            vrow = builder.add(vo64, builder.mul(j, vs64))
+            vv = [builder.load(vptr(vtp, builder.add(vrow, ir.Constant(_I64, 16 * k))), align=4) for k in range(m)]
+            for r in range(n):
+                x = builder.load(builder.gep(wp, [builder.add(wrow[r], j)]))
+                xv = builder.insert_element(ir.Constant(_VF, None), x, ir.Constant(_I32, 0))
+                xv = builder.shuffle_vector(xv, ir.Constant(_VF, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+                for k in range(m):
+                    builder.store(builder.call(fma, [xv, vv[k], builder.load(slots[r][k])]), slots[r][k])
+        for r in range(n):
+            for k in range(m):
+                builder.store(builder.load(slots[r][k]), vptr(accp, at[r][k]), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def row_max(typingctx, src, so, n):
+    """The largest of src[so:so + n] (n >= 1; float32, flat): 16 lanes of maxnum, then their
+    reduction. max is exact and order-free, so this is the sequential loop's value."""
+    if not isinstance(src, types.Array) or src.dtype != types.float32:
+        return None
+    sig = types.float32(src, so, n)
+
+    def codegen(context, builder, signature, args):
+        sp = context.make_array(signature.args[0])(context, builder, value=args[0]).data
+        so64, n64 = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2))
+        vmax = builder.module.declare_intrinsic("llvm.maxnum.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF]))
+        red = builder.module.declare_intrinsic("llvm.vector.reduce.fmax.v16f32", fnty=ir.FunctionType(_F32, [_VF]))
+        first = builder.load(builder.gep(sp, [so64]))
+        lanes = cgutils.alloca_once(builder, _VF)
+        splat = builder.insert_element(ir.Constant(_VF, None), first, ir.Constant(_I32, 0))
+        builder.store(builder.shuffle_vector(splat, ir.Constant(_VF, None),
+                                             ir.Constant(ir.VectorType(_I32, 16), [0] * 16)), lanes)
+        splat_at = cgutils.alloca_once(builder, _VF)
+        builder.store(builder.load(lanes), splat_at)
+        whole = builder.udiv(n64, ir.Constant(_I64, 16))
+        with cgutils.for_range(builder, whole) as loop:
+            at = builder.add(so64, builder.mul(loop.index, ir.Constant(_I64, 16)))
+            v = builder.load(builder.bitcast(builder.gep(sp, [at]), _VF.as_pointer()), align=4)
+            builder.store(builder.call(vmax, [builder.load(lanes), v]), lanes)
+        # the last n % 16 as one masked load (the other lanes: src[so], already counted), not a
+        # scalar loop: LLVM's vectorizer asserts on a maxnum reduction loop
+        tail = builder.mul(whole, ir.Constant(_I64, 16))
+        rem = builder.trunc(builder.sub(n64, tail), _I32)
+        mask = builder.icmp_unsigned("<", ir.Constant(ir.VectorType(_I32, 16), list(range(16))),
+                                     builder.shuffle_vector(builder.insert_element(ir.Constant(ir.VectorType(_I32, 16), None), rem, ir.Constant(_I32, 0)),
+                                                            ir.Constant(ir.VectorType(_I32, 16), None),
+                                                            ir.Constant(ir.VectorType(_I32, 16), [0] * 16)))
+        mload = builder.module.declare_intrinsic(
+            "llvm.masked.load.v16f32.p0", fnty=ir.FunctionType(_VF, [_VF.as_pointer(), _I32, ir.VectorType(ir.IntType(1), 16), _VF]))
+        last = builder.call(mload, [builder.bitcast(builder.gep(sp, [builder.add(so64, tail)]), _VF.as_pointer()),
+                                    ir.Constant(_I32, 4), mask, builder.load(splat_at)])
+        return builder.call(red, [builder.call(vmax, [builder.load(lanes), last])])
 
     return sig, codegen
 

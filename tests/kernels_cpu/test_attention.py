@@ -44,9 +44,21 @@ def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: in
 @pytest.mark.parametrize(("window", "bs", "softcap"), [(0, 4, 0.0), (5, 4, 1.5), (0, 16, 1.5), (19, 16, 0.0)])
 def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int, softcap: float) -> None:
     """softcap 1.5 bites: the scores of these random queries reach several units."""
-    rng = np.random.default_rng(rep * 10 + window + bs)
+    check_paged(rep, dtype, window, bs, softcap, 32)
+
+
+@pytest.mark.parametrize(("hd", "dtype"), [(40, np.uint16), (80, np.int8), (112, np.float32)])
+def test_head_dims_past_whole_vector_slices(hd: int, dtype: type) -> None:
+    """Head dims that are not 4 x 16 lanes: the value sums' 2- and 1-slice tiles and the
+    dimensions after the last 16 (40 = 16 + 16 + 8, 80 = 64 + 16, 112 = 64 + 32 + 16)."""
+    check_paged(3, dtype, 0, 16, 0.0, hd)
+
+
+def check_paged(rep: int, dtype: type, window: int, bs: int, softcap: float, hd: int) -> None:
+    """Paged attention equals the dense reference, and each query alone gives the same bits."""
+    rng = np.random.default_rng(rep * 10 + window + bs + hd)
     cap = np.float32(softcap)
-    n_kv, hd = 2, 32
+    n_kv = 2
     lens = [1, 7, 13] if bs == 4 else [1, 23, 41]
     kc, ks, vc, vs, tables = build(rng, lens, n_kv, rep, hd, bs, dtype)
     # queries: the last 3 positions of sequence 2, the only position of 0, the last of 1
