@@ -108,6 +108,7 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--detail", action="store_true", help="matmuls split by the first weight's type and shape")
+    ap.add_argument("--streams", type=int, default=1, help="decode this many sequences at once (32-token prompts)")
     a = ap.parse_args()
     _DETAIL[0] = a.detail
 
@@ -119,7 +120,7 @@ def main() -> None:
     path = str(hub.resolve_model(a.model))
     out = []
     with LLM(path, n_threads=a.threads, max_num_batched_tokens=max(a.prompt, 256), enable_prefix_caching=False,
-             max_num_seqs=1) as llm:
+             max_num_seqs=a.streams) as llm:
         prompt = bench_prompt(llm.model_config.vocab_size, a.prompt, 42)
         llm.generate([prompt[:16]], SamplingParams(max_tokens=4, temperature=0.0))  # compile / warm up
         llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
@@ -130,11 +131,13 @@ def main() -> None:
         assert m is not None and m.first_token_time is not None and m.first_scheduled_time is not None
         out.append(_report(f"prefill {a.prompt}", m.first_token_time - m.first_scheduled_time, a.prompt))
         _reset()
-        r = llm.generate([prompt[:32]], SamplingParams(max_tokens=a.gen + 1, temperature=0.0, ignore_eos=True))
-        m = r[0].metrics
-        assert m is not None
-        # the 32-token prompt's prefill is in the counts too: a small share next to the decode steps
-        out.append(_report(f"decode {a.gen}", m.token_times[-1] - m.token_times[0], a.gen))
+        prompts = [bench_prompt(llm.model_config.vocab_size, 32, 43 + i) for i in range(a.streams)]
+        r = llm.generate(prompts, SamplingParams(max_tokens=a.gen + 1, temperature=0.0, ignore_eos=True))
+        times = [x.metrics.token_times for x in r if x.metrics is not None]
+        # the 32-token prompts' prefill is in the counts too: a small share next to the decode steps
+        wall = max(t[-1] for t in times) - max(t[0] for t in times)
+        label = f"decode {a.gen}" + (f" x {a.streams} streams" if a.streams > 1 else "")
+        out.append(_report(label, wall, a.gen * a.streams))
     if a.json:
         print(json.dumps({"model": a.model, "threads": a.threads, "runs": out}))
 

@@ -87,11 +87,13 @@ def quantize_rows_q8(x, xq4, xd, xsum):
 
 @kernel(inline=True)
 def _i8_tile(n, fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, t, k4, corr):
-    """All nb blocks of a group for the n tokens from t (2..3 padded to four by repeating the
+    """All nb blocks of a group for the n tokens from t (3 padded to four by repeating the
     last) through simd_tile.i8_blocks_tile, its literal format and mins chosen here."""
     ta, tb, tc, td = t, t + min(1, n - 1), t + min(2, n - 1), t + min(3, n - 1)
     if n == 1:
         _i8_tile_fmt(fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, ta, ta, ta, k4, corr, 1)
+    elif n == 2:  # a MoE step's expert with two pairs: no padded work
+        _i8_tile_fmt(fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tb, tb, k4, corr, 2)
     else:
         _i8_tile_fmt(fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, 4)
 
@@ -137,7 +139,7 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
         for g in range(g0, g1):
             t = c0
             while t < c1:
-                n = min(TOKEN_TILE, c1 - t)  # 2..3 tokens share a padded four-token tile
+                n = min(TOKEN_TILE, c1 - t)  # 3 tokens share a padded four-token tile
                 for u in range(n):
                     for ln in range(GROUP):
                         facc[u, ln] = 0.0

@@ -20,9 +20,11 @@ per 16 xs, sum per 32 xsum = xs_2b + xs_2b+1):
 A per-256 activation scale (llama.cpp's Q8_K, which would let the scales combine in integers)
 was tried first: on gemma3 it doubled the mean KL against exact math (0.0015 -> 0.0055). Every
 token runs the same sequence whatever the batch (four share each weight load in the GEMM path),
-so GEMV and GEMM rows are bit-identical and the thread count changes nothing. Two or three
-tokens left over share one four-token tile (the last repeated as padding, never written out):
-an expert of a batched step typically gets that many.
+so GEMV and GEMM rows are bit-identical and the thread count changes nothing. Three tokens
+left over share one four-token tile (the last repeated as padding, never written out); two
+have a tile of their own (an expert of a batched step typically gets that many). A row
+group's super-blocks are the outer loop over a token chunk's tiles: each one's scales are
+unpacked once for all of them, and its weights stay in L1 while every tile reads them.
 """
 
 from __future__ import annotations
@@ -39,11 +41,8 @@ from .simd_i8 import (
     GROUP,
     block_bytes,
     block_scales,
-    dot_tile,
-    dot_tile4,
     grid_stage,
     scale_accumulate,
-    scale_min_accumulate,
     staged_tile,
 )
 from .simd_k import imadd, imul_set, scale_rows, unpack_scales_q4k, widen_odd_nibbles, widen_scales
@@ -59,7 +58,7 @@ _SPLIT = tuple(f in SPLIT_FORMATS for f in range(max(GRIDS) + 1))
 def _tile_fmt(ntok, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s):
     """k_super_tile with its literal format and the mode it implies: bits 4, 5 (Q4_K, Q5_K:
     MODE_MIN), 6 (Q6_K: MODE_SPLIT), 2 (TQ1_0, TQ2_0: MODE_TQ), else IQ4_XS's table format
-    (MODE_SCALE); ntok: a literal 1 or 4 (inlined: it stays a literal)."""
+    (MODE_SCALE); ntok: a literal 1, 2 or 4 (inlined: it stays a literal)."""
     if bits == 4:
         k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_MIN, 4, ntok)
     elif bits == 5:
@@ -75,12 +74,39 @@ def _tile_fmt(ntok, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc
 
 @kernel(inline=True)
 def _super_tile(n, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s):
-    """Super-block s of the tile of n tokens from t (2..3 padded to four by repeating the last)."""
+    """Super-block s of the tile of n tokens from t (3 padded to four by repeating the last)."""
     ta, tb, tc, td = t, t + min(1, n - 1), t + min(2, n - 1), t + min(3, n - 1)
     if n == 1:
         _tile_fmt(1, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s)
+    elif n == 2:  # a MoE step's expert with two pairs: no padded work
+        _tile_fmt(2, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tb, tb, k4, nxd, nxs, s)
     else:
         _tile_fmt(4, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s)
+
+
+@kernel(inline=True)
+def _super_scales(q6, grid, half16, iq4, tq, w16, wflat, base, dfac, dtmp, mtmp, isc, imn, ds, ms):
+    """The scales of the super-block record at byte base, unpacked for its 16 rows: dtmp (d),
+    and by type isc (int scales), ds / ms (float scales and negated mins per block), mtmp."""
+    block_scales(w16, base // 2, dtmp)
+    if q6:
+        widen_scales(isc, wflat, base + 32, 16)
+    elif grid:
+        for ln in range(GROUP):
+            dtmp[ln] = dtmp[ln] * dfac
+        if half16:
+            widen_odd_nibbles(isc, wflat, base + 32, 16)
+        else:
+            widen_odd_nibbles(isc, wflat, base + 32, 8)
+            scale_rows(ds, isc, 8, dtmp, False)
+    elif iq4:
+        widen_scales(isc, wflat, base + 32, 8)
+        scale_rows(ds, isc, 8, dtmp, False)
+    elif not tq:
+        block_scales(w16, base // 2 + GROUP, mtmp)
+        unpack_scales_q4k(isc, imn, wflat, base + 64)
+        scale_rows(ds, isc, 8, dtmp, False)
+        scale_rows(ms, imn, 8, mtmp, True)
 
 
 @kernel
@@ -88,7 +114,8 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
               ms, stage):
     """Row groups g0..g1-1 of one K-quant matrix for every token (see matmul_k_kernel). Scratch
     of the calling thread: iacc int32 [2 * TOKEN_TILE * GROUP]; isc, imn int32 [16 * GROUP];
-    ai int32 and facc float32 [TOKEN_TILE * GROUP]; dtmp, mtmp float32 [GROUP]; ds, ms float32
+    ai int32 [TOKEN_TILE * GROUP]; facc float32 [(a token chunk's tokens + TOKEN_TILE) *
+    GROUP]; dtmp, mtmp float32 [GROUP]; ds, ms float32
     [8 * GROUP]; stage uint8 (a grid format's blocks as 8-bit codes: 512 bytes, or S * 8 * 512 for
     a GEMM's whole group) or empty."""
     T, R = out.shape
@@ -110,67 +137,52 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
     for c0 in range(0, T, chunk):  # tokens in chunks whose activations stay in L2 over all the groups
         c1 = min(T, c0 + chunk)
         for g in range(g0, g1):
-            staged = grid and c1 - c0 > TOKEN_TILE  # a GEMM: the group's grid blocks decoded once for the chunk
+            if not grid:  # super-blocks outermost: each one's scales unpacked once for all the chunk's tiles
+                for i in range((c1 - c0) * GROUP):
+                    facc[i] = 0.0
+                for s in range(S):
+                    base = (g * S + s) * B
+                    _super_scales(q6, False, False, iq4, tq, w16, wflat, base, dfac, dtmp, mtmp, isc, imn, ds, ms)
+                    t = c0
+                    while t < c1:  # one IR sequence per tile and super-block, accumulators in registers
+                        n = min(TOKEN_TILE, c1 - t)  # tokens of this tile: 3 share a padded four-token tile
+                        _super_tile(n, bits, facc[(t - c0) * GROUP :], wflat, base + head, xflat, xdf, xsf, ds, ms,
+                                    dtmp, isc, t, k4, xd.shape[1], xs16.shape[1], s)
+                        t += n
+                for u in range(c1 - c0):
+                    for ln in range(min(GROUP, R - g * GROUP)):
+                        out[c0 + u, g * GROUP + ln] = facc[u * GROUP + ln]
+                continue
+            # the grid types: codebook codes staged as 8-bit codes, a block at a time, or a GEMM's
+            # whole group at its first tile
+            staged = c1 - c0 > TOKEN_TILE
             t = c0
             while t < c1:
-                n = min(TOKEN_TILE, c1 - t)  # tokens of this tile: 2..3 share a padded four-token tile
+                n = min(TOKEN_TILE, c1 - t)
                 for i in range(n * GROUP):
                     facc[i] = 0.0
                 for s in range(S):
                     base = (g * S + s) * B
-                    block_scales(w16, base // 2, dtmp)
-                    if q6:
-                        widen_scales(isc, wflat, base + 32, 16)
-                    elif grid:
-                        for ln in range(GROUP):
-                            dtmp[ln] = dtmp[ln] * dfac
-                        if half16:
-                            widen_odd_nibbles(isc, wflat, base + 32, 16)
-                        else:
-                            widen_odd_nibbles(isc, wflat, base + 32, 8)
-                            scale_rows(ds, isc, 8, dtmp, False)
-                    elif iq4:
-                        widen_scales(isc, wflat, base + 32, 8)
-                        scale_rows(ds, isc, 8, dtmp, False)
-                    elif not tq:
-                        block_scales(w16, base // 2 + GROUP, mtmp)
-                        unpack_scales_q4k(isc, imn, wflat, base + 64)
-                        scale_rows(ds, isc, 8, dtmp, False)
-                        scale_rows(ms, imn, 8, mtmp, True)
-                    if not grid:  # one IR sequence for the super-block, accumulators in registers
-                        _super_tile(n, bits, facc, wflat, base + head, xflat, xdf, xsf, ds, ms, dtmp, isc,
-                                    t, k4, xd.shape[1], xs16.shape[1], s)
-                        continue
+                    _super_scales(q6, grid, half16, iq4, tq, w16, wflat, base, dfac, dtmp, mtmp, isc, imn, ds, ms)
                     for b in range(8):
                         wo = base + head + b * blk
                         x0 = t * k4 + s * 64 + b * 8
-                        if grid:  # staged as 8-bit codes: a block at a time, or a GEMM's whole group at its first tile
-                            so = 512 * (s * 8 + b) if staged else 0
-                            if not staged or t == c0:
-                                grid_stage(bits, stage, so, wflat, wo)
-                            staged_tile(n, half16, iacc, stage, so, xflat, x0, k4)
-                        elif n > 1:
-                            dot_tile4(bits, iacc, wflat, wo, xflat, x0, x0 + k4, x0 + min(2, n - 1) * k4,
-                                      x0 + min(3, n - 1) * k4)
-                        else:
-                            dot_tile(1, bits, iacc, wflat, wo, xflat, x0, k4)
+                        so = 512 * (s * 8 + b) if staged else 0
+                        if not staged or t == c0:
+                            grid_stage(bits, stage, so, wflat, wo)
+                        staged_tile(n, half16, iacc, stage, so, xflat, x0, k4)
                         blk32 = s * 8 + b
                         for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
                             dx = xd[t + u, blk32]
                             lo, hi = xs16[t + u, 2 * blk32], xs16[t + u, 2 * blk32 + 1]
-                            if q6 or half16:  # codes less 32 (Q6_K) or the offset, with the scales per 16, in int32
-                                off = np.int32(32) if q6 else np.int32(TABLE_OFFSET)
+                            if half16:  # less the table offset, with the scales per 16, in int32
+                                off = np.int32(TABLE_OFFSET)
                                 imul_set(ai, u * GROUP, iacc, 2 * u * GROUP, isc, 2 * b * GROUP, off * lo)
                                 imadd(ai, u * GROUP, iacc, (2 * u + 1) * GROUP, isc, (2 * b + 1) * GROUP, off * hi)
                                 scale_accumulate(facc, u * GROUP, ai, u * GROUP, np.int32(0), dtmp, 0, dx)
-                            elif tq:
-                                scale_accumulate(facc, u * GROUP, iacc, u * GROUP, lo + hi, dtmp, 0, dx)
-                            elif iq4 or grid:
+                            else:
                                 scale_accumulate(facc, u * GROUP, iacc, u * GROUP, np.int32(TABLE_OFFSET) * (lo + hi), ds,
                                                  b * GROUP, dx)
-                            else:
-                                scale_min_accumulate(facc, u * GROUP, iacc, u * GROUP, np.int32(0), ds, b * GROUP, dx,
-                                                     ms, dx * np.float32(lo + hi))
                 for u in range(n):
                     for ln in range(min(GROUP, R - g * GROUP)):
                         out[t + u, g * GROUP + ln] = facc[u * GROUP + ln]
@@ -185,7 +197,8 @@ def _k_range(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1):
     isc = np.empty(16 * GROUP, np.int32)
     imn = np.empty(16 * GROUP, np.int32)
     ai = np.empty(TOKEN_TILE * GROUP, np.int32)
-    facc = np.empty(TOKEN_TILE * GROUP, np.float32)
+    # a chunk's tokens and a padded last tile's (a four-token tile writes four rows)
+    facc = np.empty((min(xq4.shape[0], token_chunk(xq4.shape[1] * 4)) + TOKEN_TILE) * GROUP, np.float32)
     dtmp = np.empty(GROUP, np.float32)
     mtmp = np.empty(GROUP, np.float32)
     ds = np.empty(8 * GROUP, np.float32)

@@ -56,7 +56,7 @@ def _block_term(builder, isum, dvec, dx, mvec=None, count=None):
 @intrinsic
 def k_super_tile(typingctx, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, mode, bits,
                  ntok):
-    """facc[16 u + l] += super-block s's contribution for token u < ntok (a literal: 1 or 4) at
+    """facc[16 u + l] += super-block s's contribution for token u < ntok (a literal: 1, 2 or 4) at
     row lane l. w: uint8, the group's super-block record at w[wo...] after its header (8 blocks
     of format bits, a literal); x4: int32 flat activations, token t's quads at t * k4; xd:
     float32 flat, t's block scales at t * nxd; xs: int32 flat, t's sums per 16 at t * nxs;
@@ -124,7 +124,7 @@ def k_super_tile(typingctx, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, 
 @intrinsic
 def i8_blocks_tile(typingctx, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, with_min, fmt, ntok):
     """The int8 kernel's (kernels_cpu.matmul_i8) blocks 0..nb - 1 (all of them) of a 16-row group for token
-    u < ntok (a literal: 1 or 4), added to facc[16 u + l] as that kernel's per-block epilogue
+    u < ntok (a literal: 1, 2 or 4), added to facc[16 u + l] as that kernel's per-block epilogue
     does, in the same operations and order, block by block:
         acc += float(dot - corr * xs) * (d * dx) [+ m * (dx * float(xs))]
     w: uint8, block b at w[wo + b * BLOCK_BYTES[fmt]] (fmt a literal); wd, wm: uint16 f16 bits,

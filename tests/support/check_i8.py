@@ -35,7 +35,7 @@ def run(prep: tuple, rows: int, threads: int, t: slice | None = None) -> np.ndar
 def check_i8(rng: np.random.Generator) -> None:
     """Per format: bit-exact against the NumPy twin of the integer arithmetic, close to the
     float64 product of the dequantized weights, and batch/thread invariant."""
-    rows, k, n = 37, 96, 6  # rows not a multiple of the 16-row group; 6 tokens: a tile of 4 + a padded tile of 2
+    rows, k, n = 37, 96, 7  # rows not a multiple of the 16-row group; 7 tokens: a tile of 4 + a padded tile of 3
     for qtype in I8_TYPES:
         w = random_rows(qtype, rows, k, rng, edge=qtype == dq.Q8_0)
         x = rng.standard_normal((n, k)).astype(np.float32)
@@ -53,8 +53,8 @@ def check_i8(rng: np.random.Generator) -> None:
         scale = np.abs(xdeq) @ np.abs(dense).T
         assert np.all(np.abs(got - xdeq @ dense.T) <= 1e-5 * scale + 1e-6), qtype
         assert np.all(got[1] == 0.0)
-        for t0 in (0, 3):  # three tokens (a padded four-token tile) give the same rows
-            np.testing.assert_array_equal(run(prep, rows, 2, slice(t0, t0 + 3)), got[t0 : t0 + 3])
+        for t0, m in ((0, 3), (3, 3), (0, 2), (1, 6)):  # tiles of 3 (padded to four), of 2, of 4 + 2
+            np.testing.assert_array_equal(run(prep, rows, 2, slice(t0, t0 + m)), got[t0 : t0 + m])
         for t in range(n):  # a token alone, with 1 or 3 threads, gives the identical row
             np.testing.assert_array_equal(run(prep, rows, 1, slice(t, t + 1))[0], got[t])
             np.testing.assert_array_equal(run(prep, rows, 3, slice(t, t + 1))[0], got[t])

@@ -37,7 +37,7 @@ def check_k(rng: np.random.Generator) -> None:
     reference dequantizer's values, the kernel equals the NumPy twin bit for bit, is close to
     the float64 product, and is batch and thread invariant; the fused three-matrix launch gives
     the same bits."""
-    rows, k, n = 37, 512, 6  # rows not a multiple of 16; 2 super-blocks; 6 tokens: a tile of 4 + a padded tile of 2
+    rows, k, n = 37, 512, 7  # rows not a multiple of 16; 2 super-blocks; 7 tokens: a tile of 4 + a padded tile of 3
     x = rng.standard_normal((n, k)).astype(np.float32)
     x[1] = 0.0  # an all-zero token: scale 0
     x[2, :256] *= 50.0  # super-blocks of very different ranges
@@ -76,8 +76,8 @@ def check_k(rng: np.random.Generator) -> None:
         bound = np.abs(xdeq) @ np.abs(dense).T
         assert np.all(np.abs(got - xdeq @ dense.T) <= 1e-5 * bound + 1e-6), qtype
         assert np.all(got[1] == 0.0)
-        for t0 in (0, 3):  # three tokens (a padded four-token tile) give the same rows
-            np.testing.assert_array_equal(run(kw, act, rows, 2, slice(t0, t0 + 3)), got[t0 : t0 + 3])
+        for t0, m in ((0, 3), (3, 3), (0, 2), (1, 6)):  # tiles of 3 (padded to four), of 2, of 4 + 2
+            np.testing.assert_array_equal(run(kw, act, rows, 2, slice(t0, t0 + m)), got[t0 : t0 + m])
         for t in range(n):  # a token alone, with 1 or 3 threads, gives the identical row
             np.testing.assert_array_equal(run(kw, act, rows, 1, slice(t, t + 1))[0], got[t])
             np.testing.assert_array_equal(run(kw, act, rows, 3, slice(t, t + 1))[0], got[t])
