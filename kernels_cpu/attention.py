@@ -69,39 +69,46 @@ def _store_impl(key: bool) -> Callable[..., Any]:
         if isinstance(dt, types.Integer) and dt.bitwidth == 8:
             def q8(src, i, g, cache, scale, blk, off, hd):
                 # q8_0-style: one float32 scale per (token, head), values rounded to int8
+                sr = src[i, g * hd : g * hd + hd]  # views, loops from 0: no index wrapping
                 amax = np.float32(0.0)
                 for d in range(hd):
-                    amax = max(amax, abs(src[i, g * hd + d]))
+                    amax = max(amax, abs(sr[d]))
                 s = amax / np.float32(127.0)
                 inv = np.float32(0.0) if s == 0 else np.float32(1.0) / s
                 if key:  # the K pool's scales are transposed as its blocks: [block, head, offset]
                     scale[blk, g, off] = s
+                    kc = cache[blk, g]
+                    for d in range(hd):
+                        kc[d, off] = np.int8(np.rint(sr[d] * inv))
                 else:
                     scale[blk, off, g] = s
-                for d in range(hd):
-                    c = np.int8(np.rint(src[i, g * hd + d] * inv))
-                    if key:
-                        cache[blk, g, d, off] = c
-                    else:
-                        cache[blk, off, g, d] = c
+                    vr = cache[blk, off, g]
+                    for d in range(hd):
+                        vr[d] = np.int8(np.rint(sr[d] * inv))
             return q8
         if isinstance(dt, types.Integer) and dt.bitwidth == 16:
             def f16(src, i, g, cache, scale, blk, off, hd):
-                for d in range(hd):
-                    c = f32_to_f16(src[i, g * hd + d])
-                    if key:
-                        cache[blk, g, d, off] = c
-                    else:
-                        cache[blk, off, g, d] = c
+                sr = src[i, g * hd : g * hd + hd]  # views, loops from 0: no index wrapping
+                if key:  # a column of the transposed block
+                    kc = cache[blk, g]
+                    for d in range(hd):
+                        kc[d, off] = f32_to_f16(sr[d])
+                else:
+                    vr = cache[blk, off, g]
+                    for d in range(hd):
+                        vr[d] = f32_to_f16(sr[d])
             return f16
         if isinstance(dt, types.Float):
             def f32(src, i, g, cache, scale, blk, off, hd):
-                for d in range(hd):
-                    c = src[i, g * hd + d]
-                    if key:
-                        cache[blk, g, d, off] = c
-                    else:
-                        cache[blk, off, g, d] = c
+                sr = src[i, g * hd : g * hd + hd]
+                if key:
+                    kc = cache[blk, g]
+                    for d in range(hd):
+                        kc[d, off] = sr[d]
+                else:
+                    vr = cache[blk, off, g]
+                    for d in range(hd):
+                        vr[d] = sr[d]
             return f32
         return None
 
@@ -132,13 +139,14 @@ def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):
 @kernel(inline=True)
 def _norm_span(x, t, o, n, norm_w, eps):
     """RMSNorm of x[t, o:o+n] in place (a sum of squares in float64), times norm_w [n]."""
+    xr = x[t, o : o + n]  # a view, loops from 0: contiguous, no index wrapping
     s = 0.0
     for d in range(n):
-        v = np.float64(x[t, o + d])
+        v = np.float64(xr[d])
         s += v * v
     sc = np.float32(1.0 / np.sqrt(s / n + eps))
     for d in range(n):
-        x[t, o + d] = np.float32(x[t, o + d] * sc) * norm_w[d]
+        xr[d] = np.float32(xr[d] * sc) * norm_w[d]
 
 
 @kernel(inline=True)
@@ -147,15 +155,18 @@ def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps):
     if has_norm:
         _norm_span(x, t, o, hd, norm_w, eps)
     half = n_rot // 2
-    for i in range(half):
-        if neox:
-            a, b = o + i, o + i + half
-        else:
-            a, b = o + 2 * i, o + 2 * i + 1
-        x0 = x[t, a]
-        x1 = x[t, b]
-        x[t, a] = x0 * cos[i] - x1 * sin[i]
-        x[t, b] = x0 * sin[i] + x1 * cos[i]
+    if neox:  # pairs (i, i + half): two contiguous views, a loop that vectorizes
+        xa, xb = x[t, o : o + half], x[t, o + half : o + n_rot]
+        for i in range(half):
+            x0, x1 = xa[i], xb[i]
+            xa[i] = x0 * cos[i] - x1 * sin[i]
+            xb[i] = x0 * sin[i] + x1 * cos[i]
+    else:  # pairs (2i, 2i + 1)
+        xr = x[t, o : o + n_rot]
+        for i in range(half):
+            x0, x1 = xr[2 * i], xr[2 * i + 1]
+            xr[2 * i] = x0 * cos[i] - x1 * sin[i]
+            xr[2 * i + 1] = x0 * sin[i] + x1 * cos[i]
 
 
 @kernel(inline=True)
@@ -168,11 +179,12 @@ def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv
     has_bias, has_norm = bq.shape[0] > 0, q_norm.shape[0] > 0 and not full_norm
     bs = v_cache.shape[1]
     if has_bias:
+        qr, kr, vr = q[t], k[t], v[t]  # row views: loops from 0, no index wrapping
         for c in range(q.shape[1]):
-            q[t, c] += bq[c]
+            qr[c] += bq[c]
         for c in range(k.shape[1]):
-            k[t, c] += bk[c]
-            v[t, c] += bv[c]
+            kr[c] += bk[c]
+            vr[c] += bv[c]
     if full_norm:
         _norm_span(q, t, 0, q.shape[1], q_norm, eps)
         _norm_span(k, t, 0, k.shape[1], k_norm, eps)
