@@ -21,6 +21,17 @@ _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF = ir.VectorType(_F32, 16)
 
 
+def _vptr(builder, base, off):
+    """A <16 x float>* at base[off]."""
+    return builder.bitcast(builder.gep(base, [off]), _VF.as_pointer())
+
+
+def _broadcast(builder, base, off):
+    """base[off] (float32) in all 16 lanes."""
+    x = builder.insert_element(ir.Constant(_VF, None), builder.load(builder.gep(base, [off])), ir.Constant(_I32, 0))
+    return builder.shuffle_vector(x, ir.Constant(_VF, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+
+
 @intrinsic
 def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows, nch):
     """For r < nrows (a literal, 1..8), chunks h < nch (a literal, 1 or 2) of 16 keys:
@@ -43,9 +54,6 @@ def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows, nch)
         def i64(k):
             return context.cast(builder, args[k], signature.args[k], types.int64)
 
-        def vptr(base, off):
-            return builder.bitcast(builder.gep(base, [off]), _VF.as_pointer())
-
         scp, qp, ktp, vsp = data(0), data(3), data(6), data(8)
         so64, ss64, qo64, qs64, hd64 = i64(1), i64(2), i64(4), i64(5), i64(7)
         fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))
@@ -58,19 +66,17 @@ def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows, nch)
         with cgutils.for_range(builder, hd64) as loop:
             d = loop.index
             at = builder.mul(d, ir.Constant(_I64, 16))
-            kv = [builder.load(vptr(ktp, builder.add(at, builder.mul(kstride, ir.Constant(_I64, h)))), align=4)
+            kv = [builder.load(_vptr(builder, ktp, builder.add(at, builder.mul(kstride, ir.Constant(_I64, h)))), align=4)
                   for h in range(m)]
             for r in range(n):
-                x = builder.load(builder.gep(qp, [builder.add(qrow[r], d)]))
-                xv = builder.insert_element(ir.Constant(_VF, None), x, ir.Constant(_I32, 0))
-                xv = builder.shuffle_vector(xv, ir.Constant(_VF, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+                xv = _broadcast(builder, qp, builder.add(qrow[r], d))
                 for h in range(m):
                     builder.store(builder.call(fma, [xv, kv[h], builder.load(slots[r][h])]), slots[r][h])
         for h in range(m):
-            scale = builder.load(vptr(vsp, ir.Constant(_I64, 16 * h)), align=4)
+            scale = builder.load(_vptr(builder, vsp, ir.Constant(_I64, 16 * h)), align=4)
             for r in range(n):
                 at = builder.add(builder.add(so64, builder.mul(ir.Constant(_I64, r), ss64)), ir.Constant(_I64, 16 * h))
-                builder.store(builder.fmul(builder.load(slots[r][h]), scale), vptr(scp, at), align=4)
+                builder.store(builder.fmul(builder.load(slots[r][h]), scale), _vptr(builder, scp, at), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -100,29 +106,24 @@ def pv_lanes(typingctx, acc, ao, astride, w, wo, wstride, vt, vo, vstride, nkeys
         ao64, as64, wo64, ws64, vo64, vs64, nk64 = (i64(k) for k in (1, 2, 4, 5, 7, 8, 9))
         fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))
 
-        def vptr(base, off):
-            return builder.bitcast(builder.gep(base, [off]), _VF.as_pointer())
-
         at = [[builder.add(builder.add(ao64, builder.mul(ir.Constant(_I64, r), as64)), ir.Constant(_I64, 16 * k))
                for k in range(m)] for r in range(n)]
         slots = [[cgutils.alloca_once(builder, _VF) for _ in range(m)] for _ in range(n)]  # registers after mem2reg
         for r in range(n):
             for k in range(m):
-                builder.store(builder.load(vptr(accp, at[r][k]), align=4), slots[r][k])
+                builder.store(builder.load(_vptr(builder, accp, at[r][k]), align=4), slots[r][k])
         wrow = [builder.add(wo64, builder.mul(ir.Constant(_I64, r), ws64)) for r in range(n)]
         with cgutils.for_range(builder, nk64) as loop:
             j = loop.index
             vrow = builder.add(vo64, builder.mul(j, vs64))
-            vv = [builder.load(vptr(vtp, builder.add(vrow, ir.Constant(_I64, 16 * k))), align=4) for k in range(m)]
+            vv = [builder.load(_vptr(builder, vtp, builder.add(vrow, ir.Constant(_I64, 16 * k))), align=4) for k in range(m)]
             for r in range(n):
-                x = builder.load(builder.gep(wp, [builder.add(wrow[r], j)]))
-                xv = builder.insert_element(ir.Constant(_VF, None), x, ir.Constant(_I32, 0))
-                xv = builder.shuffle_vector(xv, ir.Constant(_VF, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+                xv = _broadcast(builder, wp, builder.add(wrow[r], j))
                 for k in range(m):
                     builder.store(builder.call(fma, [xv, vv[k], builder.load(slots[r][k])]), slots[r][k])
         for r in range(n):
             for k in range(m):
-                builder.store(builder.load(slots[r][k]), vptr(accp, at[r][k]), align=4)
+                builder.store(builder.load(slots[r][k]), _vptr(builder, accp, at[r][k]), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -141,30 +142,23 @@ def row_max(typingctx, src, so, n):
         so64, n64 = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2))
         vmax = builder.module.declare_intrinsic("llvm.maxnum.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF]))
         red = builder.module.declare_intrinsic("llvm.vector.reduce.fmax.v16f32", fnty=ir.FunctionType(_F32, [_VF]))
-        first = builder.load(builder.gep(sp, [so64]))
+        splat = _broadcast(builder, sp, so64)  # src[so] in every lane: neutral for the maximum
         lanes = cgutils.alloca_once(builder, _VF)
-        splat = builder.insert_element(ir.Constant(_VF, None), first, ir.Constant(_I32, 0))
-        builder.store(builder.shuffle_vector(splat, ir.Constant(_VF, None),
-                                             ir.Constant(ir.VectorType(_I32, 16), [0] * 16)), lanes)
-        splat_at = cgutils.alloca_once(builder, _VF)
-        builder.store(builder.load(lanes), splat_at)
+        builder.store(splat, lanes)
         whole = builder.udiv(n64, ir.Constant(_I64, 16))
         with cgutils.for_range(builder, whole) as loop:
-            at = builder.add(so64, builder.mul(loop.index, ir.Constant(_I64, 16)))
-            v = builder.load(builder.bitcast(builder.gep(sp, [at]), _VF.as_pointer()), align=4)
+            v = builder.load(_vptr(builder, sp, builder.add(so64, builder.mul(loop.index, ir.Constant(_I64, 16)))), align=4)
             builder.store(builder.call(vmax, [builder.load(lanes), v]), lanes)
         # the last n % 16 as one masked load (the other lanes: src[so], already counted), not a
         # scalar loop: LLVM's vectorizer asserts on a maxnum reduction loop
         tail = builder.mul(whole, ir.Constant(_I64, 16))
-        rem = builder.trunc(builder.sub(n64, tail), _I32)
-        mask = builder.icmp_unsigned("<", ir.Constant(ir.VectorType(_I32, 16), list(range(16))),
-                                     builder.shuffle_vector(builder.insert_element(ir.Constant(ir.VectorType(_I32, 16), None), rem, ir.Constant(_I32, 0)),
-                                                            ir.Constant(ir.VectorType(_I32, 16), None),
-                                                            ir.Constant(ir.VectorType(_I32, 16), [0] * 16)))
+        vi = ir.VectorType(_I32, 16)
+        rem = builder.insert_element(ir.Constant(vi, None), builder.trunc(builder.sub(n64, tail), _I32), ir.Constant(_I32, 0))
+        rem = builder.shuffle_vector(rem, ir.Constant(vi, None), ir.Constant(vi, [0] * 16))
+        mask = builder.icmp_unsigned("<", ir.Constant(vi, list(range(16))), rem)
         mload = builder.module.declare_intrinsic(
             "llvm.masked.load.v16f32.p0", fnty=ir.FunctionType(_VF, [_VF.as_pointer(), _I32, ir.VectorType(ir.IntType(1), 16), _VF]))
-        last = builder.call(mload, [builder.bitcast(builder.gep(sp, [builder.add(so64, tail)]), _VF.as_pointer()),
-                                    ir.Constant(_I32, 4), mask, builder.load(splat_at)])
+        last = builder.call(mload, [_vptr(builder, sp, builder.add(so64, tail)), ir.Constant(_I32, 4), mask, splat])
         return builder.call(red, [builder.call(vmax, [builder.load(lanes), last])])
 
     return sig, codegen
