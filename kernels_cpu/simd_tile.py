@@ -9,8 +9,8 @@ whether this tile or the per-block path computed it, nor on the batch.
 
 Modes (the epilogue of each block b, for token u with scale dx, sums per 16 lo, hi):
     MODE_MIN   (Q4_K, Q5_K): acc += float(dot) * (ds_b * dx) + ms_b * (dx * float(lo + hi))
-    MODE_SPLIT (Q6_K): isum = isc_2b * (dot_lo - 32 lo) + isc_2b+1 * (dot_hi - 32 hi) (int32);
-               acc += float(isum) * (d * dx)
+    MODE_SPLIT (Q6_K): isum = isc_2b * (dot_lo - 32 lo) + isc_2b+1 * (dot_hi - 32 hi) (exact:
+               in float, every value an integer below 2^24); acc += float(isum) * (d * dx)
     MODE_SCALE (IQ4_XS): acc += float(dot - TABLE_OFFSET * (lo + hi)) * (ds_b * dx)
     MODE_TQ    (TQ1_0, TQ2_0): acc += float(dot - (lo + hi)) * (d * dx)
 """
@@ -45,8 +45,9 @@ def _c64(v: int) -> ir.Constant:
 def _block_term(builder, isum, dvec, dx, mvec=None, count=None):
     """The one float sequence of a block's contribution to a token's 16 row lanes (the K and
     int8 kernels alike): float(isum) * (d * dx), plus m * (dx * float(count)) with mins; fmul,
-    fmul[, fmul, fmul, fadd], never fused."""
-    term = builder.fmul(builder.sitofp(isum, _VF), builder.fmul(dvec, _splat(builder, dx, _VF)))
+    fmul[, fmul, fmul, fadd], never fused. isum: <16 x i32>, or its exact float value."""
+    fsum = isum if isum.type == _VF else builder.sitofp(isum, _VF)
+    term = builder.fmul(fsum, builder.fmul(dvec, _splat(builder, dx, _VF)))
     if mvec is not None:
         mx = builder.fmul(dx, builder.sitofp(count, _F32))
         term = builder.fadd(term, builder.fmul(mvec, _splat(builder, mx, _VF)))
@@ -88,21 +89,25 @@ def k_super_tile(typingctx, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, 
         acc = [_vec_at(builder, fp, _c64(16 * u), _VF) for u in range(n)]
         dvec = _vec_at(builder, dtp, _c64(0), _VF) if md in (MODE_SPLIT, MODE_TQ) else None
         split = md == MODE_SPLIT
+        fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))
         for b in range(8):
             wb = builder.gep(wbase, [_c64(b * BLOCK_BYTES[fmt])])
             xoffs = [builder.add(r, _c64(8 * b)) for r in xrow]
             sums = dot_block_ir(builder, wb, xp, xoffs, HAS_VNNI, fmt, split, HAS_SDOT, HAS_AVX2_DOT)
+            if split:  # Q6_K's scales per 16 as floats, once for the tile's tokens
+                s_lo = builder.sitofp(_vec_at(builder, iscp, _c64(32 * b), _VI), _VF)
+                s_hi = builder.sitofp(_vec_at(builder, iscp, _c64(32 * b + 16), _VI), _VF)
             for u in range(n):
                 dx = builder.load(builder.gep(xdp, [builder.add(drow[u], _c64(b))]))
                 lo = builder.load(builder.gep(xsp, [builder.add(srow[u], _c64(2 * b))]))
                 hi = builder.load(builder.gep(xsp, [builder.add(srow[u], _c64(2 * b + 1))]))
-                if split:  # Q6_K: the codes' offset 32 and the scales per 16, in exact int32
+                if split:  # Q6_K: isum = sc_lo * (dot_lo - 32 lo) + sc_hi * (dot_hi - 32 hi), computed in
+                    # float but exact: |dot - 32 xs| <= 16 * 32 * 127 and |sc| <= 128, so each product
+                    # and the sum stay below 2^24 (float(isum) to the bit, without vpmulld's two uops)
                     off = ir.Constant(_I32, 32)
-                    s_lo = _vec_at(builder, iscp, _c64(32 * b), _VI)
-                    s_hi = _vec_at(builder, iscp, _c64(32 * b + 16), _VI)
-                    a_lo = builder.mul(builder.sub(sums[2 * u], _splat(builder, builder.mul(off, lo), _VI)), s_lo)
-                    a_hi = builder.mul(builder.sub(sums[2 * u + 1], _splat(builder, builder.mul(off, hi), _VI)), s_hi)
-                    term = _block_term(builder, builder.add(a_lo, a_hi), dvec, dx)
+                    a_lo = builder.sitofp(builder.sub(sums[2 * u], _splat(builder, builder.mul(off, lo), _VI)), _VF)
+                    a_hi = builder.sitofp(builder.sub(sums[2 * u + 1], _splat(builder, builder.mul(off, hi), _VI)), _VF)
+                    term = _block_term(builder, builder.call(fma, [a_lo, s_lo, builder.fmul(a_hi, s_hi)]), dvec, dx)
                 elif md == MODE_TQ:
                     term = _block_term(builder, builder.sub(sums[u], _splat(builder, builder.add(lo, hi), _VI)), dvec, dx)
                 else:

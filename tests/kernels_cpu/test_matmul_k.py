@@ -36,3 +36,28 @@ def test_real_k_quant_tensors_bit_exact_with_twin(qwen2_path) -> None:  # type: 
             xq = act[0].view(np.int8).reshape(5, -1)
             np.testing.assert_array_equal(got, ref.matmul_k(xq, act[1], act[2], w, qtype), err_msg=name)
     assert dq.Q4_K in seen or dq.Q6_K in seen, seen
+
+
+def test_q6_k_extreme_block_sums_stay_exact() -> None:
+    """Q6_K's per-16 scale products run in float (kernels_cpu.simd_tile, MODE_SPLIT): exact only
+    while every sum stays below 2^24. The worst case — codes 0 (q - 32 = -32), scales -128,
+    activations all at +/-127 — reaches 2 * 16 * 32 * 127 * 128 = 16,646,144 per block; the
+    kernel must still equal the integer twin bit for bit, for 1, 2 and 4 tokens."""
+    rows, k = 16, 256
+    block = np.zeros(210, np.uint8)  # ql[128] = 0, qh[64] = 0: every code 0
+    block[192:208] = np.uint8(0x80)  # the 16 scales: int8 -128
+    block[208:210] = np.array([1.0], np.float16).view(np.uint8)  # d
+    w = np.tile(block, (rows, 1))
+    w[1::2, 0:128] = 0xFF  # odd rows: codes 63 (q - 32 = 31) in their low four bits ...
+    w[1::2, 128:192] = 0xFF  # ... and high two
+    x = np.ones((4, k), np.float32)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    act = quantize(x)
+    assert np.abs(act[0].view(np.int8)).max() == 127
+    xq = act[0].view(np.int8).reshape(4, -1)
+    want = ref.matmul_k(xq, act[1], act[2], w, dq.Q6_K)
+    kw = repack_k(w, dq.Q6_K, rows, k)
+    for t in (slice(0, 1), slice(0, 2), slice(0, 4)):
+        np.testing.assert_array_equal(run(kw, act, rows, 1, t), want[t])
+    assert np.abs(want[:2]).max() >= 16_000_000 * act[1].max()  # the bound was reached
