@@ -77,26 +77,38 @@ def _key_chunk(k_cache, kflat, k_scale, quant, blk, g, c0, cw, scale, kt, ks):
 @kernel(inline=True)
 def _value_slices(accf, a0, scf, w0, width, kvf, v0, hd, nk, nrow, nsl):
     """pv_lanes over nrow rows (1, 2 or 4) and nsl 16-lane slices (1, 2 or 4), as literals."""
-    if nsl == 4:
-        if nrow == 4:
-            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 4, 4)
-        elif nrow == 2:
-            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 2, 4)
-        else:
-            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 1, 4)
-    elif nsl == 2:
-        if nrow == 4:
-            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 4, 2)
-        elif nrow == 2:
-            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 2, 2)
-        else:
-            pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 1, 2)
-    elif nrow == 4:
-        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 4, 1)
+    if nrow == 4:
+        _value_slices_of(accf, a0, scf, w0, width, kvf, v0, hd, nk, 4, nsl)
     elif nrow == 2:
-        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 2, 1)
+        _value_slices_of(accf, a0, scf, w0, width, kvf, v0, hd, nk, 2, nsl)
     else:
-        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, 1, 1)
+        _value_slices_of(accf, a0, scf, w0, width, kvf, v0, hd, nk, 1, nsl)
+
+
+@kernel(inline=True)
+def _value_slices_of(accf, a0, scf, w0, width, kvf, v0, hd, nk, nrow, nsl):
+    """_value_slices once nrow is a literal (inlined: it stays one)."""
+    if nsl == 4:
+        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, nrow, 4)
+    elif nsl == 2:
+        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, nrow, 2)
+    else:
+        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, nrow, 1)
+
+
+@kernel(inline=True)
+def _score_rows(scf, width, col, qh, hd, kt, ks, row, rb, nch):
+    """qk_lanes for rows row..rb-1 from column col, 8, then 4, then 1 rows per call; nch: a
+    literal 1 or 2 chunks of 16 keys (inlined: it stays one)."""
+    while row + 8 <= rb:
+        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 8, nch)
+        row += 8
+    while row + 4 <= rb:
+        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 4, nch)
+        row += 4
+    while row < rb:
+        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 1, nch)
+        row += 1
 
 
 @kernel(inline=True)
@@ -176,27 +188,10 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
             if lo < c + nch * cw and p >= c:
                 qa, qb = min(qa, i), max(qb, i + 1)
         row, rb = (qa - t0) * nr, (qb - t0) * nr
-        col = c - kbase
         if nch == 2:  # a row's scores of keys it does not see are computed, never read
-            while row + 8 <= rb:
-                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 8, 2)
-                row += 8
-            while row + 4 <= rb:
-                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 4, 2)
-                row += 4
-            while row < rb:
-                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 1, 2)
-                row += 1
+            _score_rows(scf, width, c - kbase, qh, hd, kt, ks, row, rb, 2)
         else:
-            while row + 8 <= rb:
-                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 8, 1)
-                row += 8
-            while row + 4 <= rb:
-                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 4, 1)
-                row += 4
-            while row < rb:
-                qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 1, 1)
-                row += 1
+            _score_rows(scf, width, c - kbase, qh, hd, kt, ks, row, rb, 1)
         c += nch * cw
     inv_cap = np.float32(1.0) / softcap if softcap > 0 else np.float32(0.0)
     for i in range(t0, t1):  # softmax of each row over its own keys
