@@ -15,7 +15,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,16 +28,16 @@ from starlette.responses import JSONResponse, Response
 
 from edge_infer._version import __version__
 from edge_infer.config import EngineConfig
-from edge_infer.server import routes_generate, routes_status, routes_tokens
+from edge_infer.server import routes_generate, routes_messages, routes_status, routes_tokens
 from edge_infer.server.context import ServerContext, server_context
 from edge_infer.server.engine_client import AsyncEngine
-from edge_infer.server.errors import APIError, error_body
+from edge_infer.server.errors import APIError, anthropic_error_body, error_body
 from edge_infer.server.http_guards import LOOPBACK_NAMES, HostCheck
 from edge_infer.server.limits import RequestLimits
 
 log = logging.getLogger("edge_infer.server")
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/rerank", "/rerank",
-          "/v1/reranking", "/health", "/metrics", "/tokenize", "/detokenize")
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
+          "/v1/embeddings", "/v1/rerank", "/rerank", "/v1/reranking", "/health", "/metrics", "/tokenize", "/detokenize")
 
 
 @dataclass(slots=True)
@@ -77,6 +77,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     app.state.begin_drain = ctx.begin_drain  # `edge-infer serve` calls it on the loop at SIGTERM
     app.include_router(routes_status.router)
     app.include_router(routes_generate.router)
+    app.include_router(routes_messages.router)
     app.include_router(routes_tokens.router)
     _install_error_handlers(app)
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
@@ -120,25 +121,36 @@ async def _load(ctx: ServerContext) -> None:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    """Errors in OpenAI's shape, or Anthropic's on the Messages API's paths."""
+
+    def answer(request: Request, status: int, message: str, code: str | None = None,
+               headers: Mapping[str, str] | None = None) -> Response:
+        if request.url.path.startswith(routes_messages.PREFIX):
+            body = anthropic_error_body(status, message)
+        else:
+            body = error_body(status, message, code=code)
+        return JSONResponse(body, status_code=status, headers=headers)
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> Response:
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        dialect = "anthropic" if request.url.path.startswith(routes_messages.PREFIX) else "openai"
+        return JSONResponse(e.body(dialect), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> Response:
         msg = (
             f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
         )
-        return JSONResponse(error_body(e.status_code, msg), status_code=e.status_code, headers=e.headers)
+        return answer(request, e.status_code, msg, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError) -> Response:
-        return JSONResponse(error_body(400, str(e), code="invalid_value"), status_code=400)
+        return answer(request, 400, str(e), code="invalid_value")
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> Response:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return JSONResponse(error_body(500, f"internal error: {type(e).__name__}"), status_code=500)
+        return answer(request, 500, f"internal error: {type(e).__name__}")
 
 
 class _CountRequests:

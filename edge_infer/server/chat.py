@@ -17,7 +17,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from edge_infer.outputs import RequestOutput
-from edge_infer.sampling_params import StructuredOutputsParams
+from edge_infer.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.server.completions import final_outputs, usage
 from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.errors import APIError
@@ -28,11 +28,23 @@ from edge_infer.server.streaming import Receive, SSEResponse
 from edge_infer.server.tools import plan_tools, template_history, tool_grammar
 
 
-async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine, model: str,
-                                 receive: Receive) -> Response:
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatRun:
+    """A chat request made ready for the engine: its prompt's token ids, sampling parameters,
+    the shaper of its replies (reasoning and tool calls) and k, the top logprobs (None: off).
+    The dialects (OpenAI's here, Anthropic's in messages.py) share it."""
+
+    prompt: list[int]
+    params: SamplingParams
+    shaper: ReplyShaper
+    k: int | None
+
+
+async def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> ChatRun:
+    """Check a chat request's fields (400s name them), render its prompt under the model's
+    template, and build its sampling parameters (a tool grammar when tool_choice demands a call)."""
     plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, engine.tool_format)
     messages = template_history(req.template_messages())
-    n = req.n if req.n is not None else 1
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
@@ -53,9 +65,15 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
         params = dataclasses.replace(params, structured_outputs=StructuredOutputsParams(grammar=grammar))
     engine.check_ready()
     prompt = await engine.chat_prompt(messages, tools=plan.tools if plan else None)
-    shaper = ReplyShaper(plan, engine.thinks, engine.thinking_opened(prompt))
+    return ChatRun(prompt, params, ReplyShaper(plan, engine.thinks, engine.thinking_opened(prompt)), k)
+
+
+async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine, model: str,
+                                 receive: Receive) -> Response:
+    run = await prepare_chat(req, engine)
+    n, k, shaper = run.params.n, run.k, run.shaper
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    streams = await engine.submit([prompt], params, rid)
+    streams = await engine.submit([run.prompt], run.params, rid)
     base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -60,11 +60,12 @@ def server_context(app: Any) -> ServerContext:
     return ctx
 
 
-async def parse_request(request: Request, model: type[M]) -> tuple[ServerContext, M]:
-    """A JSON route's body as `model`, checked in order: the API key (401), the content type
-    (415), a loaded model (503), the body's arrival and size (408, 413), then its fields (400)."""
+async def parse_request(request: Request, model: type[M], x_api_key: bool = False) -> tuple[ServerContext, M]:
+    """A JSON route's body as `model`, checked in order: the API key (401; x_api_key: Anthropic's
+    header is taken too), the content type (415), a loaded model (503), the body's arrival and
+    size (408, 413), then its fields (400)."""
     ctx = server_context(request.app)
-    authorize(request, ctx.api_keys)
+    authorize(request, ctx.api_keys, x_api_key)
     require_json(request)
     ctx.engine.check_ready()
     body = await read_body(request, ctx.limits.max_body, ctx.read_timeout)

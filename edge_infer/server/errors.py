@@ -42,7 +42,10 @@ class APIError(Exception):
         self.code = code
         self.headers = headers or {}
 
-    def body(self) -> dict[str, Any]:
+    def body(self, dialect: str = "openai") -> dict[str, Any]:
+        """The error object in the dialect of the route that failed ("openai" or "anthropic")."""
+        if dialect == "anthropic":
+            return anthropic_error_body(self.status, self.message)
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
 
@@ -57,6 +60,18 @@ def error_body(
         except ValueError:
             code = None
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+# status -> Anthropic's error "type" (its Messages API's error shape)
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+                    500: "api_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error object for an HTTP status: {"type": "error", "error": {"type", "message"}}."""
+    kind = _ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def from_engine_error(e: EdgeInferError, known_fields: set[str] | None = None) -> APIError:

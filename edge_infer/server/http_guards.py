@@ -116,16 +116,21 @@ class HostCheck:
         await response(scope, receive, send)
 
 
-def authorize(request: Request, api_keys: tuple[str, ...]) -> None:
-    """401 unless `Authorization: Bearer KEY` names one of `api_keys` (no keys: anyone may call)."""
+def authorize(request: Request, api_keys: tuple[str, ...], x_api_key: bool = False) -> None:
+    """401 unless `Authorization: Bearer KEY` names one of `api_keys` (no keys: anyone may call);
+    x_api_key: Anthropic's `x-api-key: KEY` header is taken too."""
     if not api_keys:
         return
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
+    if x_api_key and not header:
+        header = key = request.headers.get("x-api-key", "")
+        scheme = "bearer"
     # compare_digest: the time a comparison takes does not say how much of a key matched
     ok = scheme.lower() == "bearer" and any(hmac.compare_digest(key.strip().encode(), k.encode()) for k in api_keys)
     if not ok:
-        what = "invalid API key" if header else "missing API key (send Authorization: Bearer KEY)"
+        send = "x-api-key: KEY or Authorization: Bearer KEY" if x_api_key else "Authorization: Bearer KEY"
+        what = "invalid API key" if header else f"missing API key (send {send})"
         raise APIError(401, what, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 

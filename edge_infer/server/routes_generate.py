@@ -22,7 +22,7 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     ctx, req = await parse_request(request, CompletionRequest)
     model = ctx.check_model(req.model)
-    _refuse_encoder(ctx.engine)
+    refuse_encoder(ctx.engine)
     return await create_completion(req, ctx.engine, model, request.receive)
 
 
@@ -30,11 +30,11 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     ctx, req = await parse_request(request, ChatCompletionRequest)
     model = ctx.check_model(req.model)
-    _refuse_encoder(ctx.engine)
+    refuse_encoder(ctx.engine)
     return await create_chat_completion(req, ctx.engine, model, request.receive)
 
 
-def _refuse_encoder(engine: AsyncEngine) -> None:
+def refuse_encoder(engine: AsyncEngine) -> None:
     """A 400 naming the reason for an encoder model, before any templating or tokenizing (its
     engine would refuse the request too, but chat would first fail on the missing template)."""
     worker = engine.worker

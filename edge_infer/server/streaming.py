@@ -1,9 +1,12 @@
-"""Server-sent events in OpenAI's framing, and client-disconnect detection.
+"""Server-sent events in OpenAI's and Anthropic's framings, and client-disconnect detection.
 
-`SSEResponse` sends each chunk as `data: {json}\\n\\n` and ends with `data: [DONE]\\n\\n`.
+`SSEResponse` sends each chunk as `data: {json}\\n\\n` and ends with `data: [DONE]\\n\\n`
+(OpenAI's framing), or as `event: {type}\\ndata: {json}\\n\\n` with nothing after the last
+(Anthropic's: each chunk's "type" is its event name).
 A task watches the connection: when the client goes away the producer is cancelled, which
 (through `merge`'s cleanup) aborts its engine requests and frees their KV blocks. An error
-after the stream has started is sent as a `data: {"error": ...}` event before [DONE].
+after the stream has started is sent as a `data: {"error": ...}` event before [DONE] (an
+`error` event in Anthropic's framing).
 """
 
 from __future__ import annotations
@@ -82,10 +85,12 @@ class SSEResponse(Response):
     for the serving app's write timeout (its ServerContext's, found through the ASGI scope) is
     treated as gone: its requests are aborted and their KV freed."""
 
-    def __init__(self, chunks: AsyncIterator[dict[str, Any]], is_draining: Callable[[], bool]) -> None:
+    def __init__(self, chunks: AsyncIterator[dict[str, Any]], is_draining: Callable[[], bool],
+                 dialect: str = "openai") -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.chunks = chunks
         self.is_draining = is_draining
+        self.dialect = dialect
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:  # type: ignore[override]
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
@@ -110,20 +115,22 @@ class SSEResponse(Response):
             try:
                 try:
                     async for chunk in self.chunks:
-                        await _send(send, _event(chunk), True, timeout)
+                        await _send(send, self._event(chunk), True, timeout)
                 finally:
                     await self.chunks.aclose()  # type: ignore[attr-defined]
             except (asyncio.CancelledError, ClientGone):
                 raise
             except Exception as e:
                 err = error_for(e, self.is_draining())
-                body = err.body()
-                body["error"]["code"] = body["error"]["code"] or err.status
-                await _send(send, _event(body), True, timeout)
-            await _send(send, b"data: [DONE]\n\n", False, timeout)
+                body = err.body(self.dialect)
+                if self.dialect == "openai":
+                    body["error"]["code"] = body["error"]["code"] or err.status
+                await _send(send, self._event(body), True, timeout)
+            await _send(send, b"data: [DONE]\n\n" if self.dialect == "openai" else b"", False, timeout)
         except ClientGone:
             log.info("dropped a streaming client that read nothing for %.0fs", timeout)
 
 
-def _event(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    def _event(self, obj: dict[str, Any]) -> bytes:
+        data = b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+        return b"event: " + str(obj["type"]).encode() + b"\n" + data if self.dialect == "anthropic" else data

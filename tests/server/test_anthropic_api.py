@@ -1,0 +1,155 @@
+"""Anthropic's Messages API through the official `anthropic` client against the server.
+
+On the real qwen2.5-coder-0.5b: a greedy reply is the same whole, streamed, and through
+/v1/chat/completions (the translation loses nothing); count_tokens equals the prompt the reply
+used; stop sequences and max_tokens give their stop reasons; a tool_use round trip; a
+json_schema output format; errors in Anthropic's shape with its error types. On a tiny model
+whose template opens <think>: the reasoning budget closes the thought after budget_tokens and
+the reply goes on; thinking disabled gives no thinking block."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from arch_models import write_arch_model
+
+anthropic = pytest.importorskip("anthropic")
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-test-messages"
+MODEL = "qwen2.5-coder-0.5b"
+GREEDY = {"temperature": 0}  # the 2026 SDKs no longer take temperature as an argument
+ASK = {"system": "Answer in one short sentence.", "messages": [{"role": "user", "content": "Name a primary colour."}]}
+WEATHER = {"name": "get_weather", "description": "The current weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+PARIS = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+@pytest.fixture(scope="module")
+def server(start_server, qwen2_path: Path):  # type: ignore[no-untyped-def]
+    return start_server(qwen2_path, "-t", "2", "--kv-cache-memory", "128MiB", "--max-model-len", "2048",
+                        "--api-key", KEY)
+
+
+@pytest.fixture(scope="module")
+def client(server):  # type: ignore[no-untyped-def]
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=600)
+
+
+def test_whole_streamed_and_chat_agree(server, client) -> None:  # type: ignore[no-untyped-def]
+    whole = client.messages.create(model=MODEL, max_tokens=32, extra_body=GREEDY, **ASK)
+    assert [b.type for b in whole.content] == ["text"] and whole.stop_reason == "end_turn", whole
+    with client.messages.stream(model=MODEL, max_tokens=32, extra_body=GREEDY, **ASK) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
+    assert streamed.content[0].text == whole.content[0].text and streamed.usage == whole.usage
+    chat = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=600,
+                      json={"model": MODEL, "max_tokens": 32, "temperature": 0,
+                            "messages": [{"role": "system", "content": ASK["system"]}, *ASK["messages"]]}).json()
+    assert chat["choices"][0]["message"]["content"] == whole.content[0].text
+    assert chat["usage"]["prompt_tokens"] == whole.usage.input_tokens
+    assert chat["usage"]["completion_tokens"] == whole.usage.output_tokens
+    assert client.messages.count_tokens(model=MODEL, **ASK).input_tokens == whole.usage.input_tokens
+
+
+def test_stop_sequence_and_max_tokens(client) -> None:  # type: ignore[no-untyped-def]
+    long = {"messages": [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]}
+    full = client.messages.create(model=MODEL, max_tokens=64, extra_body=GREEDY, **long).content[0].text
+    assert ", 5," in full, full
+    cut = client.messages.create(model=MODEL, max_tokens=64, stop_sequences=[", 5,"], extra_body=GREEDY, **long)
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", ", 5,")
+    assert cut.content[0].text == full[: full.index(", 5,")]
+    short = client.messages.create(model=MODEL, max_tokens=3, extra_body=GREEDY, **long)
+    assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 3
+
+
+def test_tool_use_round_trip(client) -> None:  # type: ignore[no-untyped-def]
+    first = client.messages.create(model=MODEL, max_tokens=64, tools=[WEATHER], messages=PARIS, extra_body=GREEDY,
+                                   tool_choice={"type": "tool", "name": "get_weather"})
+    assert first.stop_reason == "tool_use", first
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
+    with client.messages.stream(model=MODEL, max_tokens=64, tools=[WEATHER], messages=PARIS, extra_body=GREEDY,
+                                tool_choice={"type": "any"}) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [("get_weather", {"city": "Paris"})]
+    history = [*PARIS, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                             "content": json.dumps({"temperature_celsius": 31, "sky": "sunny"})}]}]
+    final = client.messages.create(model=MODEL, max_tokens=64, tools=[WEATHER], messages=history, extra_body=GREEDY,
+                                   tool_choice={"type": "none"})
+    assert final.stop_reason == "end_turn" and "31" in final.content[0].text, final
+
+
+def test_output_format_json_schema(client) -> None:  # type: ignore[no-untyped-def]
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "blue"]}},
+              "required": ["colour"], "additionalProperties": False}
+    r = client.messages.create(model=MODEL, max_tokens=32, output_config={"format": {"type": "json_schema", "schema": schema}},
+                               **ASK)
+    assert json.loads(r.content[0].text)["colour"] in ("red", "blue")
+
+
+def test_errors_in_anthropic_shape(server, client) -> None:  # type: ignore[no-untyped-def]
+    url = server.url + "/v1/messages"
+    body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(url, json=body, timeout=60)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error" and r.json()["type"] == "error"
+    assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60).status_code == 200
+    r = httpx.post(url, content=b"{", headers={"x-api-key": KEY, "content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    with pytest.raises(anthropic.BadRequestError, match="image blocks are not supported"):
+        client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    with pytest.raises(anthropic.BadRequestError, match="top_q"):
+        client.messages.create(model=MODEL, max_tokens=4, messages=body["messages"], extra_body={"top_q": 1})
+    with pytest.raises(anthropic.NotFoundError, match="claude-opus"):
+        client.messages.create(model="claude-opus-9", max_tokens=4, messages=body["messages"])
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.count_tokens(
+            model=MODEL, messages=body["messages"])
+
+
+# a template that opens <think> in its generation prompt (R1's shape): the reply starts thinking
+OPENED = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}{# </think> #}")
+
+
+@pytest.fixture(scope="module")
+def thinker(start_server, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    # seed 2: weights whose greedy reply to "hi" runs past 1,100 tokens without EOS (most seeds'
+    # replies end sooner, which would leave no thought long enough to budget)
+    path = write_arch_model(tmp_path_factory.mktemp("think") / "m.gguf", "llama", chat_template=OPENED,
+                            context_length=2048, seed=2)
+    srv = start_server(path, "-t", "1", "--kv-cache-memory", "16MiB", "--max-model-len", "2048")
+    return anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0, timeout=600)
+
+
+def test_reasoning_budget_closes_the_thought(thinker) -> None:  # type: ignore[no-untyped-def]
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "extra_body": GREEDY}
+    # the random model never writes </think>: unbudgeted, the whole reply is thought
+    plain = thinker.messages.create(max_tokens=1024, **ask)
+    assert [b.type for b in plain.content] == ["thinking"] and plain.stop_reason == "max_tokens"
+    budgeted = thinker.messages.create(max_tokens=1100, thinking={"type": "enabled", "budget_tokens": 1024}, **ask)
+    thought, text = budgeted.content
+    assert (thought.type, text.type) == ("thinking", "text") and thought.thinking == plain.content[0].thinking
+    assert budgeted.usage.output_tokens == 1100 and budgeted.stop_reason == "max_tokens"
+    with thinker.messages.stream(max_tokens=1100, thinking={"type": "enabled", "budget_tokens": 1024}, **ask) as s:
+        streamed = s.get_final_message()
+    # (a whole reply's parts are stripped of the whitespace around the tags; a stream's deltas,
+    # sent as they come, cannot be)
+    assert [(b.type, (getattr(b, "thinking", None) or getattr(b, "text", None)).strip()) for b in streamed.content] == \
+        [("thinking", thought.thinking), ("text", text.text.strip())]
+    omitted = thinker.messages.create(max_tokens=1100, thinking={"type": "enabled", "budget_tokens": 1024,
+                                                                 "display": "omitted"}, **ask)
+    assert omitted.content[0].thinking == "" and omitted.content[1].text == text.text
+
+
+def test_thinking_disabled_starts_after_an_empty_thought(thinker) -> None:  # type: ignore[no-untyped-def]
+    r = thinker.messages.create(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
+                                thinking={"type": "disabled"}, extra_body=GREEDY)
+    assert [b.type for b in r.content] == ["text"] and r.usage.output_tokens == 16
