@@ -31,15 +31,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from edge_infer.server.budgeted import EFFORT_BUDGETS
 from edge_infer.server.errors import APIError
 from edge_infer.server.protocol import ChatCompletionRequest
 
 # Anthropic's rule for thinking.budget_tokens (its API refuses less)
 MIN_THINKING_BUDGET = 1024
 THINKING_TYPES = ("enabled", "adaptive", "between_tools", "disabled")
-# output_config.effort -> reasoning budget in tokens (None: the model decides); ours, as
-# Anthropic publishes no numbers for it
-EFFORT_BUDGETS: dict[str, int | None] = {"low": 1024, "medium": 4096, "high": 16384, "xhigh": None, "max": None}
+EFFORTS = ("low", "medium", "high", "xhigh", "max")  # output_config.effort's values
 
 
 class _Strict(BaseModel):
@@ -215,12 +214,12 @@ def reasoning_budget(req: CountTokensRequest) -> int | None:
     if req.thinking is not None and req.thinking.budget_tokens is not None:
         return req.thinking.budget_tokens
     effort = req.output_config.effort if req.output_config is not None else None
-    return EFFORT_BUDGETS.get(effort) if effort is not None else None
+    return EFFORT_BUDGETS[effort] if effort is not None else None
 
 
 def _output_config(config: OutputConfig, body: dict[str, Any]) -> None:
-    if config.effort is not None and config.effort not in EFFORT_BUDGETS:
-        raise APIError(400, f"output_config.effort must be one of {', '.join(EFFORT_BUDGETS)}, got {config.effort!r}",
+    if config.effort is not None and config.effort not in EFFORTS:
+        raise APIError(400, f"output_config.effort must be one of {', '.join(EFFORTS)}, got {config.effort!r}",
                        param="output_config.effort", code="invalid_value")
     f = config.format
     if f is not None:

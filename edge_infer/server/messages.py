@@ -6,20 +6,16 @@ blocks (`thinking`, `text`, `tool_use`), whole or as its stream events: message_
 content_block_start / _delta / _stop per block, message_delta (stop_reason end_turn,
 max_tokens, stop_sequence or tool_use; output tokens), message_stop.
 
-On models whose template thinks (<think>), the reasoning budget (`thinking.budget_tokens`, else
-`output_config.effort`'s share) is honoured: a reply still inside <think> after that many tokens
-gets `</think>` appended to its tokens, and generation continues from there, within max_tokens
-in all (llama.cpp's --reasoning-budget does the same); thinking disabled starts the reply after
-an empty, closed <think> block. `thinking.display` "omitted" sends thinking blocks without text.
+The reasoning budget (`thinking.budget_tokens`, else `output_config.effort`'s share; thinking
+disabled is a budget of 0) is applied by budgeted.py. `thinking.display` "omitted" sends
+thinking blocks without their text.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
@@ -31,26 +27,13 @@ from edge_infer.server.anthropic_protocol import (
     chat_request,
     reasoning_budget,
 )
-from edge_infer.server.chat import ChatRun, prepare_chat
-from edge_infer.server.engine_client import AsyncEngine, merge
-from edge_infer.server.reasoning import CLOSE, OPEN
+from edge_infer.server.budgeted import Replies, start_reply, whole_reply
+from edge_infer.server.chat import prepare_chat
+from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.replies import ReplyShaper
-from edge_infer.server.streaming import ClientGone, SSEResponse, error_for, race_disconnect
+from edge_infer.server.streaming import ClientGone, SSEResponse, error_for
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-
-
-@dataclass(slots=True)
-class Reply:
-    """The reply so far: its text, tokens generated (with an inserted </think>), and once
-    finished, why (the chat path's finish_reason) and the stop string or token that ended it."""
-
-    text: str = ""
-    tokens: int = 0
-    prompt_tokens: int = 0
-    finished: bool = False
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
 
 
 async def count_tokens(req: CountTokensRequest, engine: AsyncEngine) -> dict[str, int]:
@@ -62,19 +45,15 @@ async def count_tokens(req: CountTokensRequest, engine: AsyncEngine) -> dict[str
 
 
 async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, receive: Receive) -> Response:
-    run = await prepare_chat(chat_request(req), engine)
-    budget = reasoning_budget(req) if engine.thinks else None
-    if budget == 0:  # thinking disabled: the reply starts after an empty thought
-        run, budget = await _without_thinking(engine, run), None
     omit = req.thinking is not None and req.thinking.display == "omitted"
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    replies = _generate(engine, run, mid, budget)
+    run, replies = await start_reply(engine, await prepare_chat(chat_request(req), engine), mid, reasoning_budget(req))
     stops = tuple(req.stop_sequences or ())
     if req.stream:
         return SSEResponse(_events(replies, run.shaper, mid, model, len(run.prompt), stops, omit),
                            lambda: engine.state == "draining", dialect="anthropic")
     try:
-        last = await race_disconnect(receive, _last(replies))
+        last = await whole_reply(receive, replies)
     except ClientGone:
         return Response(status_code=499)  # nobody is left to read it
     except Exception as e:
@@ -85,64 +64,6 @@ async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, 
     body["stop_reason"], body["stop_sequence"] = _stop_reason(finish, last.stop_reason, stops)
     body["usage"] = {"input_tokens": last.prompt_tokens, "output_tokens": last.tokens}
     return JSONResponse(body)
-
-
-async def _without_thinking(engine: AsyncEngine, run: ChatRun) -> ChatRun:
-    """The run with an empty, closed <think> block after its prompt (what Qwen3's template
-    writes for enable_thinking=false; llama.cpp's --reasoning-budget 0)."""
-    tok = engine.tokenizer
-    assert tok is not None
-    text = ("\n" if run.shaper.opened else OPEN + "\n\n") + CLOSE + "\n\n"
-    ids = await engine.run(lambda: tok.encode(text, add_special=False, parse_special=True))
-    s = run.shaper
-    return dataclasses.replace(run, prompt=run.prompt + ids, shaper=ReplyShaper(s.plan, s.thinking, False))
-
-
-async def _last(replies: AsyncIterator[Reply]) -> Reply:
-    last = Reply()
-    async for r in replies:
-        last = r
-    return last
-
-
-async def _generate(engine: AsyncEngine, run: ChatRun, rid: str, budget: int | None) -> AsyncIterator[Reply]:
-    """The reply as it grows. With a reasoning budget the first request stops after `budget`
-    tokens; if the reply is then still thinking, </think> is appended to its tokens, and a
-    second request continues from prompt + tokens for what max_tokens leaves."""
-    params, prompt = run.params, run.prompt
-    limit = params.max_tokens
-    first = params if budget is None or (limit is not None and budget >= limit) else dataclasses.replace(params, max_tokens=budget)
-    reply = Reply(prompt_tokens=len(prompt))
-    ids: list[int] = []
-    async for _, out in merge(await engine.submit([prompt], first, rid)):
-        c = out.outputs[0]
-        ids = c.token_ids
-        reply = Reply(c.text, len(ids), len(prompt), out.finished, c.finish_reason, c.stop_reason)
-        if not (out.finished and first is not params and c.finish_reason == "length"):
-            yield reply  # (a budget's first part that ran out goes on below)
-    if first is params or reply.finish_reason != "length":
-        return
-    text, added = reply.text, list(ids)
-    if _thinking(text, run.shaper.opened):  # spent: close the thought
-        tok = engine.tokenizer
-        assert tok is not None
-        close = "\n" + CLOSE + "\n\n"
-        close_ids = await engine.run(lambda: tok.encode(close, add_special=False, parse_special=True))
-        text, added = text + close, added + close_ids
-    left = None if limit is None else limit - len(added)
-    if left is not None and left <= 0:
-        yield dataclasses.replace(reply, text=text, tokens=len(added))
-        return
-    rest = dataclasses.replace(params, max_tokens=left)
-    async for _, out in merge(await engine.submit([prompt + added], rest, rid + "-rest")):
-        c = out.outputs[0]
-        yield Reply(text + c.text, len(added) + len(c.token_ids), len(prompt), out.finished, c.finish_reason,
-                    c.stop_reason)
-
-
-def _thinking(text: str, opened: bool) -> bool:
-    """Whether a reply's text ends inside its <think> block."""
-    return (opened or text.lstrip().startswith(OPEN)) and CLOSE not in text
 
 
 def _message_start(mid: str, model: str, prompt_tokens: int) -> dict[str, Any]:
@@ -179,7 +100,7 @@ def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
     return {"type": "tool_use", "id": tool_id, "name": call["function"]["name"], "input": args if isinstance(args, dict) else {}}
 
 
-async def _events(replies: AsyncIterator[Reply], shaper: ReplyShaper, mid: str, model: str, prompt_tokens: int,
+async def _events(replies: Replies, shaper: ReplyShaper, mid: str, model: str, prompt_tokens: int,
                   stops: tuple[str, ...], omit: bool) -> AsyncIterator[dict[str, Any]]:
     """Anthropic's stream events for a reply: each is {"type": <event name>, ...}."""
     yield {"type": "message_start", "message": _message_start(mid, model, prompt_tokens)}
@@ -199,7 +120,7 @@ async def _events(replies: AsyncIterator[Reply], shaper: ReplyShaper, mid: str, 
                        "usage": {"output_tokens": r.tokens}}
                 yield {"type": "message_stop"}
     finally:
-        await replies.aclose()  # type: ignore[attr-defined]
+        await replies.aclose()
 
 
 class _BlockStream:
