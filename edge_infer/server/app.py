@@ -36,7 +36,8 @@ from edge_infer.server.http_guards import LOOPBACK_NAMES, HostCheck
 from edge_infer.server.limits import RequestLimits
 
 log = logging.getLogger("edge_infer.server")
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+          "/v1/messages/count_tokens",
           "/v1/embeddings", "/v1/rerank", "/rerank", "/v1/reranking", "/health", "/metrics", "/tokenize", "/detokenize")
 
 

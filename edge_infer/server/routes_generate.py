@@ -1,5 +1,5 @@
-"""The generating routes: POST /v1/completions and /v1/chat/completions (completions.py and
-chat.py build the answers; this module checks the request, names the model and refuses an
+"""The generating routes: POST /v1/completions, /v1/chat/completions and /v1/responses
+(completions.py, chat.py and responses.py build the answers; this module checks the request, names the model and refuses an
 encoder's, which computes embeddings and rerank scores but no text)."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from edge_infer.server.context import parse_request
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError
 from edge_infer.server.protocol import ChatCompletionRequest, CompletionRequest
+from edge_infer.server.responses import create_response
+from edge_infer.server.responses_protocol import ResponsesRequest
 from edge_infer.server.schema import body_schema
 
 router = APIRouter()
@@ -32,6 +34,14 @@ async def chat_completions(request: Request) -> Response:
     model = ctx.check_model(req.model)
     refuse_encoder(ctx.engine)
     return await create_chat_completion(req, ctx.engine, model, request.receive)
+
+
+@router.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
+async def responses(request: Request) -> Response:
+    ctx, req = await parse_request(request, ResponsesRequest)
+    model = ctx.check_model(req.model)
+    refuse_encoder(ctx.engine)
+    return await create_response(req, ctx.engine, model, request.receive)
 
 
 def refuse_encoder(engine: AsyncEngine) -> None:

@@ -1,12 +1,12 @@
 """Server-sent events in OpenAI's and Anthropic's framings, and client-disconnect detection.
 
 `SSEResponse` sends each chunk as `data: {json}\\n\\n` and ends with `data: [DONE]\\n\\n`
-(OpenAI's framing), or as `event: {type}\\ndata: {json}\\n\\n` with nothing after the last
-(Anthropic's: each chunk's "type" is its event name).
+(OpenAI's chat framing), or as `event: {type}\\ndata: {json}\\n\\n` with nothing after the last
+(Anthropic's and the Responses API's: each chunk's "type" is its event name).
 A task watches the connection: when the client goes away the producer is cancelled, which
 (through `merge`'s cleanup) aborts its engine requests and frees their KV blocks. An error
 after the stream has started is sent as a `data: {"error": ...}` event before [DONE] (an
-`error` event in Anthropic's framing).
+`error` event in the other two framings).
 """
 
 from __future__ import annotations
@@ -111,26 +111,34 @@ class SSEResponse(Response):
                 producer.cancel()
 
     async def _produce(self, send: Send, timeout: float) -> None:
+        sent = 0
         try:
             try:
                 try:
                     async for chunk in self.chunks:
                         await _send(send, self._event(chunk), True, timeout)
+                        sent += 1
                 finally:
                     await self.chunks.aclose()  # type: ignore[attr-defined]
             except (asyncio.CancelledError, ClientGone):
                 raise
             except Exception as e:
                 err = error_for(e, self.is_draining())
-                body = err.body(self.dialect)
-                if self.dialect == "openai":
-                    body["error"]["code"] = body["error"]["code"] or err.status
-                await _send(send, self._event(body), True, timeout)
+                await _send(send, self._event(self._error(err, sent)), True, timeout)
             await _send(send, b"data: [DONE]\n\n" if self.dialect == "openai" else b"", False, timeout)
         except ClientGone:
             log.info("dropped a streaming client that read nothing for %.0fs", timeout)
 
+    def _error(self, err: APIError, sent: int) -> dict[str, Any]:
+        """The error event of this stream's dialect (the Responses API numbers it after the
+        events already sent)."""
+        if self.dialect == "responses":
+            return {"type": "error", "code": err.code, "message": err.message, "param": err.param, "sequence_number": sent}
+        body = err.body(self.dialect)
+        if self.dialect == "openai":
+            body["error"]["code"] = body["error"]["code"] or err.status
+        return body
 
     def _event(self, obj: dict[str, Any]) -> bytes:
         data = b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-        return b"event: " + str(obj["type"]).encode() + b"\n" + data if self.dialect == "anthropic" else data
+        return data if self.dialect == "openai" else b"event: " + str(obj["type"]).encode() + b"\n" + data

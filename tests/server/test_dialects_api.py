@@ -1,11 +1,12 @@
-"""Anthropic's Messages API through the official `anthropic` client against the server.
+"""The dialects beside chat completions, through their official clients against one server:
+Anthropic's Messages API (`anthropic`) and OpenAI's Responses API (`openai`'s responses.*).
 
 On the real qwen2.5-coder-0.5b: a greedy reply is the same whole, streamed, and through
 /v1/chat/completions (the translation loses nothing); count_tokens equals the prompt the reply
-used; stop sequences and max_tokens give their stop reasons; a tool_use round trip; a
-json_schema output format; errors in Anthropic's shape with its error types. On a tiny model
-whose template opens <think>: the reasoning budget closes the thought after budget_tokens and
-the reply goes on; thinking disabled gives no thinking block."""
+used; stop sequences and max tokens give their stop reasons / incomplete status; a tool round
+trip in each dialect; a json_schema output format; errors in each dialect's shape. On a tiny
+model whose template opens <think>: the reasoning budget closes the thought after its tokens and
+the reply goes on, in both dialects; thinking disabled (effort none) gives no thought."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from arch_models import write_arch_model
 
 anthropic = pytest.importorskip("anthropic")
+openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
 
@@ -120,16 +122,25 @@ OPENED = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_
 
 
 @pytest.fixture(scope="module")
-def thinker(start_server, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def thinker_server(start_server, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     # seed 2: weights whose greedy reply to "hi" runs past 1,100 tokens without EOS (most seeds'
     # replies end sooner, which would leave no thought long enough to budget)
     path = write_arch_model(tmp_path_factory.mktemp("think") / "m.gguf", "llama", chat_template=OPENED,
                             context_length=2048, seed=2)
-    srv = start_server(path, "-t", "1", "--kv-cache-memory", "16MiB", "--max-model-len", "2048")
-    return anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0, timeout=600)
+    return start_server(path, "-t", "1", "--kv-cache-memory", "16MiB", "--max-model-len", "2048")
 
 
-def test_reasoning_budget_closes_the_thought(thinker) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def thinker(thinker_server):  # type: ignore[no-untyped-def]
+    return anthropic.Anthropic(base_url=thinker_server.url, api_key="none", max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def thinker_openai(thinker_server):  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=thinker_server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+
+
+def test_reasoning_budget_closes_the_thought(thinker, thinker_openai) -> None:  # type: ignore[no-untyped-def]
     ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "extra_body": GREEDY}
     # the random model never writes </think>: unbudgeted, the whole reply is thought
     plain = thinker.messages.create(max_tokens=1024, **ask)
@@ -147,9 +158,95 @@ def test_reasoning_budget_closes_the_thought(thinker) -> None:  # type: ignore[n
     omitted = thinker.messages.create(max_tokens=1100, thinking={"type": "enabled", "budget_tokens": 1024,
                                                                  "display": "omitted"}, **ask)
     assert omitted.content[0].thinking == "" and omitted.content[1].text == text.text
+    # the Responses API's reasoning.effort "low" is the same 1,024-token budget
+    low = thinker_openai.responses.create(model="m", input="hi", max_output_tokens=1100, temperature=0,
+                                          reasoning={"effort": "low"})
+    assert [item.type for item in low.output] == ["reasoning", "message"]
+    assert low.output[0].content[0].text == thought.thinking and low.output[1].content[0].text == text.text
+    assert low.status == "incomplete" and low.usage.output_tokens == 1100
 
 
-def test_thinking_disabled_starts_after_an_empty_thought(thinker) -> None:  # type: ignore[no-untyped-def]
+def test_thinking_disabled_starts_after_an_empty_thought(thinker, thinker_openai) -> None:  # type: ignore[no-untyped-def]
     r = thinker.messages.create(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
                                 thinking={"type": "disabled"}, extra_body=GREEDY)
     assert [b.type for b in r.content] == ["text"] and r.usage.output_tokens == 16
+    none = thinker_openai.responses.create(model="m", input=[{"role": "user", "content": "hi"}], max_output_tokens=16,
+                                           temperature=0, reasoning={"effort": "none"})
+    assert [item.type for item in none.output] == ["message"] and none.output_text == r.content[0].text
+
+
+# -- the Responses API -------------------------------------------------------------------------
+
+FUNCTION = {"type": "function", "name": "get_weather", "description": WEATHER["description"],
+            "parameters": WEATHER["input_schema"], "strict": True}
+
+
+@pytest.fixture(scope="module")
+def oai(server):  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=600)
+
+
+def _chat(server, messages: list, **fields) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    return httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=600,
+                      json={"model": MODEL, "messages": messages, "temperature": 0, **fields}).json()
+
+
+def test_responses_whole_streamed_and_chat_agree(server, oai) -> None:  # type: ignore[no-untyped-def]
+    ask = {"model": MODEL, "instructions": ASK["system"], "input": ASK["messages"][0]["content"],
+           "max_output_tokens": 32, "temperature": 0}
+    whole = oai.responses.create(**ask)
+    assert whole.status == "completed" and [item.type for item in whole.output] == ["message"]
+    with oai.responses.stream(**ask) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds and streamed.output_text == whole.output_text
+    chat = _chat(server, [{"role": "system", "content": ASK["system"]}, *ASK["messages"]], max_tokens=32)
+    assert chat["choices"][0]["message"]["content"] == whole.output_text
+    assert (whole.usage.input_tokens, whole.usage.output_tokens) == (chat["usage"]["prompt_tokens"],
+                                                                    chat["usage"]["completion_tokens"])
+    short = oai.responses.create(**{**ask, "input": "Count from 1 to 20.", "max_output_tokens": 3})
+    assert short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens"
+
+
+def test_responses_function_call_round_trip(server, oai) -> None:  # type: ignore[no-untyped-def]
+    first = oai.responses.create(model=MODEL, input=PARIS, tools=[FUNCTION], tool_choice="required", temperature=0)
+    (call,) = first.output
+    assert (call.type, call.name, json.loads(call.arguments)) == ("function_call", "get_weather", {"city": "Paris"})
+    with oai.responses.stream(model=MODEL, input=PARIS, tools=[FUNCTION], temperature=0,
+                              tool_choice={"type": "function", "name": "get_weather"}) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_response()
+    assert "response.function_call_arguments.delta" in kinds
+    assert [(o.name, json.loads(o.arguments)) for o in streamed.output] == [("get_weather", {"city": "Paris"})]
+    result = json.dumps({"temperature_celsius": 31, "sky": "sunny"})
+    final = oai.responses.create(model=MODEL, tools=[FUNCTION], tool_choice="none", temperature=0, max_output_tokens=64,
+                                 input=[*PARIS, call.model_dump(exclude_none=True),
+                                        {"type": "function_call_output", "call_id": call.call_id, "output": result}])
+    # the same conversation as chat messages gives the same reply: nothing was lost in translation
+    chat = _chat(server, [*PARIS, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": result}], max_tokens=64,
+        tools=[{"type": "function", "function": {k: FUNCTION[k] for k in ("name", "description", "parameters")}}],
+        tool_choice="none")
+    assert final.output_text == chat["choices"][0]["message"]["content"] and "31" in final.output_text
+
+
+def test_responses_json_schema_and_refusals(server, oai) -> None:  # type: ignore[no-untyped-def]
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "blue"]}},
+              "required": ["colour"], "additionalProperties": False}
+    r = oai.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=32,
+                             text={"format": {"type": "json_schema", "name": "c", "schema": schema, "strict": True}})
+    assert json.loads(r.output_text)["colour"] in ("red", "blue")
+    for fields, param in ((dict(previous_response_id="resp_1"), "previous_response_id"),
+                          (dict(tools=[{"type": "web_search"}]), "tools[0]"),
+                          (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+                           "input[0].content[0]")):
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.responses.create(**{"model": MODEL, "input": "hi", **fields})
+        assert e.value.body["param"] == param, e.value.body
+    # Codex CLI's bookkeeping is accepted
+    ok = oai.responses.create(model=MODEL, input="hi", max_output_tokens=2, store=False, prompt_cache_key="k",
+                              include=["reasoning.encrypted_content"], text={"verbosity": "low"},
+                              reasoning={"summary": "auto"})
+    assert ok.status == "incomplete"
