@@ -29,7 +29,7 @@ class ReplyShaper:
     def _with_tools(self, content: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
         if not self.tools_on or self.plan is None:
             return {"role": "assistant", "content": content}, finish
-        rest, calls = parse_tool_calls(content, self.plan.fmt)
+        rest, calls = parse_tool_calls(content, self.plan.fmt, self.plan.tools)
         if not calls:
             return {"role": "assistant", "content": content}, finish
         return ({"role": "assistant", "content": rest, "tool_calls": calls if self.plan.parallel else calls[:1]},

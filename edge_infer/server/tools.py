@@ -1,7 +1,8 @@
 """Tool calling in OpenAI's shape over the formats model families emit, told apart by the chat
 template: Hermes / Qwen (`<tool_call>{"name", "arguments"}</tool_call>`, one block per call),
 Llama 3.x (a JSON object `{"name", "parameters"}`, optionally after `<|python_tag|>`, several
-joined by `;`) and Mistral (`[TOOL_CALLS]` then a JSON list of `{"name", "arguments"}`).
+joined by `;`) and Mistral (`[TOOL_CALLS]` then a JSON list of `{"name", "arguments"}`); the
+newer families' (Qwen3-Coder's XML, DeepSeek's, pythonic) in tool_formats.py.
 
 `tools` are validated and handed to the template; `tool_choice` "required" or a named function
 is enforced by a grammar for the family's format (so the call always parses); "none" leaves
@@ -18,8 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge_infer.server.errors import APIError
+from edge_infer.server.tool_formats import MARKERS as NEW_MARKERS
+from edge_infer.server.tool_formats import (
+    NEW_FORMATS,
+    detect_new_format,
+    new_grammar,
+    new_safe_prefix,
+    parse_new,
+)
 
-FORMATS = ("hermes", "llama3_json", "mistral")
+FORMATS = ("hermes", "llama3_json", "mistral", *NEW_FORMATS)
 # llguidance's JSON style inside a grammar: as the models write it, no free whitespace
 _STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 # a function name, in tools and in the history's tool calls (OpenAI's rule)
@@ -30,6 +39,9 @@ def detect_format(template: str | None) -> str | None:
     """The tool-call format a chat template teaches its model, or None (no tool support)."""
     if not template:
         return None
+    newer = detect_new_format(template)
+    if newer is not None:
+        return newer
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:
@@ -87,7 +99,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
                        "{\"name\": <one of the tools>}}", param="tool_choice", code="invalid_value")
     if choice != "none" and fmt is None:
         raise APIError(400, "tools: this model's chat template has no tool-call format edge-infer knows (Hermes/Qwen, "
-                       "Llama 3.x, Mistral)", param="tools", code="unsupported_parameter")
+                       "Llama 3.x, Mistral, Qwen3-Coder, DeepSeek, pythonic)", param="tools", code="unsupported_parameter")
     return ToolPlan(tools if choice != "none" else [], choice, function, parallel is not False, fmt)
 
 
@@ -136,6 +148,8 @@ def tool_grammar(plan: ToolPlan, special: dict[str, int]) -> str | None:
     # a named function: one call; "required": at most one call per tool (a small model asked
     # for "one or more" can repeat calls until max_tokens)
     n_calls = len(tools) if plan.choice == "required" and plan.parallel else 1
+    if plan.fmt in NEW_FORMATS:
+        return new_grammar(plan.fmt or "", tools, n_calls, lit)
 
     def calls(sep: str) -> str:
         rule = "call"
@@ -154,13 +168,18 @@ def tool_grammar(plan: ToolPlan, special: dict[str, int]) -> str | None:
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
-def parse_tool_calls(text: str, fmt: str | None) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, fmt: str | None, tools: list[dict[str, Any]] | None = None
+                     ) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, calls) from a reply: calls as OpenAI's {"id", "type", "function": {"name",
     "arguments" (JSON text)}}; content the text around them (None when empty). Text that is
-    not a well-formed call stays content."""
+    not a well-formed call stays content. tools: the request's (their schemas type the values
+    of formats that write them as text)."""
     found: list[tuple[str, Any]] = []
     content = text
-    if fmt == "hermes":
+    if fmt in NEW_FORMATS:
+        schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or ()}
+        content, found = parse_new(text, fmt or "", schemas)
+    elif fmt == "hermes":
         for m in _HERMES.finditer(text):
             obj = _loads(m.group(1))
             if isinstance(obj, dict) and isinstance(obj.get("name"), str):
@@ -217,13 +236,15 @@ def _split_top_level(s: str, sep: str) -> list[str]:
     return [p for p in parts if p]
 
 
-MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
+MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", *NEW_MARKERS)
 
 
 def stream_safe_prefix(text: str, fmt: str | None) -> int:
     """How much of a partial reply can be streamed as content: up to where a tool call starts
     (or might start: a marker's prefix at the end is held back). A Llama 3.x reply that opens
     with "{" or <|python_tag|> is a call until it ends."""
+    if fmt in NEW_FORMATS:
+        return new_safe_prefix(text, fmt or "")
     if fmt == "llama3_json":
         head = text.lstrip()[:14]
         return 0 if not head or head[0] == "{" or "<|python_tag|>".startswith(head) or head == "<|python_tag|>" else len(text)
