@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from starlette.types import Receive
 
 from edge_infer.sampling_params import SamplingParams
-from edge_infer.server.chat import ChatRun
+from edge_infer.server.chat_run import ChatRun
 from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.reasoning import CLOSE, OPEN
 from edge_infer.server.replies import ReplyShaper

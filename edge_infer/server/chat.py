@@ -3,12 +3,14 @@
 Messages are rendered with ChatTemplate.encode, so no request text (content, names, tool calls,
 tools) is ever parsed as special tokens, within the template's time and size bounds (a render
 past one is a 400); request-supplied templates are refused in protocol.py. A model without a
-template is a 400 unless the server was started with --chat-template.
+template is a 400 unless the server was started with --chat-template. `reasoning_effort` on a
+template that thinks sets a reasoning budget (budgeted.py: none 0, minimal 256, low 1,024,
+medium 4,096, high 16,384 tokens, xhigh and max none); on one that does not there is no thought
+to budget.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,64 +19,29 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from edge_infer.outputs import RequestOutput
-from edge_infer.sampling_params import SamplingParams, StructuredOutputsParams
+from edge_infer.server.budgeted import EFFORT_BUDGETS, Replies, start_reply, whole_reply
+from edge_infer.server.chat_run import ChatRun, prepare_chat
 from edge_infer.server.completions import final_outputs, usage
 from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.errors import APIError
 from edge_infer.server.logprobs import chat_logprobs
 from edge_infer.server.protocol import ChatCompletionRequest
 from edge_infer.server.replies import ReplyShaper
-from edge_infer.server.streaming import Receive, SSEResponse
-from edge_infer.server.tools import plan_tools, template_history, tool_grammar
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ChatRun:
-    """A chat request made ready for the engine: its prompt's token ids, sampling parameters,
-    the shaper of its replies (reasoning and tool calls) and k, the top logprobs (None: off).
-    The dialects (OpenAI's here, Anthropic's in messages.py) share it."""
-
-    prompt: list[int]
-    params: SamplingParams
-    shaper: ReplyShaper
-    k: int | None
-
-
-async def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> ChatRun:
-    """Check a chat request's fields (400s name them), render its prompt under the model's
-    template, and build its sampling parameters (a tool grammar when tool_choice demands a call)."""
-    plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, engine.tool_format)
-    messages = template_history(req.template_messages())
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    if req.top_logprobs is not None and not req.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
-    k = (req.top_logprobs or 0) if req.logprobs else None
-    try:
-        params = req.sampling_params(max_tokens, k, engine.chat_stops)
-    except APIError as e:
-        if e.param == "max_tokens" and req.max_completion_tokens is not None:
-            e.param = "max_completion_tokens"
-        elif e.param == "logprobs":
-            e.param = "top_logprobs"
-        raise
-    grammar = tool_grammar(plan, engine.special_markers()) if plan else None
-    if grammar is not None:
-        if params.structured_outputs is not None:
-            raise APIError(400, f"tool_choice {req.tool_choice!r} constrains the output to tool calls: it cannot be "
-                           "combined with a structured output", param="tool_choice", code="invalid_value")
-        params = dataclasses.replace(params, structured_outputs=StructuredOutputsParams(grammar=grammar))
-    engine.check_ready()
-    prompt = await engine.chat_prompt(messages, tools=plan.tools if plan else None)
-    return ChatRun(prompt, params, ReplyShaper(plan, engine.thinks, engine.thinking_opened(prompt)), k)
+from edge_infer.server.streaming import ClientGone, Receive, SSEResponse, error_for
 
 
 async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine, model: str,
                                  receive: Receive) -> Response:
+    if req.reasoning_effort is not None and req.reasoning_effort not in EFFORT_BUDGETS:
+        raise APIError(400, f"reasoning_effort must be one of {', '.join(EFFORT_BUDGETS)}, got {req.reasoning_effort!r}",
+                       param="reasoning_effort", code="invalid_value")
     run = await prepare_chat(req, engine)
     n, k, shaper = run.params.n, run.k, run.shaper
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    streams = await engine.submit([run.prompt], run.params, rid)
     base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    if req.reasoning_effort is not None and engine.thinks:
+        return await _with_budget(req, run, engine, base, receive)
+    streams = await engine.submit([run.prompt], run.params, rid)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         chunks = _chunks(streams, base, n, k, include_usage, engine, shaper)
@@ -97,6 +64,52 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
     body = {**base, "object": "chat.completion", "choices": choices, "usage": usage(list(outs)),
             "system_fingerprint": engine.fingerprint}
     return JSONResponse(body)
+
+
+async def _with_budget(req: ChatCompletionRequest, run: ChatRun, engine: AsyncEngine, base: dict[str, Any],
+                       receive: Receive) -> Response:
+    """A chat reply under reasoning_effort's budget (budgeted.py): one choice, no logprobs."""
+    for name, bad in (("n", run.params.n > 1), ("logprobs", run.k is not None)):
+        if bad:
+            raise APIError(400, f"{name}: reasoning_effort's budget runs one choice without logprobs; drop one of the "
+                           "two", param=name, code="unsupported_parameter")
+    run, replies = await start_reply(engine, run, base["id"], EFFORT_BUDGETS[req.reasoning_effort or "none"])
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return SSEResponse(_budget_chunks(replies, base, include_usage, run.shaper), lambda: engine.state == "draining")
+    try:
+        last = await whole_reply(receive, replies)
+    except ClientGone:
+        return Response(status_code=499)  # nobody is left to read it
+    except Exception as e:
+        raise error_for(e, engine.state == "draining") from None
+    message, finish = run.shaper.message(last.text, last.finish_reason)
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish, "stop_reason": last.stop_reason}
+    return JSONResponse({**base, "object": "chat.completion", "choices": [choice], "usage": _usage(last.prompt_tokens, last.tokens),
+                         "system_fingerprint": engine.fingerprint})
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _budget_chunks(replies: Replies, base: dict[str, Any], include_usage: bool,
+                         shaper: ReplyShaper) -> AsyncIterator[dict[str, Any]]:
+    yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}]}
+    state = shaper.stream()
+    try:
+        async for r in replies:
+            delta, finish = state.step(r.text, r.finished, r.finish_reason)
+            if delta or r.finished:
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                if r.finished:
+                    choice["stop_reason"] = r.stop_reason
+                yield {**base, "choices": [choice]}
+            if r.finished and include_usage:
+                yield {**base, "choices": [], "usage": _usage(r.prompt_tokens, r.tokens)}
+    finally:
+        await replies.aclose()
 
 
 async def _chunks(streams: list[Stream], base: dict[str, Any], n: int, k: int | None, include_usage: bool,

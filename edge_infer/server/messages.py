@@ -28,7 +28,7 @@ from edge_infer.server.anthropic_protocol import (
     reasoning_budget,
 )
 from edge_infer.server.budgeted import Replies, start_reply, whole_reply
-from edge_infer.server.chat import prepare_chat
+from edge_infer.server.chat_run import prepare_chat
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.replies import ReplyShaper
 from edge_infer.server.streaming import ClientGone, SSEResponse, error_for

@@ -163,6 +163,7 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Messages as plain dicts for the chat template; bad roles or parts are 400s."""

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
 from edge_infer.server.budgeted import Replies, Reply, start_reply, whole_reply
-from edge_infer.server.chat import prepare_chat
+from edge_infer.server.chat_run import prepare_chat
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.replies import ReplyShaper
 from edge_infer.server.responses_protocol import ResponsesRequest, chat_request, reasoning_budget

@@ -71,13 +71,19 @@ def parse_new(text: str, fmt: str, schemas: dict[str, dict[str, Any]]) -> tuple[
 
 
 def _qc_args(body: str, schema: dict[str, Any]) -> dict[str, Any]:
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     args: dict[str, Any] = {}
     for m in _QC_PARAM.finditer(body):
         key, raw = m.group(1).strip(), m.group(2)
-        kind = (props.get(key) or {}).get("type") if isinstance(props.get(key), dict) else None
+        kind = _property(schema, key).get("type")
         args[key] = raw if kind == "string" else _literal(raw)
     return args
+
+
+def _property(schema: dict[str, Any], key: str) -> dict[str, Any]:
+    """A parameter's schema ({} when the tool's schema does not say)."""
+    props = schema.get("properties")
+    sub = props.get(key) if isinstance(props, dict) else None
+    return sub if isinstance(sub, dict) else {}
 
 
 def _literal(raw: str) -> Any:
@@ -212,10 +218,9 @@ def _qc_call(name: str, params: dict[str, Any], lit: Any, rule: str) -> str:
 
 
 def _qc_values(params: dict[str, Any], rule: str) -> list[str]:
-    props = params.get("properties") or {}
     out = []
     for j, key in enumerate(_keys(params)):
-        sub = props.get(key) if isinstance(props.get(key), dict) else {}
+        sub = _property(params, key)
         value = "/[^<\\n]*/" if sub.get("type") == "string" else f"%json {_schema(sub)}"
         out.append(f"{rule}_v{j}: {value}")
     return out
@@ -223,16 +228,17 @@ def _qc_values(params: dict[str, Any], rule: str) -> list[str]:
 
 def _keys(params: dict[str, Any]) -> list[str]:
     """The parameters a call writes: the required ones (all of them when none is marked)."""
-    props = params.get("properties") or {}
-    required = [k for k in params.get("required") or [] if k in props]
-    return required or list(props)
+    props = params.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = params.get("required")
+    named = [k for k in required if isinstance(k, str) and k in props] if isinstance(required, list) else []
+    return named or [k for k in props if isinstance(k, str)]
 
 
 def _py_kwargs(params: dict[str, Any], rule: str, lines: list[str]) -> str:
-    props = params.get("properties") or {}
     parts = []
     for j, key in enumerate(_keys(params)):
-        sub = props.get(key) if isinstance(props.get(key), dict) else {}
+        sub = _property(params, key)
         lines.append(f"{rule}_v{j}: %json {_schema(sub)}")
         parts.append((json.dumps(", ") + " " if j else "") + json.dumps(f"{key}=") + f" {rule}_v{j}")
     return " ".join(parts) if parts else '""'

@@ -164,6 +164,20 @@ def test_reasoning_budget_closes_the_thought(thinker, thinker_openai) -> None:  
     assert [item.type for item in low.output] == ["reasoning", "message"]
     assert low.output[0].content[0].text == thought.thinking and low.output[1].content[0].text == text.text
     assert low.status == "incomplete" and low.usage.output_tokens == 1100
+    # and chat completions' reasoning_effort, whole and streamed
+    chat = thinker_openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1100,
+                                                  temperature=0, reasoning_effort="low")
+    msg = chat.choices[0].message
+    assert (msg.reasoning_content, msg.content) == (thought.thinking, text.text) and chat.usage.completion_tokens == 1100
+    parts = {"reasoning_content": "", "content": ""}
+    for chunk in thinker_openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                        max_tokens=1100, temperature=0, reasoning_effort="low", stream=True):
+        for key in parts:
+            parts[key] += getattr(chunk.choices[0].delta, key, None) or "" if chunk.choices else ""
+    assert (parts["reasoning_content"].strip(), parts["content"].strip()) == (thought.thinking, text.text.strip())
+    with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
+        thinker_openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                               reasoning_effort="extreme")
 
 
 def test_thinking_disabled_starts_after_an_empty_thought(thinker, thinker_openai) -> None:  # type: ignore[no-untyped-def]

@@ -17,7 +17,14 @@ from edge_infer.chat import ChatTemplate
 from edge_infer.engine.structured import GrammarCompiler
 from edge_infer.sampling_params import StructuredOutputsParams
 from edge_infer.server.tool_formats import DS_BEGIN, DS_CALL, DS_CALL_END, DS_END, DS_SEP
-from edge_infer.server.tools import ToolPlan, detect_format, parse_tool_calls, stream_safe_prefix, template_history, tool_grammar
+from edge_infer.server.tools import (
+    ToolPlan,
+    detect_format,
+    parse_tool_calls,
+    stream_safe_prefix,
+    template_history,
+    tool_grammar,
+)
 from edge_infer.tokenizer import Tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
