@@ -50,6 +50,8 @@ async def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> ChatR
             raise APIError(400, f"tool_choice {req.tool_choice!r} constrains the output to tool calls: it cannot be "
                            "combined with a structured output", param="tool_choice", code="invalid_value")
         params = dataclasses.replace(params, structured_outputs=StructuredOutputsParams(grammar=grammar))
+    if engine.harmony:  # the channels are read from the special tokens (harmony.py)
+        params = dataclasses.replace(params, skip_special_tokens=False)
     engine.check_ready()
     prompt = await engine.chat_prompt(messages, tools=plan.tools if plan else None)
-    return ChatRun(prompt, params, ReplyShaper(plan, engine.thinks, engine.thinking_opened(prompt)), k)
+    return ChatRun(prompt, params, ReplyShaper(plan, engine.thinks, engine.thinking_opened(prompt), engine.harmony), k)

@@ -27,6 +27,7 @@ from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
 from edge_infer.server.daemon_pool import DaemonPool
 from edge_infer.server.errors import APIError, from_engine_error
+from edge_infer.server.harmony import is_harmony
 from edge_infer.server.metrics import ServerMetrics
 from edge_infer.server.reasoning import OPEN, thinks
 from edge_infer.server.tools import MARKERS, detect_format
@@ -277,6 +278,11 @@ class AsyncEngine:
     def thinks(self) -> bool:
         """Whether the chat template makes the model reason in <think> (server/reasoning.py)."""
         return thinks(self.chat_template.source if self.chat_template is not None else None)
+
+    @property
+    def harmony(self) -> bool:
+        """Whether the chat template is gpt-oss's harmony format (server/harmony.py)."""
+        return is_harmony(self.chat_template.source if self.chat_template is not None else None)
 
     def thinking_opened(self, prompt: list[int]) -> bool:
         """Whether a rendered chat prompt ends inside <think> (the reply starts thinking)."""

@@ -2,7 +2,8 @@
 template: Hermes / Qwen (`<tool_call>{"name", "arguments"}</tool_call>`, one block per call),
 Llama 3.x (a JSON object `{"name", "parameters"}`, optionally after `<|python_tag|>`, several
 joined by `;`) and Mistral (`[TOOL_CALLS]` then a JSON list of `{"name", "arguments"}`); the
-newer families' (Qwen3-Coder's XML, DeepSeek's, pythonic) in tool_formats.py.
+newer families' (Qwen3-Coder's XML, DeepSeek's, pythonic) in tool_formats.py, gpt-oss's harmony
+channels in harmony.py.
 
 `tools` are validated and handed to the template; `tool_choice` "required" or a named function
 is enforced by a grammar for the family's format (so the call always parses); "none" leaves
@@ -18,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from edge_infer.server import harmony
 from edge_infer.server.errors import APIError
 from edge_infer.server.tool_formats import MARKERS as NEW_MARKERS
 from edge_infer.server.tool_formats import (
@@ -28,7 +30,7 @@ from edge_infer.server.tool_formats import (
     parse_new,
 )
 
-FORMATS = ("hermes", "llama3_json", "mistral", *NEW_FORMATS)
+FORMATS = ("hermes", "llama3_json", "mistral", *NEW_FORMATS, "harmony")
 # llguidance's JSON style inside a grammar: as the models write it, no free whitespace
 _STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 # a function name, in tools and in the history's tool calls (OpenAI's rule)
@@ -39,6 +41,8 @@ def detect_format(template: str | None) -> str | None:
     """The tool-call format a chat template teaches its model, or None (no tool support)."""
     if not template:
         return None
+    if harmony.is_harmony(template):
+        return "harmony"
     newer = detect_new_format(template)
     if newer is not None:
         return newer
@@ -99,7 +103,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
                        "{\"name\": <one of the tools>}}", param="tool_choice", code="invalid_value")
     if choice != "none" and fmt is None:
         raise APIError(400, "tools: this model's chat template has no tool-call format edge-infer knows (Hermes/Qwen, "
-                       "Llama 3.x, Mistral, Qwen3-Coder, DeepSeek, pythonic)", param="tools", code="unsupported_parameter")
+                       "Llama 3.x, Mistral, Qwen3-Coder, DeepSeek, pythonic, gpt-oss harmony)", param="tools", code="unsupported_parameter")
     return ToolPlan(tools if choice != "none" else [], choice, function, parallel is not False, fmt)
 
 
@@ -150,6 +154,8 @@ def tool_grammar(plan: ToolPlan, special: dict[str, int]) -> str | None:
     n_calls = len(tools) if plan.choice == "required" and plan.parallel else 1
     if plan.fmt in NEW_FORMATS:
         return new_grammar(plan.fmt or "", tools, n_calls, lit)
+    if plan.fmt == "harmony":
+        return harmony.grammar(tools, lit)
 
     def calls(sep: str) -> str:
         rule = "call"
@@ -179,6 +185,8 @@ def parse_tool_calls(text: str, fmt: str | None, tools: list[dict[str, Any]] | N
     if fmt in NEW_FORMATS:
         schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or ()}
         content, found = parse_new(text, fmt or "", schemas)
+    elif fmt == "harmony":
+        _, content, found = harmony.parse(text)
     elif fmt == "hermes":
         for m in _HERMES.finditer(text):
             obj = _loads(m.group(1))
@@ -236,7 +244,7 @@ def _split_top_level(s: str, sep: str) -> list[str]:
     return [p for p in parts if p]
 
 
-MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", *NEW_MARKERS)
+MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", *NEW_MARKERS, *harmony.MARKERS)
 
 
 def stream_safe_prefix(text: str, fmt: str | None) -> int:
