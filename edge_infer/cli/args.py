@@ -33,14 +33,20 @@ SPEC_K_MAX = 16  # as SpecConfig allows
 
 
 # -- option groups -------------------------------------------------------------------------------
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    """-m/--model, -t/--threads, --max-model-len (run, chat, perplexity and serve)."""
-    p.add_argument(
-        "-m",
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"a known model name (pulled on first use) or a .gguf path (default: {DEFAULT_MODEL})",
-    )
+def add_model_args(p: argparse.ArgumentParser, many: bool = False) -> None:
+    """-m/--model, -t/--threads, --max-model-len (run, chat, perplexity and serve); many: -m may
+    be repeated (serve: a list, None when not given)."""
+    if many:
+        p.add_argument("-m", "--model", action="append", metavar="MODEL",
+                       help="a known model name (pulled on first use) or a .gguf path; repeat it to serve several "
+                       f"(default: {DEFAULT_MODEL})")
+    else:
+        p.add_argument(
+            "-m",
+            "--model",
+            default=DEFAULT_MODEL,
+            help=f"a known model name (pulled on first use) or a .gguf path (default: {DEFAULT_MODEL})",
+        )
     p.add_argument("-t", "--threads", metavar="N", help="compute threads (default: physical cores)")
     p.add_argument("--max-model-len", metavar="N", help="context length (default: the model's, capped by the KV budget)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

@@ -1,6 +1,7 @@
-"""`edge-infer serve`: the OpenAI-compatible HTTP server (FastAPI + uvicorn).
+"""`edge-infer serve`: the OpenAI- and Anthropic-compatible HTTP server (FastAPI + uvicorn).
 
-The server listens at once and loads the model in the background (/health: 503, then 200).
+The server listens at once and loads the (first) model in the background (/health: 503, then
+200); with several models (-m repeated, --models-dir) the others load on first use.
 SIGTERM or Ctrl-C stops accepting requests, gives those in flight --shutdown-timeout seconds
 to finish, aborts the rest (streams end with an error event and [DONE]) and exits 0.
 """
@@ -24,12 +25,21 @@ from edge_infer.errors import InvalidRequest
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "serve", parents=parents, help="serve a model over an OpenAI-compatible HTTP API",
-        description="Serve a model over an OpenAI-compatible HTTP API: /v1/models, /v1/completions, "
-        "/v1/chat/completions (streaming or not), /tokenize, /detokenize, /health and /metrics "
-        "(Prometheus). One engine thread batches all requests continuously.",
+        "serve", parents=parents, help="serve models over OpenAI- and Anthropic-compatible HTTP APIs",
+        description="Serve one or more models over HTTP: /v1/models, /v1/completions, /v1/chat/completions "
+        "and /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/embeddings, /v1/rerank, /tokenize, "
+        "/detokenize, /health and /metrics (Prometheus). Each model's engine thread batches its requests "
+        "continuously.",
     )
-    add_model_args(p)
+    add_model_args(p, many=True)
+    p.add_argument("--models-dir", metavar="DIR", help="serve every .gguf in DIR as well (named by file stem)")
+    p.add_argument("--max-loaded-models", metavar="N", default="3",
+                   help="with several models: how many stay loaded at once; a request for another unloads the "
+                   "least recently used idle one, or waits while all are busy (default 3)")
+    p.add_argument("--keep-alive", metavar="DURATION",
+                   help="unload a model after it has been idle this long: seconds or 5m / 1h style, -1 never, 0 at "
+                   "once (default: 5m with several models, never with one); a request's keep_alive field sets it "
+                   "for its model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", default="8000", help="port to listen on (default 8000)")
     p.add_argument("--api-key", action="append", metavar="KEY",
@@ -86,7 +96,9 @@ def serve(args: argparse.Namespace) -> int:
     from edge_infer import hub
     from edge_infer.config import EngineConfig
 
-    config = EngineConfig.from_options(str(args.model), **engine_options(args, min_model_len=2))
+    paths = _served_models(args)
+    options = engine_options(args, min_model_len=2)
+    config = EngineConfig.from_options(paths[0], **options)
     port = int_option(args.port, "--port", 0)
     max_queue = int_option(args.max_queue, "--max-queue", 0)
     try:
@@ -95,10 +107,13 @@ def serve(args: argparse.Namespace) -> int:
         raise InvalidRequest(
             f"--shutdown-timeout must be a number of seconds, got {args.shutdown_timeout!r}"
         ) from None
-    model = str(args.model)
-    if model not in hub.KNOWN_MODELS and not hub.is_url(model):
-        hub.resolve_model(model)  # a missing file fails now; known names are pulled in the background
-    name = args.served_model_name or (model if model in hub.KNOWN_MODELS else Path(model).stem)
+    for model in paths:
+        if model not in hub.KNOWN_MODELS and not hub.is_url(model):
+            hub.resolve_model(model)  # a missing file fails now; known names are pulled in the background
+    model = paths[0]
+    name = args.served_model_name or _name(model)
+    extra = _extra_models(paths[1:], options, {name})
+    keep_alive = _keep_alive(args.keep_alive, several=bool(extra))
     keys = tuple(args.api_key or ()) or tuple(k for k in [os.environ.get("EDGE_INFER_API_KEY", "")] if k)
 
     import uvicorn
@@ -125,8 +140,13 @@ def serve(args: argparse.Namespace) -> int:
                               read_timeout=_seconds(args.read_timeout, "--read-timeout"),
                               write_timeout=_seconds(args.write_timeout, "--write-timeout"),
                               allowed_hosts=_allowed_hosts(args.allowed_hosts, args.host),
-                              on_fatal=None if scale else on_fatal)
+                              on_fatal=None if scale else on_fatal, extra_models=extra,
+                              max_loaded_models=int_option(args.max_loaded_models, "--max-loaded-models", 1) or 1,
+                              keep_alive=keep_alive, model_size=_size(model))
     if scale is not None:
+        if extra:
+            raise InvalidRequest("--replicas serves one model: give one -m (several models behind one endpoint run "
+                                 "without Ray)")
         from dataclasses import replace
 
         from edge_infer.cluster.app import serve_until_signal
@@ -151,6 +171,67 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         remove()
     return status["code"]
+
+
+def _served_models(args: argparse.Namespace) -> list[str]:
+    """The -m models, then the .gguf files of --models-dir (sorted), or the default model."""
+    from edge_infer.hub import DEFAULT_MODEL
+
+    models = [str(m) for m in args.model or ()]
+    if args.models_dir is not None:
+        folder = Path(args.models_dir)
+        if not folder.is_dir():
+            raise InvalidRequest(f"--models-dir {args.models_dir!r} is not a folder")
+        found = sorted(str(f) for f in folder.glob("*.gguf") if f.is_file())
+        if not found:
+            raise InvalidRequest(f"--models-dir {args.models_dir!r} holds no .gguf file")
+        models += [f for f in found if f not in models]
+    return models or [DEFAULT_MODEL]
+
+
+def _name(model: str) -> str:
+    from edge_infer import hub
+
+    return model if model in hub.KNOWN_MODELS else Path(model).stem
+
+
+def _size(model: str) -> int:
+    """Bytes of a model's file (0 when it is not on disk yet: a known model not pulled)."""
+    from edge_infer import hub
+
+    try:
+        path = hub.resolve_model(model, download=False)
+    except Exception:  # not pulled yet, or a URL
+        return 0
+    return path.stat().st_size if path.is_file() else 0
+
+
+def _extra_models(models: list[str], options: dict[str, Any], taken: set[str]) -> tuple[Any, ...]:
+    """The served models after the first, with the same engine options."""
+    from edge_infer.config import EngineConfig
+    from edge_infer.server.model_pool import ServedModel
+
+    out = []
+    for model in models:
+        name = _name(model)
+        if name in taken:
+            raise InvalidRequest(f"two served models are named {name!r}: serve one of them, or rename a file")
+        taken.add(name)
+        out.append(ServedModel(name, EngineConfig.from_options(model, **options), (model,), _size(model)))
+    return tuple(out)
+
+
+def _keep_alive(value: str | None, several: bool) -> float | None:
+    """--keep-alive in seconds (None: never unload)."""
+    from edge_infer.server.errors import APIError
+    from edge_infer.server.model_pool import keep_alive_seconds
+
+    if value is None:
+        return 300.0 if several else None
+    try:
+        return keep_alive_seconds(value, "--keep-alive")
+    except APIError as e:
+        raise InvalidRequest(e.message) from None
 
 
 def scale_options(args: argparse.Namespace) -> Any:

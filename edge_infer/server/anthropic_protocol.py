@@ -139,6 +139,7 @@ class MessagesRequest(CountTokensRequest):
     speed: str | None = None
     user_profile_id: str | None = None
     workspace_id: str | None = None
+    keep_alive: int | float | str | None = None  # Ollama's, as on the other routes (model_pool.py)
 
 
 # each block type's own fields (beside type, cache_control and citations)

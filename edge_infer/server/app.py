@@ -34,6 +34,7 @@ from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError, anthropic_error_body, error_body
 from edge_infer.server.http_guards import LOOPBACK_NAMES, HostCheck
 from edge_infer.server.limits import RequestLimits
+from edge_infer.server.model_pool import ModelPool, ServedModel
 
 log = logging.getLogger("edge_infer.server")
 ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
@@ -59,6 +60,12 @@ class ServerSettings:
     # Host header names answered ("*": any); `edge-infer serve` derives them from --host
     allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES
     on_fatal: Callable[[str], None] | None = field(default=None, repr=False)
+    # more models behind the same endpoint (model_pool.py): loaded on first use, at most
+    # max_loaded_models at once, unloaded after keep_alive seconds idle (None: never)
+    extra_models: tuple[ServedModel, ...] = ()
+    max_loaded_models: int = 1
+    keep_alive: float | None = None
+    model_size: int = 0  # bytes of the first model's file (0: unknown)
 
 
 def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> FastAPI:
@@ -67,7 +74,13 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     from `app.state.context` (context.py), so a later change to `settings` does not reach them."""
     if engine is None:
         engine = AsyncEngine(settings.config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
-    ctx = ServerContext(engine=engine, model_name=settings.model_name, aliases=settings.aliases,
+
+    def make(config: EngineConfig) -> AsyncEngine:
+        return AsyncEngine(config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
+
+    first = ServedModel(settings.model_name, settings.config, settings.aliases, settings.model_size)
+    pool = ModelPool((first, *settings.extra_models), engine, make, settings.max_loaded_models, settings.keep_alive)
+    ctx = ServerContext(engine=engine, pool=pool, model_name=settings.model_name, aliases=settings.aliases,
                         api_keys=settings.api_keys, limits=settings.limits, read_timeout=settings.read_timeout,
                         write_timeout=settings.write_timeout, shutdown_timeout=settings.shutdown_timeout,
                         created=int(time.time()), on_fatal=settings.on_fatal)
@@ -91,17 +104,20 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Load the model in the background while the server listens; close the engine at exit."""
+    """Load the first model in the background while the server listens (the others load on
+    first use), run the keep-alive sweeps; close every engine at exit."""
     ctx = server_context(app)
     engine = ctx.engine
     app.state.loop = asyncio.get_running_loop()
     loader = asyncio.create_task(_load(ctx))
+    sweeper = asyncio.create_task(ctx.pool.run_sweeps())
     try:
         yield
     finally:
+        sweeper.cancel()
         if engine.state == "loading":
             engine.state = "draining"
-        await engine.close()
+        await ctx.pool.close()
         if not loader.done():
             loader.cancel()
 
@@ -109,7 +125,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 async def _load(ctx: ServerContext) -> None:
     engine = ctx.engine
     try:
-        await engine.load()
+        await ctx.pool.load_first()
     except Exception:
         msg = engine.error or "unknown error"
         print(f"edge-infer: error: cannot load the model: {msg}", file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ from edge_infer.server.protocol import parse_body
 
 if TYPE_CHECKING:
     from edge_infer.server.engine_client import AsyncEngine
+    from edge_infer.server.model_pool import ModelPool
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -28,9 +29,11 @@ M = TypeVar("M", bound=BaseModel)
 @dataclass(frozen=True, slots=True)
 class ServerContext:
     """One app's engine client and the settings its routes and lifespan read. Timeouts in
-    seconds; created: Unix seconds, the model cards' `created`."""
+    seconds; created: Unix seconds, the model cards' `created`. engine: the first model's
+    (loaded at start-up); pool: every served model's, which the model routes go through."""
 
     engine: AsyncEngine
+    pool: ModelPool
     model_name: str
     aliases: tuple[str, ...]
     api_keys: tuple[str, ...]
@@ -41,17 +44,18 @@ class ServerContext:
     created: int
     on_fatal: Callable[[str], None] | None = field(default=None, repr=False)
 
-    def check_model(self, name: str | None) -> str:
-        """The served model's name for a request's `model` (None: the served one); 404 for a
-        name that is neither it nor an alias."""
-        if name is not None and name != self.model_name and name not in self.aliases:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
-        return self.model_name
+    def check_serving(self) -> None:
+        """503 while shutting down, and for a one-model server while its model is not ready (a
+        server of several loads each on first use)."""
+        if len(self.pool.models) == 1:
+            self.engine.check_ready()
+        elif self.pool.draining:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
 
     def begin_drain(self) -> None:
         """Start shutting down: new requests get 503, running ones shutdown_timeout to end."""
         self.engine.begin_drain(self.shutdown_timeout)
+        self.pool.begin_drain(self.shutdown_timeout)
 
 
 def server_context(app: Any) -> ServerContext:
@@ -62,11 +66,11 @@ def server_context(app: Any) -> ServerContext:
 
 async def parse_request(request: Request, model: type[M], x_api_key: bool = False) -> tuple[ServerContext, M]:
     """A JSON route's body as `model`, checked in order: the API key (401; x_api_key: Anthropic's
-    header is taken too), the content type (415), a loaded model (503), the body's arrival and
-    size (408, 413), then its fields (400)."""
+    header is taken too), the content type (415), a serving server (503), the body's arrival and
+    size (408, 413), then its fields (400). The route then takes its model from ctx.pool."""
     ctx = server_context(request.app)
     authorize(request, ctx.api_keys, x_api_key)
     require_json(request)
-    ctx.engine.check_ready()
+    ctx.check_serving()
     body = await read_body(request, ctx.limits.max_body, ctx.read_timeout)
     return ctx, parse_body(body, model, ctx.limits)

@@ -72,6 +72,7 @@ class _Sampling(_Strict):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    keep_alive: int | float | str | None = None  # Ollama's: how long the model stays loaded after
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         extra_stop: tuple[str, ...] = ()) -> SamplingParams:
@@ -176,6 +177,7 @@ class EmbeddingRequest(_Strict):
     encoding_format: str | None = "float"
     dimensions: int | None = None
     user: str | None = None
+    keep_alive: int | float | str | None = None
 
     def inputs(self) -> list[str | list[int]]:
         """The inputs: a string, a list of strings, a token id list, or a list of those."""

@@ -108,6 +108,7 @@ class ResponsesRequest(_Strict):
     prompt_cache_retention: str | None = None
     service_tier: str | None = None
     truncation: str | None = None
+    keep_alive: int | float | str | None = None  # Ollama's, as on the other routes (model_pool.py)
 
 
 def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:

@@ -23,25 +23,25 @@ router = APIRouter()
 @router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
 async def completions(request: Request) -> Response:
     ctx, req = await parse_request(request, CompletionRequest)
-    model = ctx.check_model(req.model)
-    refuse_encoder(ctx.engine)
-    return await create_completion(req, ctx.engine, model, request.receive)
+    async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
+        refuse_encoder(engine)
+        return await create_completion(req, engine, model, request.receive)
 
 
 @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     ctx, req = await parse_request(request, ChatCompletionRequest)
-    model = ctx.check_model(req.model)
-    refuse_encoder(ctx.engine)
-    return await create_chat_completion(req, ctx.engine, model, request.receive)
+    async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
+        refuse_encoder(engine)
+        return await create_chat_completion(req, engine, model, request.receive)
 
 
 @router.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
 async def responses(request: Request) -> Response:
     ctx, req = await parse_request(request, ResponsesRequest)
-    model = ctx.check_model(req.model)
-    refuse_encoder(ctx.engine)
-    return await create_response(req, ctx.engine, model, request.receive)
+    async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
+        refuse_encoder(engine)
+        return await create_response(req, engine, model, request.receive)
 
 
 def refuse_encoder(engine: AsyncEngine) -> None:

@@ -21,14 +21,14 @@ PREFIX = "/v1/messages"
 @router.post("/v1/messages", openapi_extra=body_schema(MessagesRequest))
 async def messages(request: Request) -> Response:
     ctx, req = await parse_request(request, MessagesRequest, x_api_key=True)
-    model = ctx.check_model(req.model)
-    refuse_encoder(ctx.engine)
-    return await create_message(req, ctx.engine, model, request.receive)
+    async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
+        refuse_encoder(engine)
+        return await create_message(req, engine, model, request.receive)
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=body_schema(CountTokensRequest))
 async def messages_count_tokens(request: Request) -> Response:
     ctx, req = await parse_request(request, CountTokensRequest, x_api_key=True)
-    ctx.check_model(req.model)
-    refuse_encoder(ctx.engine)
-    return JSONResponse(await count_tokens(req, ctx.engine))
+    async with ctx.pool.use(req.model) as (engine, _):
+        refuse_encoder(engine)
+        return JSONResponse(await count_tokens(req, engine))

@@ -1,6 +1,7 @@
 """The routes about the server rather than a model call: GET /health (503 until the model is
-loaded and while draining, open without an API key), /v1/models and /v1/models/{model} (the
-served model's card), /metrics (Prometheus text, open without an API key)."""
+loaded and while draining, open without an API key; a server of several models is healthy
+once its first model has loaded, and says which are loaded now), /v1/models and /v1/models/{model} (the served
+models' cards), /metrics (Prometheus text, open without an API key)."""
 
 from __future__ import annotations
 
@@ -18,40 +19,50 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    engine = server_context(request.app).engine
-    if engine.state == "ready":
-        return JSONResponse({"status": "ok"})
+    ctx = server_context(request.app)
     try:
-        engine.check_ready()
+        ctx.check_serving()
+        if ctx.engine.state == "loading":  # start-up: the first model is not loaded yet
+            ctx.engine.check_ready()
     except APIError as e:
         return JSONResponse(e.body(), status_code=503, headers=e.headers)
-    return JSONResponse({"status": "ok"})  # pragma: no cover
+    if len(ctx.pool.models) == 1:
+        return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "ok", "loaded": [n for n in ctx.pool.engines if ctx.pool.loaded(n) is not None]})
 
 
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
     ctx = server_context(request.app)
     authorize(request, ctx.api_keys)
-    return JSONResponse({"object": "list", "data": [_model_card(ctx, ctx.model_name)]})
+    return JSONResponse({"object": "list", "data": [_model_card(ctx, m.name) for m in ctx.pool.models]})
 
 
 @router.get("/v1/models/{model:path}")
 async def model(request: Request, model: str) -> Response:
     ctx = server_context(request.app)
     authorize(request, ctx.api_keys)
-    return JSONResponse(_model_card(ctx, ctx.check_model(model)))
+    return JSONResponse(_model_card(ctx, ctx.pool.resolve(model).name))
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    engine = server_context(request.app).engine
+    pool = server_context(request.app).pool
+    engine = pool.any_engine()
     snapshot = None
-    if engine.state in ("ready", "draining") and engine.worker is not None:
+    if engine is not None and engine.state in ("ready", "draining") and engine.worker is not None:
         snapshot = await engine.call(lambda e: e.metrics())
-    text = engine.metrics.render(snapshot, ready=engine.state == "ready", in_flight=len(engine.in_flight))
+    in_flight = sum(len(e.in_flight) for e in pool.engines.values())
+    text = pool.metrics.render(snapshot, ready=engine is not None and engine.state == "ready", in_flight=in_flight)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def _model_card(ctx: ServerContext, name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": ctx.created, "owned_by": "edge-infer",
-            "max_model_len": ctx.engine.max_model_len or None}
+    """OpenAI's model object; with several models, whether it is loaded now (llama.cpp's router
+    and Ollama's /api/ps say the same)."""
+    engine = ctx.pool.loaded(name)
+    card = {"id": name, "object": "model", "created": ctx.created, "owned_by": "edge-infer",
+            "max_model_len": engine.max_model_len or None if engine is not None else None}
+    if len(ctx.pool.models) > 1:
+        card["status"] = "loaded" if engine is not None else "unloaded"
+    return card

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from edge_infer.errors import EdgeInferError
 from edge_infer.server.context import parse_request
 from edge_infer.server.embeddings import create_embeddings
+from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError, from_engine_error
 from edge_infer.server.protocol import DetokenizeRequest, EmbeddingRequest, TokenizeRequest, template_messages
 from edge_infer.server.rerank import RerankRequest, create_rerank
@@ -22,7 +23,8 @@ router = APIRouter()
 @router.post("/v1/embeddings", openapi_extra=body_schema(EmbeddingRequest))
 async def embeddings(request: Request) -> Response:
     ctx, req = await parse_request(request, EmbeddingRequest)
-    return JSONResponse(await create_embeddings(req, ctx.engine, ctx.check_model(req.model)))
+    async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
+        return JSONResponse(await create_embeddings(req, engine, model))
 
 
 @router.post("/v1/rerank", openapi_extra=body_schema(RerankRequest))
@@ -30,16 +32,20 @@ async def embeddings(request: Request) -> Response:
 @router.post("/v1/reranking", openapi_extra=body_schema(RerankRequest))
 async def rerank(request: Request) -> Response:
     ctx, req = await parse_request(request, RerankRequest)
-    return JSONResponse(await create_rerank(req, ctx.engine, ctx.check_model(req.model)))
+    async with ctx.pool.use(req.model) as (engine, model):
+        return JSONResponse(await create_rerank(req, engine, model))
 
 
 @router.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
 async def tokenize(request: Request) -> Response:
     ctx, req = await parse_request(request, TokenizeRequest)
-    ctx.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give either prompt or messages", param="prompt", code="invalid_value")
-    engine = ctx.engine
+    async with ctx.pool.use(req.model) as (engine, _):
+        return await _tokenize(req, engine)
+
+
+async def _tokenize(req: TokenizeRequest, engine: AsyncEngine) -> Response:
     tok = engine.tokenizer
     assert tok is not None
     if req.prompt is not None:
@@ -54,15 +60,19 @@ async def tokenize(request: Request) -> Response:
 @router.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))
 async def detokenize(request: Request) -> Response:
     ctx, req = await parse_request(request, DetokenizeRequest)
-    ctx.check_model(req.model)
-    tok = ctx.engine.tokenizer
+    async with ctx.pool.use(req.model) as (engine, _):
+        return await _detokenize(req, engine)
+
+
+async def _detokenize(req: DetokenizeRequest, engine: AsyncEngine) -> Response:
+    tok = engine.tokenizer
     assert tok is not None
     bad = [t for t in req.tokens if not 0 <= t < tok.vocab_size]
     if bad:
         raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{tok.vocab_size - 1})",
                        param="tokens", code="invalid_value")
     try:
-        text = await ctx.engine.run(lambda: tok.decode(req.tokens))
+        text = await engine.run(lambda: tok.decode(req.tokens))
     except EdgeInferError as e:
         raise from_engine_error(e) from None
     return JSONResponse({"prompt": text})
