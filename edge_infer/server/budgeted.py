@@ -21,7 +21,7 @@ from edge_infer.server.chat_run import ChatRun
 from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.reasoning import CLOSE, OPEN
 from edge_infer.server.replies import ReplyShaper
-from edge_infer.server.streaming import race_disconnect
+from edge_infer.server.streaming import ClientGone, error_for, race_disconnect
 
 # reasoning effort -> budget in tokens (None: the model decides). Neither OpenAI nor Anthropic
 # publishes numbers; these are ours (README)
@@ -73,10 +73,15 @@ class Replies:
         await self.gen.aclose()  # type: ignore[attr-defined]
 
 
-async def whole_reply(receive: Receive, replies: Replies) -> Reply:
-    """The finished reply (ClientGone when the client leaves first: the work is cancelled)."""
+async def whole_reply(receive: Receive, replies: Replies, engine: AsyncEngine) -> Reply | None:
+    """The finished reply; None when the client left first (the work is cancelled); a failure
+    as the APIError to answer."""
     try:
         return await race_disconnect(receive, _last(replies))
+    except ClientGone:
+        return None
+    except Exception as e:
+        raise error_for(e, engine.state == "draining") from None
     finally:
         await replies.aclose()
 

@@ -27,7 +27,7 @@ from edge_infer.server.errors import APIError
 from edge_infer.server.logprobs import chat_logprobs
 from edge_infer.server.protocol import ChatCompletionRequest
 from edge_infer.server.replies import ReplyShaper
-from edge_infer.server.streaming import ClientGone, Receive, SSEResponse, error_for
+from edge_infer.server.streaming import Receive, SSEResponse
 
 
 async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine, model: str,
@@ -77,12 +77,9 @@ async def _with_budget(req: ChatCompletionRequest, run: ChatRun, engine: AsyncEn
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return SSEResponse(_budget_chunks(replies, base, include_usage, run.shaper), lambda: engine.state == "draining")
-    try:
-        last = await whole_reply(receive, replies)
-    except ClientGone:
+    last = await whole_reply(receive, replies, engine)
+    if last is None:
         return Response(status_code=499)  # nobody is left to read it
-    except Exception as e:
-        raise error_for(e, engine.state == "draining") from None
     message, finish = run.shaper.message(last.text, last.finish_reason)
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish, "stop_reason": last.stop_reason}
     return JSONResponse({**base, "object": "chat.completion", "choices": [choice], "usage": _usage(last.prompt_tokens, last.tokens),

@@ -31,7 +31,7 @@ from edge_infer.server.budgeted import Replies, start_reply, whole_reply
 from edge_infer.server.chat_run import prepare_chat
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.replies import ReplyShaper
-from edge_infer.server.streaming import ClientGone, SSEResponse, error_for
+from edge_infer.server.streaming import SSEResponse
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -52,12 +52,9 @@ async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, 
     if req.stream:
         return SSEResponse(_events(replies, run.shaper, mid, model, len(run.prompt), stops, omit),
                            lambda: engine.state == "draining", dialect="anthropic")
-    try:
-        last = await whole_reply(receive, replies)
-    except ClientGone:
+    last = await whole_reply(receive, replies, engine)
+    if last is None:
         return Response(status_code=499)  # nobody is left to read it
-    except Exception as e:
-        raise error_for(e, engine.state == "draining") from None
     message, finish = run.shaper.message(last.text, last.finish_reason)
     body = _message_start(mid, model, last.prompt_tokens)
     body["content"] = _blocks(message, omit)

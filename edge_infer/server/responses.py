@@ -25,7 +25,7 @@ from edge_infer.server.chat_run import prepare_chat
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.replies import ReplyShaper
 from edge_infer.server.responses_protocol import ResponsesRequest, chat_request, reasoning_budget
-from edge_infer.server.streaming import ClientGone, SSEResponse, error_for
+from edge_infer.server.streaming import SSEResponse
 
 
 async def create_response(req: ResponsesRequest, engine: AsyncEngine, model: str, receive: Receive) -> Response:
@@ -35,12 +35,9 @@ async def create_response(req: ResponsesRequest, engine: AsyncEngine, model: str
     if req.stream:
         return SSEResponse(_events(replies, run.shaper, base, len(run.prompt), engine), lambda: engine.state == "draining",
                            dialect="responses")
-    try:
-        last = await whole_reply(receive, replies)
-    except ClientGone:
+    last = await whole_reply(receive, replies, engine)
+    if last is None:
         return Response(status_code=499)  # nobody is left to read it
-    except Exception as e:
-        raise error_for(e, engine.state == "draining") from None
     message, finish = run.shaper.message(last.text, last.finish_reason)
     items = [item for _, item in _items(message, rid)]
     return JSONResponse(await _finished(base, items, last, finish, engine))
