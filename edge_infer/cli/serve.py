@@ -40,6 +40,9 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                    help="unload a model after it has been idle this long: seconds or 5m / 1h style, -1 never, 0 at "
                    "once (default: 5m with several models, never with one); a request's keep_alive field sets it "
                    "for its model")
+    p.add_argument("--reasoning-budget", metavar="N", default="-1",
+                   help="on templates that think: tokens of <think> before it is closed and the answer begins "
+                   "(0: no thinking; -1: no limit, the default); a request's reasoning_effort / thinking overrides it")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", default="8000", help="port to listen on (default 8000)")
     p.add_argument("--api-key", action="append", metavar="KEY",
@@ -142,7 +145,8 @@ def serve(args: argparse.Namespace) -> int:
                               allowed_hosts=_allowed_hosts(args.allowed_hosts, args.host),
                               on_fatal=None if scale else on_fatal, extra_models=extra,
                               max_loaded_models=int_option(args.max_loaded_models, "--max-loaded-models", 1) or 1,
-                              keep_alive=keep_alive, model_size=_size(model))
+                              keep_alive=keep_alive, model_size=_size(model),
+                              reasoning_budget=_reasoning_budget(args.reasoning_budget))
     if scale is not None:
         if extra:
             raise InvalidRequest("--replicas serves one model: give one -m (several models behind one endpoint run "
@@ -219,6 +223,17 @@ def _extra_models(models: list[str], options: dict[str, Any], taken: set[str]) -
         taken.add(name)
         out.append(ServedModel(name, EngineConfig.from_options(model, **options), (model,), _size(model)))
     return tuple(out)
+
+
+def _reasoning_budget(value: str) -> int | None:
+    """--reasoning-budget: a count of tokens, or None for -1 (no limit)."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise InvalidRequest(f"--reasoning-budget must be a count of tokens, 0, or -1 (no limit), got {value!r}")
+    return None if n == -1 else n
 
 
 def _keep_alive(value: str | None, several: bool) -> float | None:

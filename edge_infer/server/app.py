@@ -66,6 +66,7 @@ class ServerSettings:
     max_loaded_models: int = 1
     keep_alive: float | None = None
     model_size: int = 0  # bytes of the first model's file (0: unknown)
+    reasoning_budget: int | None = None  # tokens of thought before </think> is forced (None: no limit)
 
 
 def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> FastAPI:
@@ -76,7 +77,11 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
         engine = AsyncEngine(settings.config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
 
     def make(config: EngineConfig) -> AsyncEngine:
-        return AsyncEngine(config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
+        made = AsyncEngine(config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
+        made.reasoning_budget = settings.reasoning_budget
+        return made
+
+    engine.reasoning_budget = settings.reasoning_budget
 
     first = ServedModel(settings.model_name, settings.config, settings.aliases, settings.model_size)
     pool = ModelPool((first, *settings.extra_models), engine, make, settings.max_loaded_models, settings.keep_alive)

@@ -5,8 +5,9 @@ tools) is ever parsed as special tokens, within the template's time and size bou
 past one is a 400); request-supplied templates are refused in protocol.py. A model without a
 template is a 400 unless the server was started with --chat-template. `reasoning_effort` on a
 template that thinks sets a reasoning budget (budgeted.py: none 0, minimal 256, low 1,024,
-medium 4,096, high 16,384 tokens, xhigh and max none); on one that does not there is no thought
-to budget.
+medium 4,096, high 16,384 tokens, xhigh and max none; without it, the server's
+--reasoning-budget where the request has one choice and no logprobs); on one that does not
+there is no thought to budget.
 """
 
 from __future__ import annotations
@@ -39,8 +40,12 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
     n, k, shaper = run.params.n, run.k, run.shaper
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-    if req.reasoning_effort is not None and engine.thinks:
-        return await _with_budget(req, run, engine, base, receive)
+    budget = EFFORT_BUDGETS[req.reasoning_effort] if req.reasoning_effort is not None else engine.reasoning_budget
+    # the server's --reasoning-budget applies where it can (one choice, no logprobs); a request's
+    # reasoning_effort must
+    fits = run.params.n == 1 and run.k is None
+    if engine.thinks and (req.reasoning_effort is not None or (budget is not None and fits)):
+        return await _with_budget(req, run, engine, base, receive, budget)
     streams = await engine.submit([run.prompt], run.params, rid)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -67,13 +72,13 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
 
 
 async def _with_budget(req: ChatCompletionRequest, run: ChatRun, engine: AsyncEngine, base: dict[str, Any],
-                       receive: Receive) -> Response:
+                       receive: Receive, budget: int | None) -> Response:
     """A chat reply under reasoning_effort's budget (budgeted.py): one choice, no logprobs."""
     for name, bad in (("n", run.params.n > 1), ("logprobs", run.k is not None)):
         if bad:
             raise APIError(400, f"{name}: reasoning_effort's budget runs one choice without logprobs; drop one of the "
                            "two", param=name, code="unsupported_parameter")
-    run, replies = await start_reply(engine, run, base["id"], EFFORT_BUDGETS[req.reasoning_effort or "none"])
+    run, replies = await start_reply(engine, run, base["id"], budget)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return SSEResponse(_budget_chunks(replies, base, include_usage, run.shaper), lambda: engine.state == "draining")

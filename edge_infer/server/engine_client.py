@@ -123,6 +123,8 @@ class AsyncEngine:
         self.metrics = ServerMetrics()
         self.load_seconds: float | None = None
         self.fingerprint = f"edge-infer-{__version__}"
+        # the server's --reasoning-budget: tokens of <think> before it is closed (None: no limit)
+        self.reasoning_budget: int | None = None
         # submit() waits for the engine's next step boundary; these threads do that waiting.
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="edge-infer-submit")
 

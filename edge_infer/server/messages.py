@@ -47,7 +47,7 @@ async def count_tokens(req: CountTokensRequest, engine: AsyncEngine) -> dict[str
 async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, receive: Receive) -> Response:
     omit = req.thinking is not None and req.thinking.display == "omitted"
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    run, replies = await start_reply(engine, await prepare_chat(chat_request(req), engine), mid, reasoning_budget(req))
+    run, replies = await start_reply(engine, await prepare_chat(chat_request(req), engine), mid, _budget(req, engine))
     stops = tuple(req.stop_sequences or ())
     if req.stream:
         return SSEResponse(_events(replies, run.shaper, mid, model, len(run.prompt), stops, omit),
@@ -159,3 +159,9 @@ class _BlockStream:
             return []
         self.kind = None
         return [{"type": "content_block_stop", "index": self.index}]
+
+
+def _budget(req: Any, engine: AsyncEngine) -> int | None:
+    """The request's reasoning budget, else the server's (--reasoning-budget)."""
+    budget = reasoning_budget(req)
+    return engine.reasoning_budget if budget is None else budget

@@ -30,7 +30,7 @@ from edge_infer.server.streaming import SSEResponse
 
 async def create_response(req: ResponsesRequest, engine: AsyncEngine, model: str, receive: Receive) -> Response:
     rid = f"resp_{uuid.uuid4().hex}"
-    run, replies = await start_reply(engine, await prepare_chat(chat_request(req), engine), rid, reasoning_budget(req))
+    run, replies = await start_reply(engine, await prepare_chat(chat_request(req), engine), rid, _budget(req, engine))
     base = _base(req, rid, model)
     if req.stream:
         return SSEResponse(_events(replies, run.shaper, base, len(run.prompt), engine), lambda: engine.state == "draining",
@@ -201,3 +201,9 @@ class _ItemStream:
         self.done.append(item)
         self.kind = None
         return events
+
+
+def _budget(req: Any, engine: AsyncEngine) -> int | None:
+    """The request's reasoning budget, else the server's (--reasoning-budget)."""
+    budget = reasoning_budget(req)
+    return engine.reasoning_budget if budget is None else budget

@@ -264,3 +264,17 @@ def test_responses_json_schema_and_refusals(server, oai) -> None:  # type: ignor
                               include=["reasoning.encrypted_content"], text={"verbosity": "low"},
                               reasoning={"summary": "auto"})
     assert ok.status == "incomplete"
+
+
+def test_the_server_reasoning_budget(start_server, thinker_server, thinker_openai) -> None:  # type: ignore[no-untyped-def]
+    """--reasoning-budget (llama.cpp's) applies when the request names none, and a request's own wins."""
+    path = thinker_server.proc.args[thinker_server.proc.args.index("serve") + 2]  # serve -m PATH
+    budgeted = start_server(path, "-t", "1", "--kv-cache-memory", "16MiB", "--max-model-len", "2048",
+                            "--reasoning-budget", "1024")
+    client = openai.OpenAI(base_url=budgeted.url + "/v1", api_key="none", max_retries=0, timeout=600)
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 1100}
+    want = thinker_openai.chat.completions.create(**ask, reasoning_effort="low").choices[0].message
+    got = client.chat.completions.create(**ask).choices[0].message
+    assert (got.reasoning_content, got.content) == (want.reasoning_content, want.content) and got.content
+    unlimited = client.chat.completions.create(**ask, reasoning_effort="max").choices[0].message
+    assert not unlimited.content and unlimited.reasoning_content.startswith(want.reasoning_content)
