@@ -16,6 +16,9 @@ What each field becomes:
 - `output_config.format` (json_schema) -> the structured output; `output_config.effort` and
   `thinking` set the reasoning budget (`reasoning_budget`; messages.py applies it).
 - `cache_control` (top level and on blocks) is accepted: prefix caching is automatic.
+  `context_management` takes clear_thinking edits (moot: earlier thinking is left out anyway).
+- `max_tokens` past the room the prompt leaves in the context is cut to that room (messages.py):
+  clients send their own large defaults (Claude Code 32,000), and the reply then ends max_tokens.
   `metadata`, `service_tier`, `inference_geo`, `speed`, `user_profile_id` and `workspace_id` are
   accepted without effect. `temperature`, `top_p` and `top_k`, which the 2026 SDKs no longer
   send, are still honoured when given.
@@ -122,6 +125,7 @@ class CountTokensRequest(_Strict):
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -151,6 +155,7 @@ _COMMON = {"type", "cache_control", "citations"}
 def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     """The OpenAI chat request that runs `req` (its sampling fields too, for a MessagesRequest)."""
     _refuse_extra(req, "")
+    _context_management(req.context_management)
     messages: list[dict[str, Any]] = []
     if req.system is not None:
         system = req.system if isinstance(req.system, str) else _texts(req.system, "system")
@@ -180,6 +185,24 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as e:  # a translation the chat request refuses: name what we sent
         raise APIError(400, f"the request cannot be run as a chat: {e.errors()[0]['msg']}", code="invalid_value") from None
+
+
+def _context_management(cm: dict[str, Any] | None) -> None:
+    """Context editing: `clear_thinking_*` edits (what Claude Code sends when it thinks) are what
+    the prompt does anyway, as earlier turns' thinking never reaches it; other edits (clearing
+    old tool results) are refused by name, as the conversation is run as sent."""
+    if cm is None:
+        return
+    edits = cm.get("edits")
+    if set(cm) - {"edits"} or not isinstance(edits, list):
+        raise APIError(400, "context_management must be {\"edits\": [...]}", param="context_management",
+                       code="invalid_value")
+    for i, edit in enumerate(edits):
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        if not isinstance(kind, str) or not kind.startswith("clear_thinking_"):
+            raise APIError(400, f"context_management.edits[{i}]: only clear_thinking edits are supported (earlier "
+                           f"thinking never reaches the prompt); got {kind!r}", param=f"context_management.edits[{i}]",
+                           code="unsupported_parameter")
 
 
 def check_thinking(thinking: Thinking | None, max_tokens: int | None) -> None:

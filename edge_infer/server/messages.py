@@ -13,6 +13,7 @@ thinking blocks without their text.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -28,7 +29,7 @@ from edge_infer.server.anthropic_protocol import (
     reasoning_budget,
 )
 from edge_infer.server.budgeted import Replies, start_reply, whole_reply
-from edge_infer.server.chat_run import prepare_chat
+from edge_infer.server.chat_run import ChatRun, prepare_chat
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.replies import ReplyShaper
 from edge_infer.server.streaming import SSEResponse
@@ -47,7 +48,8 @@ async def count_tokens(req: CountTokensRequest, engine: AsyncEngine) -> dict[str
 async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, receive: Receive) -> Response:
     omit = req.thinking is not None and req.thinking.display == "omitted"
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    run, replies = await start_reply(engine, await prepare_chat(chat_request(req), engine), mid, _budget(req, engine))
+    run = _within_context(await prepare_chat(chat_request(req), engine), engine)
+    run, replies = await start_reply(engine, run, mid, _budget(req, engine))
     stops = tuple(req.stop_sequences or ())
     if req.stream:
         return SSEResponse(_events(replies, run.shaper, mid, model, len(run.prompt), stops, omit),
@@ -61,6 +63,17 @@ async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, 
     body["stop_reason"], body["stop_sequence"] = _stop_reason(finish, last.stop_reason, stops)
     body["usage"] = {"input_tokens": last.prompt_tokens, "output_tokens": last.tokens}
     return JSONResponse(body)
+
+
+def _within_context(run: ChatRun, engine: AsyncEngine) -> ChatRun:
+    """max_tokens cut to the room the prompt leaves in the context (llama-server's way): Anthropic
+    clients must send max_tokens and send their own large defaults. A prompt that fills the
+    context keeps its max_tokens, and the engine's error names the lengths."""
+    room = engine.max_model_len - len(run.prompt)
+    limit = run.params.max_tokens
+    if room >= 1 and limit is not None and limit > room:
+        return dataclasses.replace(run, params=dataclasses.replace(run.params, max_tokens=room))
+    return run
 
 
 def _message_start(mid: str, model: str, prompt_tokens: int) -> dict[str, Any]:

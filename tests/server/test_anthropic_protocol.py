@@ -85,6 +85,8 @@ def test_output_format_and_reasoning_budget() -> None:
     ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
     ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format"),
     ({"system": [{"type": "image", "source": {}}]}, "system[0]"),
+    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, "context_management.edits[0]"),
+    ({"context_management": {"clear": True}}, "context_management"),
 ])
 def test_refusals_name_their_field(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(APIError) as e:

@@ -88,6 +88,19 @@ def test_tool_use_round_trip(client) -> None:  # type: ignore[no-untyped-def]
     assert final.stop_reason == "end_turn" and "31" in final.content[0].text, final
 
 
+def test_claude_code_defaults_are_served(client) -> None:  # type: ignore[no-untyped-def]
+    """What Claude Code sends by default: max_tokens 32,000 (past this 2,048-token context: cut to
+    the room left), temperature 1, and with thinking a clear_thinking context edit."""
+    body = {"model": MODEL, "max_tokens": 32000, "messages": ASK["messages"],
+            "extra_body": {"temperature": 1, "context_management": {"edits": [{"type": "clear_thinking_20251015",
+                                                                                "keep": "all"}]}}}
+    r = client.messages.create(**body)
+    assert r.stop_reason in ("end_turn", "max_tokens") and r.usage.output_tokens < 2048
+    with pytest.raises(anthropic.BadRequestError, match="clear_tool_uses"):
+        client.messages.create(**{**body, "extra_body": {"context_management": {"edits": [
+            {"type": "clear_tool_uses_20250919"}]}}})
+
+
 def test_output_format_json_schema(client) -> None:  # type: ignore[no-untyped-def]
     schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "blue"]}},
               "required": ["colour"], "additionalProperties": False}
