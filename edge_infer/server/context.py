@@ -45,12 +45,14 @@ class ServerContext:
     on_fatal: Callable[[str], None] | None = field(default=None, repr=False)
 
     def check_serving(self) -> None:
-        """503 while shutting down, and for a one-model server while its model is not ready (a
-        server of several loads each on first use)."""
-        if len(self.pool.models) == 1:
-            self.engine.check_ready()
-        elif self.pool.draining:
+        """503 while shutting down, and for a one-model server while its model loads (or failed to)
+        at start-up. Once unloaded by keep-alive it is not this engine any more: the pool loads it
+        again on the next request, as it does every model of a server of several."""
+        if self.pool.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
+        starting = self.pool.engines.get(self.pool.primary) is self.engine
+        if len(self.pool.models) == 1 and starting:
+            self.engine.check_ready()
 
     def begin_drain(self) -> None:
         """Start shutting down: new requests get 503, running ones shutdown_timeout to end."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -59,6 +60,8 @@ def keep_alive_seconds(value: object, field: str = "keep_alive") -> float | None
     else:
         raise APIError(400, f"{field} must be seconds or a duration string, got {type(value).__name__}", param=field,
                        code="invalid_type")
+    if not math.isfinite(seconds):
+        raise APIError(400, f"{field} must be a finite number of seconds, got {value!r}", param=field, code="invalid_value")
     return None if seconds < 0 else seconds
 
 

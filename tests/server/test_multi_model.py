@@ -101,3 +101,16 @@ def test_one_loaded_model_swaps_under_load(start_server, tmp_path: Path, smollm2
     assert sum(s == "loaded" for s in _status(srv.url).values()) == 1
     assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
     shutil.rmtree(folder)
+
+
+def test_a_one_model_server_reloads_what_keep_alive_unloaded(start_server, get_metrics) -> None:  # type: ignore[no-untyped-def]
+    srv = start_server(NAMES[0], *COMMON)
+    first = _complete(srv.url, NAMES[0], keep_alive=0)
+    assert first.status_code == 200, first.text
+    deadline = time.monotonic() + 30
+    while any(k.startswith("edge_infer_kv_blocks_total") for k in get_metrics(srv.url)) and time.monotonic() < deadline:
+        time.sleep(0.2)  # unloaded: no engine reports its pool
+    assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+    again = _complete(srv.url, NAMES[0])
+    assert again.status_code == 200 and again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    assert _complete(srv.url, NAMES[0], keep_alive="1e999").status_code == 400
