@@ -73,6 +73,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     """The app over `engine` (default: a local AsyncEngine on its own engine thread; the Ray
     Serve ingress passes a ClusterEngine). Its routes read a frozen snapshot of `settings`
     from `app.state.context` (context.py), so a later change to `settings` does not reach them."""
+    fixed = engine is not None  # a given engine (the Ray Serve ingress's) is never unloaded
     if engine is None:
         engine = AsyncEngine(settings.config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
 
@@ -84,7 +85,8 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     engine.reasoning_budget = settings.reasoning_budget
 
     first = ServedModel(settings.model_name, settings.config, settings.aliases, settings.model_size)
-    pool = ModelPool((first, *settings.extra_models), engine, make, settings.max_loaded_models, settings.keep_alive)
+    pool = ModelPool((first, *settings.extra_models), engine, make, settings.max_loaded_models, settings.keep_alive,
+                     fixed=fixed)
     ctx = ServerContext(engine=engine, pool=pool, model_name=settings.model_name, aliases=settings.aliases,
                         api_keys=settings.api_keys, limits=settings.limits, read_timeout=settings.read_timeout,
                         write_timeout=settings.write_timeout, shutdown_timeout=settings.shutdown_timeout,

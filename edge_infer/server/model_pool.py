@@ -70,7 +70,7 @@ class ModelPool:
     made by create_app) is loaded at start-up; the others on first use."""
 
     def __init__(self, models: tuple[ServedModel, ...], primary: AsyncEngine, make: Callable[[EngineConfig], AsyncEngine],
-                 max_loaded: int = 1, keep_alive: float | None = None) -> None:
+                 max_loaded: int = 1, keep_alive: float | None = None, fixed: bool = False) -> None:
         self.models = models
         self.primary = models[0].name
         self.make = make
@@ -83,6 +83,9 @@ class ModelPool:
         self.alive_for: dict[str, float | None] = {}  # a request's keep_alive, per model
         self.loading: dict[str, asyncio.Task[AsyncEngine]] = {}
         self.draining = False
+        # fixed: the one engine was made elsewhere (a Ray Serve ingress's replicas) and stays;
+        # keep_alive cannot unload what this process could not load again
+        self.fixed = fixed
         self._room = asyncio.Lock()
 
     # -- names --------------------------------------------------------------------------------------
@@ -114,6 +117,9 @@ class ModelPool:
             raise APIError(503, "the server is shutting down", code="shutting_down")
         spec = self.resolve(name)
         if keep_alive is not None:
+            if self.fixed:
+                raise APIError(400, "keep_alive: this server's model runs on its Ray Serve replicas and stays loaded",
+                               param="keep_alive", code="unsupported_parameter")
             self.alive_for[spec.name] = keep_alive_seconds(keep_alive)
         self.leases[spec.name] = self.leases.get(spec.name, 0) + 1
         try:
@@ -217,7 +223,7 @@ class ModelPool:
     async def sweep(self) -> None:
         """Unload the models idle for longer than their keep-alive."""
         now = time.monotonic()
-        for name in list(self.engines):
+        for name in list(self.engines) if not self.fixed else ():
             alive = self.alive_for.get(name, self.keep_alive)
             if alive is None or self._busy(name):
                 continue

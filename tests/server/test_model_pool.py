@@ -102,3 +102,18 @@ def test_a_model_larger_than_memory_is_refused_by_its_size() -> None:
         assert "a" not in pool.engines  # the idle one was unloaded first, and it still did not fit
 
     asyncio.run(run())
+
+
+def test_a_fixed_engine_is_never_unloaded() -> None:
+    """The Ray Serve ingress's engine (made elsewhere) stays: keep_alive is refused, sweeps pass it."""
+    async def run() -> None:
+        pool, _ = _pool({"a": 1}, max_loaded=1)
+        pool.fixed, pool.keep_alive = True, 0.0
+        with pytest.raises(APIError) as e:
+            async with pool.use("a", keep_alive=0):
+                pass
+        assert e.value.param == "keep_alive"
+        await pool.sweep()
+        assert "a" in pool.engines
+
+    asyncio.run(run())
