@@ -200,13 +200,13 @@ def _name(model: str) -> str:
 
 
 def _size(model: str) -> int:
-    """Bytes of a model's file (0 when it is not on disk yet: a known model not pulled)."""
+    """Bytes of a model's file: a known model's pinned size (pulled or not), a local file's own;
+    0 when unknown (a URL or hf: model not fetched yet)."""
     from edge_infer import hub
 
-    try:
-        path = hub.resolve_model(model, download=False)
-    except Exception:  # not pulled yet, or a URL
-        return 0
+    if model in hub.KNOWN_MODELS:
+        return hub.KNOWN_MODELS[model].size
+    path = Path(model).expanduser()
     return path.stat().st_size if path.is_file() else 0
 
 

@@ -11,13 +11,12 @@ LFS record. HF_ENDPOINT (a mirror, or a test's loopback server) is honoured, HF_
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
 
 from edge_infer.errors import HubError
-from edge_infer.hub.cache import CHUNK, models_dir
+from edge_infer.hub.cache import drop_marker, file_digest, models_dir
 
 PREFIX = "hf:"
 DEFAULT_QUANT = "Q4_K_M"
@@ -103,7 +102,7 @@ def pull_hf(ref: str, *, progress: bool | None = None) -> Path:
             path = Path(hf_hub_download(repo, name, endpoint=endpoint, cache_dir=models_dir() / "hf-cache"))
         except HfHubHTTPError as e:
             raise HubError(f"hf:{repo}: downloading {name} failed: {e}") from None
-        _check(path, sums.get(name), name)
+        _check(path, sums.get(name), name, progress)
         got.append(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(out.name + f".part{os.getpid()}")
@@ -117,13 +116,11 @@ def pull_hf(ref: str, *, progress: bool | None = None) -> Path:
     return out
 
 
-def _check(path: Path, sha256: str | None, name: str) -> None:
+def _check(path: Path, sha256: str | None, name: str, show: bool | None) -> None:
     if sha256 is None:
         return
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    if h.hexdigest() != sha256:
+    digest = file_digest(path, show)
+    if digest != sha256:
+        drop_marker(path)
         path.unlink(missing_ok=True)
-        raise HubError(f"{name}: sha256 {h.hexdigest()} does not match the hub's {sha256}; removed, pull again")
+        raise HubError(f"{name}: sha256 {digest} does not match the hub's {sha256}; removed, pull again")

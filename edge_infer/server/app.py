@@ -87,8 +87,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     first = ServedModel(settings.model_name, settings.config, settings.aliases, settings.model_size)
     pool = ModelPool((first, *settings.extra_models), engine, make, settings.max_loaded_models, settings.keep_alive,
                      fixed=fixed)
-    ctx = ServerContext(engine=engine, pool=pool, model_name=settings.model_name, aliases=settings.aliases,
-                        api_keys=settings.api_keys, limits=settings.limits, read_timeout=settings.read_timeout,
+    ctx = ServerContext(engine=engine, pool=pool, api_keys=settings.api_keys, limits=settings.limits, read_timeout=settings.read_timeout,
                         write_timeout=settings.write_timeout, shutdown_timeout=settings.shutdown_timeout,
                         created=int(time.time()), on_fatal=settings.on_fatal)
     # /openapi.json describes every route's body (the fuzz tests generate requests from it)
@@ -140,7 +139,7 @@ async def _load(ctx: ServerContext) -> None:
             ctx.on_fatal(msg)
         return
     if engine.state == "ready":
-        print(f"edge-infer: {ctx.model_name} loaded in {engine.load_seconds or 0.0:.2f} s; ready",
+        print(f"edge-infer: {ctx.pool.primary} loaded in {engine.load_seconds or 0.0:.2f} s; ready",
               file=sys.stderr, flush=True)
 
 

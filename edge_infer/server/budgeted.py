@@ -21,7 +21,7 @@ from edge_infer.server.chat_run import ChatRun
 from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.reasoning import CLOSE, OPEN
 from edge_infer.server.replies import ReplyShaper
-from edge_infer.server.streaming import ClientGone, error_for, race_disconnect
+from edge_infer.server.streaming import finished_or_gone
 
 # reasoning effort -> budget in tokens (None: the model decides). Neither OpenAI nor Anthropic
 # publishes numbers; these are ours (README)
@@ -40,6 +40,11 @@ class Reply:
     finished: bool = False
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+
+
+def or_server_budget(budget: int | None, engine: AsyncEngine) -> int | None:
+    """A request's reasoning budget, else the server's (--reasoning-budget)."""
+    return engine.reasoning_budget if budget is None else budget
 
 
 async def start_reply(engine: AsyncEngine, run: ChatRun, rid: str, budget: int | None
@@ -77,11 +82,7 @@ async def whole_reply(receive: Receive, replies: Replies, engine: AsyncEngine) -
     """The finished reply; None when the client left first (the work is cancelled); a failure
     as the APIError to answer."""
     try:
-        return await race_disconnect(receive, _last(replies))
-    except ClientGone:
-        return None
-    except Exception as e:
-        raise error_for(e, engine.state == "draining") from None
+        return await finished_or_gone(receive, _last(replies), lambda: engine.state == "draining")
     finally:
         await replies.aclose()
 

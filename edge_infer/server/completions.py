@@ -18,7 +18,7 @@ from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.errors import APIError
 from edge_infer.server.logprobs import completion_logprobs
 from edge_infer.server.protocol import CompletionRequest
-from edge_infer.server.streaming import ClientGone, Receive, SSEResponse, error_for, race_disconnect
+from edge_infer.server.streaming import Receive, SSEResponse, finished_or_gone
 
 
 def usage(outs: list[RequestOutput | None]) -> dict[str, int]:
@@ -37,12 +37,7 @@ async def _finals(streams: list[Stream]) -> list[RequestOutput]:
 async def final_outputs(receive: Receive, streams: list[Stream], engine: AsyncEngine) -> list[RequestOutput] | None:
     """The finished output of every stream of a non-streaming request; None when the client
     went away first (its work is cancelled); engine failures become APIErrors."""
-    try:
-        return await race_disconnect(receive, _finals(streams))
-    except ClientGone:
-        return None
-    except Exception as e:
-        raise error_for(e, engine.state == "draining") from None
+    return await finished_or_gone(receive, _finals(streams), lambda: engine.state == "draining")
 
 
 async def create_completion(

@@ -34,8 +34,6 @@ class ServerContext:
 
     engine: AsyncEngine
     pool: ModelPool
-    model_name: str
-    aliases: tuple[str, ...]
     api_keys: tuple[str, ...]
     limits: RequestLimits
     read_timeout: float  # for a request body to arrive (408 after)

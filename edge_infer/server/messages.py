@@ -28,7 +28,7 @@ from edge_infer.server.anthropic_protocol import (
     chat_request,
     reasoning_budget,
 )
-from edge_infer.server.budgeted import Replies, start_reply, whole_reply
+from edge_infer.server.budgeted import Replies, or_server_budget, start_reply, whole_reply
 from edge_infer.server.chat_run import ChatRun, prepare_chat
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.replies import ReplyShaper
@@ -39,9 +39,7 @@ _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 async def count_tokens(req: CountTokensRequest, engine: AsyncEngine) -> dict[str, int]:
     """{"input_tokens": N}: the prompt's tokens under the model's template, tools included."""
-    chat = chat_request(req)
-    chat = chat.model_copy(update={"max_tokens": 1})
-    run = await prepare_chat(chat, engine)
+    run = await prepare_chat(chat_request(req), engine)
     return {"input_tokens": len(run.prompt)}
 
 
@@ -49,7 +47,7 @@ async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, 
     omit = req.thinking is not None and req.thinking.display == "omitted"
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     run = _within_context(await prepare_chat(chat_request(req), engine), engine)
-    run, replies = await start_reply(engine, run, mid, _budget(req, engine))
+    run, replies = await start_reply(engine, run, mid, or_server_budget(reasoning_budget(req), engine))
     stops = tuple(req.stop_sequences or ())
     if req.stream:
         return SSEResponse(_events(replies, run.shaper, mid, model, len(run.prompt), stops, omit),
@@ -172,9 +170,3 @@ class _BlockStream:
             return []
         self.kind = None
         return [{"type": "content_block_stop", "index": self.index}]
-
-
-def _budget(req: Any, engine: AsyncEngine) -> int | None:
-    """The request's reasoning budget, else the server's (--reasoning-budget)."""
-    budget = reasoning_budget(req)
-    return engine.reasoning_budget if budget is None else budget

@@ -20,7 +20,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
-from edge_infer.server.budgeted import Replies, Reply, start_reply, whole_reply
+from edge_infer.server.budgeted import Replies, Reply, or_server_budget, start_reply, whole_reply
 from edge_infer.server.chat_run import prepare_chat
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.replies import ReplyShaper
@@ -30,7 +30,7 @@ from edge_infer.server.streaming import SSEResponse
 
 async def create_response(req: ResponsesRequest, engine: AsyncEngine, model: str, receive: Receive) -> Response:
     rid = f"resp_{uuid.uuid4().hex}"
-    run, replies = await start_reply(engine, await prepare_chat(chat_request(req), engine), rid, _budget(req, engine))
+    run, replies = await start_reply(engine, await prepare_chat(chat_request(req), engine), rid, or_server_budget(reasoning_budget(req), engine))
     base = _base(req, rid, model)
     if req.stream:
         return SSEResponse(_events(replies, run.shaper, base, len(run.prompt), engine), lambda: engine.state == "draining",
@@ -201,9 +201,3 @@ class _ItemStream:
         self.done.append(item)
         self.kind = None
         return events
-
-
-def _budget(req: Any, engine: AsyncEngine) -> int | None:
-    """The request's reasoning budget, else the server's (--reasoning-budget)."""
-    budget = reasoning_budget(req)
-    return engine.reasoning_budget if budget is None else budget

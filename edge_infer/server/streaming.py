@@ -59,6 +59,17 @@ async def race_disconnect(receive: Receive, work: Awaitable[T]) -> T:
             task.cancel()
 
 
+async def finished_or_gone(receive: Receive, work: Awaitable[T], draining: Callable[[], bool]) -> T | None:
+    """`work`'s result for a non-streaming answer: None when the client went away first (the work
+    is cancelled), a failure as the APIError to answer."""
+    try:
+        return await race_disconnect(receive, work)
+    except ClientGone:
+        return None
+    except Exception as e:
+        raise error_for(e, draining()) from None
+
+
 def error_for(e: BaseException, draining: bool) -> APIError:
     """The APIError to report for a failure while a request was running."""
     if isinstance(e, APIError):
