@@ -47,6 +47,8 @@ def default_threads() -> int:
     return max(1, n)
 
 
+# the KV pool's types: floats, and llama.cpp's quantized KV types (kernels_cpu.kv_quant)
+KV_CACHE_DTYPES = ("f16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 SPEC_OPTIONS = ("method", "k", "k_max", "n", "model")
 
 
@@ -109,11 +111,19 @@ class EngineConfig:
     enforce_eager: bool = False  # CUDA: launch every step's kernels, never replay a CUDA graph (vLLM's name)
     kv_cache_memory: int | str | None = None
     kv_cache_dtype: str = "f16"
+    kv_cache_dtype_v: str | None = None  # V's type when it differs from K's (llama.cpp's --cache-type-v)
     max_model_len: int | None = None
     block_size: int = 16
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 256
     enable_prefix_caching: bool = True
+    # a prefix cache on disk (engine/disk_prefix_cache.py): full KV blocks kept across processes
+    prefix_cache_dir: str | None = None
+    prefix_cache_disk_size: int | str = "8GiB"
+    # llama.cpp's context shift (engine/context_shift.py): a full context drops half its tokens
+    # after the first context_keep (and BOS) instead of finishing with "length"
+    context_shift: bool = False
+    context_keep: int = 0
     # hybrid models: states kept at cached prefix blocks (None: 4 per max_num_seqs; 0 turns their
     # prefix cache off), one every state_snapshot_interval blocks and at each prompt's last full block
     state_snapshots: int | None = None
@@ -134,8 +144,17 @@ class EngineConfig:
             raise InvalidRequest(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
-        if self.kv_cache_dtype not in ("f16", "f32", "q8_0"):
-            raise InvalidRequest(f"kv_cache_dtype must be 'f16', 'f32' or 'q8_0', got {self.kv_cache_dtype!r}")
+        object.__setattr__(self, "prefix_cache_disk_size", parse_bytes(self.prefix_cache_disk_size, "prefix_cache_disk_size"))
+        if self.prefix_cache_dir is not None and (not isinstance(self.prefix_cache_dir, str) or not self.prefix_cache_dir):
+            raise InvalidRequest(f"prefix_cache_dir must be a directory path, got {self.prefix_cache_dir!r}")
+        if not isinstance(self.context_shift, bool):
+            raise InvalidRequest(f"context_shift must be True or False, got {self.context_shift!r}")
+        if not isinstance(self.context_keep, int) or isinstance(self.context_keep, bool) or self.context_keep < 0:
+            raise InvalidRequest(f"context_keep must be an integer >= 0 (tokens after BOS), got {self.context_keep!r}")
+        for name in ("kv_cache_dtype", "kv_cache_dtype_v"):
+            v = getattr(self, name)
+            if (v is not None or name == "kv_cache_dtype") and v not in KV_CACHE_DTYPES:
+                raise InvalidRequest(f"{name} must be one of {', '.join(KV_CACHE_DTYPES)}, got {v!r}")
         for name, low in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
@@ -184,7 +203,19 @@ class RuntimePlan:
     num_state_slots: int = 0  # a hybrid model's recurrent-state slots (one per sequence)
     num_state_snapshots: int = 0  # and its slots for states at cached prefix blocks
     state_cache_bytes: int = 0  # both's memory, out of the same budget as the KV pool
+    kv_cache_dtype_v: str = ""  # V's type ("": kv_cache_dtype's)
 
     @property
     def kv_capacity_tokens(self) -> int:
         return self.num_kv_blocks * self.block_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """The KV pool's bytes per token of context (K and V across the attention layers)."""
+        return self.kv_cache_bytes // max(1, self.kv_capacity_tokens)
+
+    @property
+    def kv_types(self) -> str:
+        """'K/V' types, or the one type both have."""
+        v = self.kv_cache_dtype_v or self.kv_cache_dtype
+        return self.kv_cache_dtype if v == self.kv_cache_dtype else f"{self.kv_cache_dtype}/{v}"

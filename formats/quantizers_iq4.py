@@ -90,6 +90,25 @@ def quantize_iq4_nl(x: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def quantize_iq4_nl_row_ref(x: np.ndarray) -> np.ndarray:
+    """x (n, 32) float32 -> (n, 18) IQ4_NL blocks as ggml's quantize_row_iq4_nl_ref writes them
+    (ggml-cpu's from_float: the KV cache's store): no scale search (ntry -1), the codes of
+    x * (-127 / max) and their least-squares scale under weights x^2 (an all-zero block: d 0,
+    codes 0)."""
+    mx = first_absmax(x.T, 0)
+    live = np.abs(mx) >= GROUP_MAX_EPS
+    inv = F32(1) / np.where(live, mx / F32(-127), F32(1))
+    codes = best_index(inv[:, None] * x)
+    q = VALUES[codes]
+    wq = x * x * q
+    sumqx, sumq2 = seq_sum((wq * x).T), seq_sum((wq * q).T)
+    d = np.where(live & (sumq2 > 0), sumqx / np.where(sumq2 > 0, sumq2, F32(1)), F32(0)).astype(F32)
+    out = np.empty((x.shape[0], 18), np.uint8)
+    out[:, :2] = d.astype(np.float16)[:, None].view(np.uint8)
+    out[:, 2:] = _pack(np.where(live[:, None], codes, 0).astype(np.uint8))
+    return out
+
+
 def quantize_iq4_xs(x: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
     """x (n, 256) float32 super-blocks [, element weights] -> (n, 136) IQ4_XS blocks: d f16,
     scales_h u16, scales_l 4 bytes, 128 code bytes."""

@@ -77,10 +77,11 @@ with a leading expert axis (wk [E, G, S, B]; wi [E, G, nb, bb], wd, wm [E, G, nb
 
 KV pool of one layer: v_cache [num_blocks, block_size, n_kv, hd] and k_cache [num_blocks, n_kv,
 hd, block_size] (each block's keys transposed, so 16 keys of one dimension are one vector: the
-lanes of the attention scores) of uint16 (IEEE half bits: numba has no float16), float32, or
-int8 with float32 scales v_scale (k_scale: [num_blocks, n_kv, block_size], transposed as K)
-[num_blocks, block_size, n_kv] (value = q * s, s = max|x| / 127 per token and head); for f16
-and f32 pools pass empty scales (shape (0, 0, 0)). Token j of sequence s lives in block
+lanes of the attention scores) of uint16 (IEEE half bits: numba has no float16) or float32, with
+empty float32 arrays (shape (0, 0, 0)) in the scale places k_scale, v_scale; or, for llama.cpp's
+quantized KV types (kv_quant: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl), K and V alike uint8
+[num_blocks, block_size, n_kv, hd / 32 * block bytes] with int64 [2] (GGML type id, Hadamard
+rotation size or 0) in the scale place; K and V may differ. Token j of sequence s lives in block
 block_tables[s, j // block_size] at offset j % block_size; its slot = block * block_size +
 offset. block_tables: int32 [S, max_blocks]; slot_mapping: int64 [N] (negative = not stored);
 positions: int32 [N]; token_seq: int32 [N], the block_tables row of each token.
@@ -138,7 +139,7 @@ The backend (backend.CpuBackend): the seam the model layer calls (edge_infer.mod
       output; the K-quant forms with 256-wide rows for the K-quant kernel) and sets QMatrix.packed.
   make_workspace(capacity, D, Q, KV, F) -> Workspace       every scratch buffer of a forward
       (workspace.py: named fields, shapes in comments); a step of n tokens uses rows [:n].
-  kv_block_bytes(...), make_kv_pool(n_layers, num_blocks, block_size, n_kv, hd, kv_dtype),
+  kv_block_bytes(...), make_kv_pool(n_layers, num_blocks, block_size, n_kv, hd, kv_dtype[, kv_dtype_v]),
       copy_blocks(kv, [(src, dst)])                          the KV pool above;
       make_state_pool(shapes, num_slots), copy_states(states, [(src, dst)]) a hybrid's state slots.
   matmuls(x, (w, ...), (out, ...), workspace)      one to three matmuls of x (matmul3_kernel /

@@ -6,11 +6,13 @@ KV pool of one layer: v_cache [num_blocks, block_size, n_kv_heads, head_dim] and
 values of consecutive positions side by side, the lanes kernels_cpu.attention_tiles computes
 16 scores in) of
 - uint16: IEEE half bits (f16, the default; numba has no float16 type),
-- float32 (f32), or
-- int8 (q8_0): values q with a float32 scale s per (token, head) in v_scale [num_blocks,
-  block_size, n_kv_heads] and k_scale [num_blocks, n_kv_heads, block_size] (transposed as K);
-  value = q * s, s = max|x| / 127. Half the memory of f16.
-For f16 and f32 the scale arrays are unused (pass empty ones). A token at position j of
+- float32 (f32),
+with empty float32 arrays in the scale places (k_scale, v_scale); or, for llama.cpp's
+quantized KV types (kernels_cpu.kv_quant: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl), K and V alike
+uint8 [num_blocks, block_size, n_kv_heads, row_bytes] (each (token, head) row head_dim / 32
+GGML blocks, not transposed) with int64 [2] in the scale place: the GGML type id and the
+Hadamard rotation the rows are stored with (kv_quant). K and
+V may differ in type. A token at position j of
 sequence s lives in block block_tables[s, j // block_size] at offset j % block_size. The
 attention kernel itself is kernels_cpu.attention_tiles'.
 
@@ -30,10 +32,11 @@ from numba.core import types
 from numba.extending import overload
 
 from ._jit import f16_to_f32, f32_to_f16, kernel
+from .kv_quant import head_dim_of, store_block_row
 
 
 def value_at1(a, j):
-    """float32 value of a[j] (a 1-D view of a pool) before its q8_0 scale (overloaded per dtype)."""
+    """float32 value of a[j] (a 1-D view of an f16 or f32 pool; overloaded per dtype)."""
     raise NotImplementedError
 
 
@@ -42,22 +45,20 @@ def _ov_value_at1(a, j):
     dt = a.dtype
     if isinstance(dt, types.Integer) and dt.bitwidth == 16:
         return lambda a, j: f16_to_f32(a[j])
-    if isinstance(dt, types.Integer) and dt.bitwidth == 8:
-        return lambda a, j: np.float32(a[j])
     if isinstance(dt, types.Float):
         return lambda a, j: a[j]
     return None
 
 
 def store_row(src, i, g, cache, scale, blk, off, hd):
-    """cache[blk, off, g, :] = src[i, g*hd:(g+1)*hd] in the cache's representation (a V pool);
-    a q8_0 pool's scale at scale[blk, off, g]."""
+    """cache[blk, off, g, :] = src[i, g*hd:(g+1)*hd] in the cache's representation (a V pool;
+    a block type's when scale is its int64 [2] (type id, rotation))."""
     raise NotImplementedError
 
 
 def store_key(src, i, g, cache, scale, blk, off, hd):
-    """store_row for the K pool's transposed blocks: cache[blk, g, :, off], a q8_0 scale at
-    scale[blk, g, off]."""
+    """store_row for the K pool: an f16 / f32 pool's transposed blocks cache[blk, g, :, off],
+    a block type's rows as V's."""
     raise NotImplementedError
 
 
@@ -66,26 +67,11 @@ def _store_impl(key: bool) -> Callable[..., Any]:
 
     def ov(src, i, g, cache, scale, blk, off, hd):
         dt = cache.dtype
-        if isinstance(dt, types.Integer) and dt.bitwidth == 8:
-            def q8(src, i, g, cache, scale, blk, off, hd):
-                # q8_0-style: one float32 scale per (token, head), values rounded to int8
-                sr = src[i, g * hd : g * hd + hd]  # views, loops from 0: no index wrapping
-                amax = np.float32(0.0)
-                for d in range(hd):
-                    amax = max(amax, abs(sr[d]))
-                s = amax / np.float32(127.0)
-                inv = np.float32(0.0) if s == 0 else np.float32(1.0) / s
-                if key:  # the K pool's scales are transposed as its blocks: [block, head, offset]
-                    scale[blk, g, off] = s
-                    kc = cache[blk, g]
-                    for d in range(hd):
-                        kc[d, off] = np.int8(np.rint(sr[d] * inv))
-                else:
-                    scale[blk, off, g] = s
-                    vr = cache[blk, off, g]
-                    for d in range(hd):
-                        vr[d] = np.int8(np.rint(sr[d] * inv))
-            return q8
+        if isinstance(scale.dtype, types.Integer):
+            def blocks(src, i, g, cache, scale, blk, off, hd):
+                # a block type (kernels_cpu.kv_quant): K and V rows alike, [block, offset, head, bytes]
+                store_block_row(scale, src[i, g * hd : g * hd + hd], cache[blk, off, g])
+            return blocks
         if isinstance(dt, types.Integer) and dt.bitwidth == 16:
             def f16(src, i, g, cache, scale, blk, off, hd):
                 sr = src[i, g * hd : g * hd + hd]  # views, loops from 0: no index wrapping
@@ -123,8 +109,9 @@ overload(store_key, inline="always", jit_options={"cache": True})(_store_impl(Tr
 def store_kv_kernel(k, v, slot_mapping, k_cache, k_scale, v_cache, v_scale):
     """Write this step's keys and values into the pool. k, v: float32 [N, n_kv_heads * head_dim];
     slot_mapping: int64 [N] (block * block_size + offset; negative = skip); k_scale, v_scale:
-    float32 (the pool's layout, kernels_cpu.attention) for an int8 (q8_0) pool, unused otherwise."""
-    bs, n_kv, hd = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
+    empty float32, or int64 [2] a block-quantized pool's type and rotation (kernels_cpu.attention)."""
+    bs, n_kv = v_cache.shape[1], v_cache.shape[2]
+    hd = head_dim_of(v_cache, v_scale)
     for i in numba.prange(k.shape[0]):
         slot = slot_mapping[i]
         if slot < 0:
@@ -172,8 +159,8 @@ def _head_norm_rope(x, t, h, hd, n_rot, norm_w, has_norm, cos, sin, neox, eps):
 @kernel(inline=True)
 def _qkv_finish_token(q, k, v, bq, bk, bv, q_norm, k_norm, n_rot, positions, inv_freq, mscale, neox, eps,
                       slot_mapping, k_cache, k_scale, v_cache, v_scale, t):
-    hd = v_cache.shape[3]
-    n_heads, n_kv = q.shape[1] // hd, k.shape[1] // hd
+    hd = head_dim_of(v_cache, v_scale)
+    n_heads, n_kv = q.shape[1] // hd, k.shape[1] // hd  # k: a KV-shared layer's stand-in may be wider
     # a norm as wide as the whole row (olmo2) is applied before the heads are rotated
     full_norm = q_norm.shape[0] == q.shape[1] and n_heads > 1
     has_bias, has_norm = bq.shape[0] > 0, q_norm.shape[0] > 0 and not full_norm

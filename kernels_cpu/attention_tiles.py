@@ -23,55 +23,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._jit import HAS_F16C, REORDER, fmadd, kernel
-from .attention import value_at1
+from ._jit import REORDER, fmadd, kernel
 from .fastmath import fast_exp
-from .simd_attn import pv_lanes, qk_lanes, row_max, widen16
+from .kv_quant import head_dim_of
+from .kv_read import LANES, key_chunk, value_rows
+from .simd_attn import pv_lanes, qk_lanes, row_max
 
 QUERY_TILE = 16  # tokens per tile (fewer when the scores of a long context would not fit SCORE_BUDGET)
 SCORE_BUDGET = 1 << 22  # float32 scores per thread's scratch (16 MB)
-LANES = 16  # keys per score vector
-
-
-@kernel(inline=True)
-def _widen(dst, do, src, so, n):
-    """dst[do:do + n] = src[so:so + n] as float32 (before any q8_0 scale); 1-D arrays."""
-    whole = n // LANES * LANES if HAS_F16C else 0  # elsewhere half -> float is a call numba's JIT cannot link
-    widen16(dst, do, src, so, whole // LANES)
-    a, b = src[so + whole : so + n], dst[do + whole : do + n]  # views, a loop from 0: no gathers
-    for j in range(n - whole):
-        b[j] = value_at1(a, j)
-
-
-@kernel(inline=True)
-def _value_rows(v_cache, vflat, v_scale, quant, blk, off, m, g, kvf, vs):
-    """kvf[u * hd:] = value row off + u of block blk, kv-head g, as float32 (u < m); vs[u] its
-    q8_0 scale, or 1. vflat, kvf: flat views of v_cache and the [16, hd] rows."""
-    hd = v_cache.shape[3]
-    for u in range(m):
-        _widen(kvf, u * hd, vflat, ((blk * v_cache.shape[1] + off + u) * v_cache.shape[2] + g) * hd, hd)
-        vs[u] = v_scale[blk, off + u, g] if quant else np.float32(1.0)
-
-
-@kernel(inline=True)
-def _key_chunk(k_cache, kflat, k_scale, quant, blk, g, c0, cw, scale, kt, ks):
-    """kt[16 d + l] = key c0 + l of block blk, kv-head g, dimension d, as float32 (l < cw);
-    ks[l] its factor: scale times its q8_0 scale, or scale. kflat: k_cache's flat view (K is
-    [block, head, dim, offset]: a dimension's offsets side by side)."""
-    hd, bs = k_cache.shape[2], k_cache.shape[3]
-    base = (blk * k_cache.shape[1] + g) * hd * bs + c0
-    if bs == LANES:  # the head's block is kt's layout already: one run of hd * 16 values
-        _widen(kt, 0, kflat, base, hd * LANES)
-    else:
-        for d in range(hd):
-            _widen(kt, LANES * d, kflat, base + d * bs, cw)
-    if quant:
-        kscol = k_scale[blk, g, c0 : c0 + cw]  # a view: the loop from 0 reads it contiguously
-        for u in range(cw):
-            ks[u] = scale * kscol[u]
-    else:
-        for u in range(cw):
-            ks[u] = scale
 
 
 @kernel(inline=True)
@@ -112,17 +71,10 @@ def _score_rows(scf, width, col, qh, hd, kt, ks, row, rb, nch):
 
 
 @kernel(inline=True)
-def _weighted_values(accf, sc, scf, kv, kvf, vs, quant, ra, rb, col, ja, jb):
-    """acc[row] += sc[row, col + j] (times vs[j] for a q8_0 pool) * kv[j] for rows ra..rb-1 and
-    keys j = ja..jb-1, each (row, dimension) a fused multiply-add chain in key order. The q8_0
-    scale is folded into sc in place (sc is not read again)."""
+def _weighted_values(accf, sc, scf, kv, kvf, ra, rb, col, ja, jb):
+    """acc[row] += sc[row, col + j] * kv[j] for rows ra..rb-1 and keys j = ja..jb-1, each (row,
+    dimension) a fused multiply-add chain in key order."""
     hd, width = kv.shape[1], sc.shape[1]
-    if quant:
-        vsr = vs[ja:jb]
-        for row in range(ra, rb):
-            wr = sc[row, col + ja : col + jb]  # views, loops from 0: contiguous
-            for j in range(jb - ja):
-                wr[j] = wr[j] * vsr[j]
     nk, whole = jb - ja, hd // LANES * LANES
     d0 = 0
     while d0 < whole:
@@ -150,16 +102,15 @@ def _visible(positions, i, window):
 
 @kernel(fastmath=REORDER)
 def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cache, v_scale, positions, scale,
-                 window, softcap, sinks, sc, qh, kt, ks, kv, vs, acc, inv_den, out):
+                 window, softcap, sinks, sc, qh, kt, ks, kv, acc, inv_den, out):
     """Heads r0..r1-1 of kv group g for query tokens t0..t1-1 of sequence s (block_tables row).
     Scratch: sc float32 [>= rows, width], qh float32 [>= rows * hd], kt [32 hd], ks [32], kv
-    [16, hd], vs [16], acc [>= rows, hd], inv_den [>= rows]; rows = (t1 - t0) * (r1 - r0)."""
-    bs, n_kv, hd = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
+    [16, hd], acc [>= rows, hd], inv_den [>= rows]; rows = (t1 - t0) * (r1 - r0)."""
+    bs, n_kv, hd = v_cache.shape[1], v_cache.shape[2], kv.shape[1]
     n_rep = q.shape[1] // (n_kv * hd)
-    quant = k_scale.shape[0] > 0
     nr = r1 - r0
     width = sc.shape[1]
-    scf, kflat, vflat, kvf = sc.reshape(-1), k_cache.reshape(-1), v_cache.reshape(-1), kv.reshape(-1)
+    scf, kvf = sc.reshape(-1), kv.reshape(-1)
     ptile = positions[t0:t1]  # a view indexed from 0: its loops read it contiguously (no gathers)
     kmin, kmax = positions[t0], -1
     for i in range(t0, t1):
@@ -178,10 +129,9 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
     c = kbase
     while c <= kmax:  # scores: chunks of cw keys (one block or 16 of it), two at a time where both are 16
         nch = 2 if cw == LANES and c + cw <= kmax else 1
-        _key_chunk(k_cache, kflat, k_scale, quant, block_tables[s, c // bs], g, c % bs, cw, scale, kt, ks)
+        key_chunk(k_cache, k_scale, block_tables[s, c // bs], g, c % bs, cw, scale, kt, ks, kv)
         if nch == 2:
-            _key_chunk(k_cache, kflat, k_scale, quant, block_tables[s, (c + cw) // bs], g, (c + cw) % bs, cw, scale,
-                       kt2, ks2)
+            key_chunk(k_cache, k_scale, block_tables[s, (c + cw) // bs], g, (c + cw) % bs, cw, scale, kt2, ks2, kv)
         qa, qb = t1, t0  # the tokens that see a key of the chunks (contiguous: positions ascend)
         for i in range(t0, t1):
             lo, p = _visible(ptile, i - t0, window)
@@ -218,20 +168,20 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
             acc[row, :] = 0.0
     accf = acc.reshape(-1)
     for c in range(kbase, kmax + 1, cw):  # values, the scores' chunks: converted once for the tile's rows
-        _value_rows(v_cache, vflat, v_scale, quant, block_tables[s, c // bs], c % bs, cw, g, kvf, vs)
+        value_rows(v_cache, v_scale, block_tables[s, c // bs], c % bs, cw, g, kv)
         fa, fb = t1, t0  # the tokens that see every key of the chunk (contiguous: positions ascend)
         for i in range(t0, t1):
             lo, p = _visible(ptile, i - t0, window)
             if lo <= c and p >= c + cw - 1:
                 fa, fb = min(fa, i), max(fb, i + 1)
         if fa < fb:
-            _weighted_values(accf, sc, scf, kv, kvf, vs, quant, (fa - t0) * nr, (fb - t0) * nr, c - kbase, 0, cw)
+            _weighted_values(accf, sc, scf, kv, kvf, (fa - t0) * nr, (fb - t0) * nr, c - kbase, 0, cw)
         for i in range(t0, t1):  # the others see a run of it (the diagonal, a window's edge)
             lo, p = _visible(ptile, i - t0, window)
             ja, jb = max(lo, c) - c, min(p, c + cw - 1) - c + 1
             if (fa <= i < fb) or ja >= jb:
                 continue
-            _weighted_values(accf, sc, scf, kv, kvf, vs, quant, (i - t0) * nr, (i - t0 + 1) * nr, c - kbase, ja, jb)
+            _weighted_values(accf, sc, scf, kv, kvf, (i - t0) * nr, (i - t0 + 1) * nr, c - kbase, ja, jb)
     for i in range(t0, t1):
         for r in range(nr):
             row = (i - t0) * nr + r
@@ -270,7 +220,7 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
     is an item of its own.
     """
     N = q.shape[0]
-    n_kv, hd = v_cache.shape[2], v_cache.shape[3]
+    n_kv, hd = v_cache.shape[2], head_dim_of(v_cache, v_scale)
     n_rep = q.shape[1] // (n_kv * hd)
     longest = 1
     for t in range(N):
@@ -293,11 +243,10 @@ def paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, 
         kt = np.zeros(2 * LANES * hd, np.float32)
         ks = np.zeros(2 * LANES, np.float32)
         kv = np.empty((LANES, hd), np.float32)
-        vs = np.empty(LANES, np.float32)
         for it in range(tid, items, n_threads):
             ti, rest = it // (n_kv * split), it % (n_kv * split)
             g, part = rest // split, rest % split
             r0, r1 = part * n_rep // split, (part + 1) * n_rep // split
             t0 = starts[ti]
             _attend_tile(q, t0, starts[ti + 1], g, r0, r1, token_seq[t0], block_tables, k_cache, k_scale, v_cache,
-                         v_scale, positions, scale, window, softcap, sinks, sc, qh, kt, ks, kv, vs, acc, inv_den, out)
+                         v_scale, positions, scale, window, softcap, sinks, sc, qh, kt, ks, kv, acc, inv_den, out)

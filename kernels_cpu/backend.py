@@ -19,6 +19,8 @@ from . import (
     attention,
     attention_tiles,
     encoder,
+    kv_quant,
+    kv_shift,
     matmul,
     matmul_experts,
     matmul_i8,
@@ -28,6 +30,7 @@ from . import (
     recurrent,
 )
 from .dequant import F32, KERNEL_TYPES, Q4_K
+from .kv_quant import KV_BLOCK_TYPES, check_kv_type, rotation_size, row_bytes
 from .repack_i8 import I8Weights, repack
 from .repack_k import KWeights, repack_k
 from .simd_i8 import GROUP
@@ -42,7 +45,7 @@ I8_TYPES = {role: tuple(t.id for t in TYPES if t.i8 is not None and role in t.i8
 # the K-quant int8 kernel (activations per 256 values, llama.cpp's Q8_K), any role; 256-wide rows
 K_TYPES = tuple(t.id for t in TYPES if t.k is not None)
 # f16 is stored as IEEE half bits; q8_0 as int8 with a float32 scale per (token, head)
-KV_DTYPES = {"f16": np.uint16, "f32": np.float32, "q8_0": np.int8}
+KV_DTYPES = {"f16": np.uint16, "f32": np.float32}  # the float pools; the block types are kv_quant's
 KVLayer = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # k_cache, k_scale, v_cache, v_scale
 
 _NO_ROWS = np.empty((0, 1), np.uint8)  # an unused matrix slot of a three-matmul launch
@@ -120,32 +123,49 @@ class CpuBackend:
                               altup)
 
     @staticmethod
-    def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
-        """Bytes of K and V for one block across all layers (scales included for q8_0)."""
-        per_head = head_dim * np.dtype(KV_DTYPES[kv_dtype]).itemsize + (4 if kv_dtype == "q8_0" else 0)
-        return 2 * n_layers * block_size * n_kv_heads * per_head
+    def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str,
+                       kv_dtype_v: str | None = None) -> int:
+        """Bytes of K and V for one block across all layers (V of kv_dtype_v when given)."""
+        per_head = sum(row_bytes(t, head_dim) for t in (kv_dtype, kv_dtype_v or kv_dtype))
+        return n_layers * block_size * n_kv_heads * per_head
 
     def make_kv_pool(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                     kv_dtype: str) -> list[KVLayer]:
-        """Per layer (k_cache, k_scale, v_cache, v_scale): v_cache [num_blocks, block_size,
-        n_kv_heads, head_dim], k_cache [num_blocks, n_kv_heads, head_dim, block_size] (blocks
-        transposed, kernels_cpu.attention); v_scale [num_blocks, block_size, n_kv_heads] and
-        k_scale [num_blocks, n_kv_heads, block_size], empty unless q8_0."""
-        dt = KV_DTYPES[kv_dtype]
-        shape = (num_blocks, block_size, n_kv_heads, head_dim)
-        kshape = (num_blocks, n_kv_heads, head_dim, block_size)
-        sshape = shape[:3] if kv_dtype == "q8_0" else (0, 0, 0)
-        ksshape = (num_blocks, n_kv_heads, block_size) if kv_dtype == "q8_0" else (0, 0, 0)
-        return [(np.zeros(kshape, dt), np.zeros(ksshape, np.float32), np.zeros(shape, dt), np.zeros(sshape, np.float32))
-                for _ in range(n_layers)]
+                     kv_dtype: str, kv_dtype_v: str | None = None) -> list[KVLayer]:
+        """Per layer (k_cache, k_aux, v_cache, v_aux) in kernels_cpu.attention's layouts: for
+        f16 / f32 v_cache [num_blocks, block_size, n_kv_heads, head_dim], k_cache [num_blocks,
+        n_kv_heads, head_dim, block_size] (blocks transposed), aux empty float32; for a block
+        type (kv_quant) uint8 [num_blocks, block_size, n_kv_heads, row bytes], aux int64 [2]
+        its GGML type id and Hadamard rotation. V is of kv_dtype_v when given."""
+        def part(t: str, key: bool) -> tuple[np.ndarray, np.ndarray]:
+            if t in KV_BLOCK_TYPES:
+                code, _ = KV_BLOCK_TYPES[t]
+                return (np.zeros((num_blocks, block_size, n_kv_heads, row_bytes(t, head_dim)), np.uint8),
+                        np.array([code, rotation_size(head_dim, key)], np.int64))
+            shape = (num_blocks, n_kv_heads, head_dim, block_size) if key else (num_blocks, block_size, n_kv_heads,
+                                                                                 head_dim)
+            return np.zeros(shape, KV_DTYPES[t]), np.zeros((0, 0, 0), np.float32)
+
+        for t in (kv_dtype, kv_dtype_v or kv_dtype):
+            check_kv_type(t, head_dim)
+        out = []
+        for _ in range(n_layers):
+            k, ka = part(kv_dtype, True)
+            v, va = part(kv_dtype_v or kv_dtype, False)
+            out.append((k, ka, v, va))
+        return out
 
     def copy_blocks(self, kv: list[KVLayer], copies: list[tuple[int, int]]) -> None:
         """KV block copies (src, dst) in every layer (copy-on-write of a shared block)."""
         for src, dst in copies:
             for layer in kv:
-                for a in layer:
-                    if a.size:
-                        a[dst] = a[src]
+                layer[0][dst] = layer[0][src]  # the aux arrays are per pool, not per block
+                layer[2][dst] = layer[2][src]
+
+    @staticmethod
+    def shift_kv(layer: KVLayer, moves: np.ndarray, head_dim: int, n_rot: int, inv_freq: np.ndarray,
+                 neox: bool) -> None:
+        """A context shift's K/V row moves in one layer (kernels_cpu.kv_shift)."""
+        kv_shift.shift_rows(layer, moves, head_dim, n_rot, inv_freq, neox)
 
     @staticmethod
     def make_state_pool(shapes: Sequence[Sequence[tuple[int, ...]]], num_slots: int) -> list[tuple[np.ndarray, ...]]:
@@ -304,8 +324,12 @@ class CpuBackend:
                   out: np.ndarray, sinks: np.ndarray = _NO_BIAS) -> None:
         """sinks f32 [n_heads]: gpt-oss's attention sinks ([0]: none)."""
         k_cache, k_scale, v_cache, v_scale = kv
+        if k_scale.dtype == np.int64 and k_scale[1]:  # K stored rotated (kv_quant): Q rotated alike
+            kv_quant.hadamard_rows_kernel(q, int(k_scale[1]))
         attention_tiles.paged_attention_kernel(q, k_cache, k_scale, v_cache, v_scale, block_tables, token_seq, positions,
                                          scale, window, softcap, sinks, out, self.n_threads)
+        if v_scale.dtype == np.int64 and v_scale[1]:  # V stored rotated: the output rotated back
+            kv_quant.hadamard_rows_kernel(out, int(v_scale[1]))
 
     rmsnorm = staticmethod(ops.rmsnorm_kernel)
     add_rmsnorm = staticmethod(ops.add_rmsnorm_kernel)

@@ -78,13 +78,14 @@ def gelu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3))) * up).astype(np.float32)
 
 
-def cache_values(cache: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
-    """float64 values of a KV pool stored as f16 bits (uint16), float32, or int8 with scales."""
+def cache_values(cache: np.ndarray, aux: np.ndarray | None = None) -> np.ndarray:
+    """float64 values of a KV pool stored as f16 bits (uint16), float32, or rows of GGML blocks
+    (uint8 [..., row bytes], aux int64 [1] their type) -> [..., head_dim]."""
+    if aux is not None and aux.dtype == np.int64:
+        rows = cache.reshape(-1, cache.shape[-1])
+        return decode_rows(rows, int(aux[0])).astype(np.float64).reshape(*cache.shape[:-1], -1)
     if cache.dtype == np.uint16:
         return cache.view(np.float16).astype(np.float64)
-    if cache.dtype == np.int8:
-        assert scale is not None
-        return cache.astype(np.float64) * scale[..., None].astype(np.float64)
     return cache.astype(np.float64)
 
 
@@ -93,13 +94,13 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, k_scale: np.ndarray, v_c
                     scale: float, window: int, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Dense causal attention: gather each sequence's keys 0..p from its block table; sinks
     [n_heads]: a logit per head in the softmax with no value row (gpt-oss)."""
-    n_kv, hd = v_cache.shape[2], v_cache.shape[3]
+    vc = cache_values(v_cache, v_scale)
+    n_kv, hd = v_cache.shape[2], vc.shape[3]
     bs = v_cache.shape[1]
     n_heads = q.shape[1] // hd
     rep = n_heads // n_kv
-    # the K pool's blocks are [head, dim, offset]: back to V's [offset, head, dim]
-    kc = cache_values(k_cache.transpose(0, 3, 1, 2), k_scale.transpose(0, 2, 1) if k_scale.size else k_scale)
-    vc = cache_values(v_cache, v_scale)
+    # a float K pool's blocks are [head, dim, offset]: back to V's [offset, head, dim]
+    kc = cache_values(k_cache, k_scale) if k_scale.dtype == np.int64 else cache_values(k_cache.transpose(0, 3, 1, 2))
     out = np.zeros((q.shape[0], n_heads * hd), np.float64)
     for i in range(q.shape[0]):
         p = int(positions[i])

@@ -143,13 +143,16 @@ class CudaBackend:
         return Workspace.allocate(cuda.device_array, capacity, shapes)
 
     @staticmethod
-    def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
-        if kv_dtype not in KV_DTYPES:
-            raise InvalidRequest(f"kv_cache_dtype {kv_dtype!r} is not available on device='cuda' (f16, f32)")
+    def kv_block_bytes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str,
+                       kv_dtype_v: str | None = None) -> int:
+        if kv_dtype not in KV_DTYPES or (kv_dtype_v or kv_dtype) != kv_dtype:
+            raise InvalidRequest(f"kv_cache_dtype {kv_dtype!r} / kv_cache_dtype_v {kv_dtype_v!r} are not available on "
+                                 "device='cuda' (f16 or f32, the same for K and V)")
         return 2 * n_layers * block_size * n_kv_heads * head_dim * np.dtype(KV_DTYPES[kv_dtype]).itemsize
 
     def make_kv_pool(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                     kv_dtype: str) -> list[Any]:
+                     kv_dtype: str, kv_dtype_v: str | None = None) -> list[Any]:
+        self.kv_block_bytes(n_layers, n_kv_heads, head_dim, block_size, kv_dtype, kv_dtype_v)
         if head_dim > attention.MAX_HD:
             raise UnsupportedModelError(f"head_dim {head_dim} > {attention.MAX_HD}: no CUDA attention kernel for it")
         self._block_size = block_size
@@ -157,6 +160,9 @@ class CudaBackend:
         none = cuda.device_array((0, 0, 0), np.float32)
         return [(cuda.to_device(np.zeros(shape, dt)), none, cuda.to_device(np.zeros(shape, dt)), none)
                 for _ in range(n_layers)]
+
+    def shift_kv(self, layer: Any, moves: Any, head_dim: int, n_rot: int, inv_freq: Any, neox: bool) -> None:
+        raise UnsupportedModelError("context shift runs on the CPU backend")  # engine/device.py refuses it first
 
     def make_state_pool(self, shapes: Sequence[Sequence[tuple[int, ...]]], num_slots: int) -> list[Any]:
         raise UnsupportedModelError(_NO_RECURRENT)  # engine/device.py refuses hybrids first

@@ -22,7 +22,8 @@ class LlamaCppGreedy:
     """One llama.cpp model and context (low-level API): decode() feeds tokens at positions and
     returns the argmax of the last token's logits. extra_buffers lets llama.cpp repack weights."""
 
-    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, extra_buffers: bool) -> None:
+    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, extra_buffers: bool,
+                 kv_types: tuple[str, str] = ("f16", "f16")) -> None:
         import llama_cpp as lc
 
         self.lc = lc
@@ -36,6 +37,11 @@ class LlamaCppGreedy:
         cp.n_ctx = n_ctx
         cp.n_batch = cp.n_ubatch = max(n_batch, 1)
         cp.n_threads = cp.n_threads_batch = threads
+        if kv_types != ("f16", "f16"):  # llama.cpp's -ctk / -ctv; a quantized V needs flash attention
+            from edge_infer.formats.weight_types import by_name
+
+            cp.type_k, cp.type_v = (by_name(t.upper()).id for t in kv_types)
+            cp.flash_attn_type = 1
         self.ctx = lc.llama_init_from_model(self.model, cp)
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         self.batch = lc.llama_batch_init(cp.n_batch, 0, 1)
@@ -64,10 +70,10 @@ class LlamaCppGreedy:
 def main(argv: list[str]) -> int:
     from edge_infer.bench.pp_tg import bench_prompt
 
-    path, threads, n_prompt, n_gen, reps, seed, vocab, extra = argv
+    path, threads, n_prompt, n_gen, reps, seed, vocab, kv_k, kv_v, extra = argv
     n_prompt_i, n_gen_i = int(n_prompt), int(n_gen)
     prompt = bench_prompt(int(vocab), n_prompt_i, int(seed))
-    ll = LlamaCppGreedy(path, int(threads), n_prompt_i + n_gen_i + 16, n_prompt_i, extra == "1")
+    ll = LlamaCppGreedy(path, int(threads), n_prompt_i + n_gen_i + 16, n_prompt_i, extra == "1", (kv_k, kv_v))
     pp, tg = [], []
     ll.decode(prompt[:16], 0)  # warm-up
     for _ in range(int(reps)):

@@ -32,6 +32,8 @@ class BenchConfig:
     llama_cpp: bool = True
     seed: int = 42
     ik_llama_bench: str | None = None  # ik_llama.cpp's llama-bench binary: a second baseline row
+    kv_cache_dtype: str = "f16"  # K's type (llama.cpp gets the same type_k, flash attention on)
+    kv_cache_dtype_v: str | None = None  # V's, when it differs
 
 
 def bench_prompt(vocab_size: int, n: int, seed: int) -> list[int]:
@@ -53,8 +55,11 @@ def run_edge(cfg: BenchConfig) -> dict[str, Any]:
     rss0 = proc.memory_info().rss
     t0 = time.perf_counter()
     # Chunked prefill off and a budget of the whole prompt: one forward, as llama.cpp's n_batch.
+    # The pool sized to the context it runs (its bytes per token are the KV type's).
     llm = LLM(cfg.model, n_threads=cfg.threads, max_num_batched_tokens=max(cfg.n_prompt, 256),
-              enable_prefix_caching=False, kv_cache_memory=256 * 2**20, max_num_seqs=1)
+              enable_prefix_caching=False, kv_cache_memory=256 * 2**20, max_num_seqs=1,
+              kv_cache_dtype=cfg.kv_cache_dtype, kv_cache_dtype_v=cfg.kv_cache_dtype_v,
+              max_model_len=cfg.n_prompt + cfg.n_gen + 32)
     load_s = time.perf_counter() - t0
     prompt = bench_prompt(llm.model_config.vocab_size, cfg.n_prompt, cfg.seed)
     pp, tg = [], []
@@ -72,11 +77,12 @@ def run_edge(cfg: BenchConfig) -> dict[str, Any]:
         rss_added = proc.memory_info().rss - rss0 - kv_touched
         file_size = os.path.getsize(llm.plan.model_path)
         stream = llm.plan.decode_weight_bytes
+        kv_types, kv_per_token = llm.plan.kv_types, llm.plan.kv_bytes_per_token
     finally:
         llm.close()
     return {"pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg), "load_s": load_s,
             "pp_all": pp, "tg_all": tg, "rss_added_mb": rss_added / 2**20, "file_mb": file_size / 2**20,
-            "decode_weight_bytes": stream}
+            "decode_weight_bytes": stream, "kv_types": kv_types, "kv_bytes_per_token": kv_per_token}
 
 
 def decode_limit(edge: dict[str, Any], ref: dict[str, Any] | None, threads: int) -> dict[str, Any]:
@@ -101,7 +107,8 @@ def run_llama_cpp(cfg: BenchConfig, model_path: str, vocab_size: int) -> dict[st
     except ImportError:
         return None
     args = [sys.executable, "-m", "edge_infer.bench.llamacpp", model_path, str(cfg.threads), str(cfg.n_prompt),
-            str(cfg.n_gen), str(cfg.repetitions), str(cfg.seed), str(vocab_size)]
+            str(cfg.n_gen), str(cfg.repetitions), str(cfg.seed), str(vocab_size), cfg.kv_cache_dtype,
+            cfg.kv_cache_dtype_v or cfg.kv_cache_dtype]
     for extra in ("1", "0"):  # repacked weights first; this CPU's AMX path can crash: fall back
         r = subprocess.run(args + [extra], capture_output=True, text=True, timeout=1800)
         if r.returncode == 0 and r.stdout.strip():
@@ -127,6 +134,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"model": cfg.model, "threads": cfg.threads, "n_prompt": cfg.n_prompt, "n_gen": cfg.n_gen,
                            "edge": {"pp_tps": edge["pp_tps"], "tg_tps": edge["tg_tps"]},
                            "memory": {"rss_added_mb": edge["rss_added_mb"], "file_mb": edge["file_mb"]},
+                           "kv": {"types": edge["kv_types"], "bytes_per_token": edge["kv_bytes_per_token"]},
                            "load_s": edge["load_s"], "decode_limit": decode_limit(edge, ref, cfg.threads)}
     if ref and "pp_tps" in ref:
         out["llama_cpp"] = ref
@@ -169,6 +177,9 @@ def format_table(res: dict[str, Any]) -> str:
     if mem:
         lines.append(f"edge-infer resident memory added by loading: {mem['rss_added_mb']:.0f} MB "
                      f"(model file {mem['file_mb']:.0f} MB, KV cache excluded); load {res['load_s']:.2f}s")
+    kv = res.get("kv")
+    if kv:
+        lines.append(f"KV cache {kv['types']}: {kv['bytes_per_token']} bytes per token of context")
     lim = res.get("decode_limit")
     if lim:
         share = f", llama.cpp {lim['llama_cpp_frac']:.0%}" if "llama_cpp_frac" in lim else ""

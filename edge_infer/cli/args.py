@@ -54,6 +54,33 @@ def add_model_args(p: argparse.ArgumentParser, many: bool = False) -> None:
                    "the model is supported, else the CPU (default auto)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: launch every step's kernels instead of replaying CUDA graphs (slower; for debugging)")
+    add_kv_type_args(p)
+    add_prefix_disk_args(p)
+    p.add_argument("--context-shift", action="store_true",
+                   help="when a generation fills the context, drop half of it after the first --keep tokens and "
+                   "go on (llama.cpp's --context-shift; default: finish with 'length')")
+    p.add_argument("--keep", metavar="N", default=None,
+                   help="with --context-shift: the tokens after BOS never dropped (llama.cpp's --keep; default 0)")
+
+
+def add_kv_type_args(p: argparse.ArgumentParser) -> None:
+    """--kv-cache-dtype, --kv-cache-dtype-v (llama.cpp's --cache-type-k / --cache-type-v)."""
+    from edge_infer.config import KV_CACHE_DTYPES
+
+    p.add_argument("--kv-cache-dtype", metavar="TYPE", default=None,
+                   help=f"the KV cache's type, K and V ({', '.join(KV_CACHE_DTYPES)}; default f16); the quantized "
+                   "types are llama.cpp's (-ctk), stored rotated as llama.cpp does")
+    p.add_argument("--kv-cache-dtype-v", metavar="TYPE", default=None,
+                   help="V's type when it should differ from K's (llama.cpp's -ctv; default: --kv-cache-dtype's)")
+
+
+def add_prefix_disk_args(p: argparse.ArgumentParser) -> None:
+    """--prefix-cache-dir, --prefix-cache-disk-size (run, chat, perplexity, serve)."""
+    p.add_argument("--prefix-cache-dir", metavar="DIR", default=None,
+                   help="keep full KV blocks on disk here (evicted ones and, at exit, all): a later process "
+                   "re-using a long system or RAG prompt loads them instead of computing them")
+    p.add_argument("--prefix-cache-disk-size", metavar="SIZE", default=None,
+                   help="with --prefix-cache-dir: the most it may hold, least recently used out first (default 8GiB)")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -136,12 +163,40 @@ def engine_options(args: argparse.Namespace, *, min_model_len: int | None = None
         opts["enforce_eager"] = True
     if getattr(args, "kv_cache_memory", None) is not None:
         opts["kv_cache_memory"] = args.kv_cache_memory
+    opts.update(kv_type_options(args))
+    if getattr(args, "context_shift", False):
+        opts["context_shift"] = True
+    keep = int_option(getattr(args, "keep", None), "--keep", 0)
+    if keep is not None:
+        if not getattr(args, "context_shift", False):
+            raise InvalidRequest("--keep needs --context-shift")
+        opts["context_keep"] = keep
+    if getattr(args, "prefix_cache_dir", None) is not None:
+        opts["prefix_cache_dir"] = args.prefix_cache_dir
+    if getattr(args, "prefix_cache_disk_size", None) is not None:
+        if getattr(args, "prefix_cache_dir", None) is None:
+            raise InvalidRequest("--prefix-cache-disk-size needs --prefix-cache-dir")
+        opts["prefix_cache_disk_size"] = args.prefix_cache_disk_size
     if hasattr(args, "seed"):
         opts["seed"] = resolve_seed(args)
     if hasattr(args, "spec"):
         spec = spec_options(args)
         if spec is not None:
             opts["speculative"] = spec
+    return opts
+
+
+def kv_type_options(args: argparse.Namespace) -> dict[str, str]:
+    """kv_cache_dtype / kv_cache_dtype_v from the flags, checked here so that a bad one names the flag."""
+    from edge_infer.config import KV_CACHE_DTYPES
+
+    opts = {}
+    for flag, attr in (("--kv-cache-dtype", "kv_cache_dtype"), ("--kv-cache-dtype-v", "kv_cache_dtype_v")):
+        v = getattr(args, attr, None)
+        if v is not None:
+            if v not in KV_CACHE_DTYPES:
+                raise InvalidRequest(f"{flag} must be one of {', '.join(KV_CACHE_DTYPES)}, got {v!r}")
+            opts[attr] = v
     return opts
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from edge_infer.cli.args import add_kv_type_args, kv_type_options
 from edge_infer.errors import EdgeInferError, InvalidRequest
 from edge_infer.hub import DEFAULT_MODEL
 
@@ -24,6 +25,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (default 128)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions (default 3)")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp side")
+    add_kv_type_args(p)
     p.add_argument("--ik-llama-bench", metavar="PATH", default=None,
                    help="also run ik_llama.cpp's llama-bench binary (-rtr 1) on the same file, prompt, length and "
                    "threads, and show its row and our ratio to it")
@@ -65,8 +67,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _cmd_workload(args, threads)
     results = []
     for model in args.model:
+        kv = kv_type_options(args)
         cfg = BenchConfig(model, threads, args.n_prompt, args.n_gen, args.repetitions, not args.no_llama_cpp,
-                          ik_llama_bench=ik)
+                          ik_llama_bench=ik, kv_cache_dtype=kv.get("kv_cache_dtype", "f16"),
+                          kv_cache_dtype_v=kv.get("kv_cache_dtype_v"))
         # several models: each in a fresh process, so that none runs in the memory and thread
         # state the previous one left (measured: smollm2 decoded at 76 tok/s after three larger
         # models in the same process, 131 alone)

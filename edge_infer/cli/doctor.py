@@ -76,6 +76,7 @@ def model_report(model: str) -> dict[str, Any]:
         tied = "output.weight" not in f.tensors
         arch = str(f.metadata.get("general.architecture", "?"))
         kinds = layers(f)
+        kv_per_token = _kv_bytes_per_token(f)
         for t in f.tensors.values():
             if len(t.shape) < 2 or (t.name == "token_embd.weight" and not tied):
                 continue
@@ -85,7 +86,29 @@ def model_report(model: str) -> dict[str, Any]:
             g[1] += t.nbytes
     matrices = [{"type": k[0], "path": k[1], "count": c, "bytes": b} for k, (c, b) in groups.items()]
     return {"path": str(path), "arch": arch, "size": path.stat().st_size, "layers": kinds,
-            "matrices": sorted(matrices, key=lambda m: -m["bytes"])}
+            "matrices": sorted(matrices, key=lambda m: -m["bytes"]), "kv_bytes_per_token": kv_per_token}
+
+
+def _kv_bytes_per_token(f: Any) -> dict[str, int]:
+    """The KV pool's bytes per token of context for each KV type this model's heads can take
+    (empty for an encoder or a file the loader refuses)."""
+    from edge_infer.config import KV_CACHE_DTYPES
+    from edge_infer.engine.model_runner import kv_block_bytes
+    from edge_infer.errors import EdgeInferError
+    from edge_infer.kernels_cpu.backend import CpuBackend
+    from edge_infer.models import config_from_gguf
+
+    try:
+        cfg = config_from_gguf(f)
+    except EdgeInferError:
+        return {}
+    out = {}
+    for t in KV_CACHE_DTYPES:
+        try:
+            out[t] = kv_block_bytes(CpuBackend, cfg, 1, t)  # type: ignore[arg-type]
+        except EdgeInferError:  # a block type on heads not a multiple of 32
+            continue
+    return out
 
 
 def gather(bandwidth: bool = True, model: str | None = None) -> dict[str, Any]:
@@ -192,6 +215,9 @@ def _print_report(r: dict[str, Any]) -> None:
         row("this model", f"{m['path']} ({m['arch']}, {human_bytes(m['size'])}{ceil})")
         for g in m["matrices"]:
             print(f"{'':<13}{g['count']:>4} {g['type']} matrices, {human_bytes(g['bytes'])}: {g['path']}")
+        if m.get("kv_bytes_per_token"):
+            print(f"{'':<13}KV cache per token of context: " + ", ".join(
+                f"{t} {human_bytes(b)}" for t, b in m["kv_bytes_per_token"].items()))
         state = m["layers"].get("state_bytes_per_sequence", 0)
         if state:
             print(f"{'':<13}recurrent state: {human_bytes(state)} per sequence, one slot per sequence "

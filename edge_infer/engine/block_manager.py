@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from edge_infer.engine.block_disk import DiskBlocks
 from edge_infer.engine.sequence import Sequence
 from edge_infer.engine.state_slots import StateSlots
 
@@ -35,9 +36,13 @@ class Block:
     ref_count: int = 0
     block_hash: int | None = None
     token_ids: tuple[int, ...] | None = None  # set with block_hash
+    parent_hash: int | None = None  # the previous block's hash (None: the first block)
 
 
-class BlockManager:
+ROOT_HASH = 0x5EED  # the first block's parent in the hash chain: hash() of None differs per process
+
+
+class BlockManager(DiskBlocks):
     """num_blocks blocks of block_size token slots; block ids are 0..num_blocks-1."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -54,6 +59,10 @@ class BlockManager:
         self._pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
+        # with a disk prefix cache: (block id, hash, parent hash, token ids) of the cached blocks
+        # handed out again since take_evictions, for the engine to save before they are overwritten
+        self.record_evictions = False
+        self._evicted: list[tuple[int, int, int | None, tuple[int, ...]]] = []
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -73,7 +82,9 @@ class BlockManager:
 
     @staticmethod
     def hash_block(parent: int | None, token_ids: tuple[int, ...]) -> int:
-        return hash((parent, token_ids))
+        """The same in every process (hash() of ints and tuples of them is not randomized): the
+        disk prefix cache names its files by it."""
+        return hash((ROOT_HASH if parent is None else parent, token_ids))
 
     @property
     def num_state_slots(self) -> int:
@@ -277,8 +288,10 @@ class BlockManager:
             return
         bs = self.block_size
         parent: int | None = None
-        # computed slots past num_tokens hold speculative proposals: never cache those
-        for i in range(min(min(seq.num_computed_tokens, seq.num_tokens) // bs, len(seq.block_table))):
+        # computed slots past num_tokens hold speculative proposals: never cache those; nor
+        # blocks holding shifted K/V (a context shift): they are not what computing them gives
+        full = min(min(seq.num_computed_tokens, seq.num_tokens) // bs, len(seq.block_table))
+        for i in range(full if seq.no_cache_from is None else min(full, seq.no_cache_from)):
             blk = self.blocks[seq.block_table[i]]
             if blk.block_hash is not None:
                 h = blk.block_hash
@@ -286,17 +299,49 @@ class BlockManager:
                 chunk = tuple(seq.tokens_slice(i * bs, (i + 1) * bs))
                 h = self.hash_block(parent, chunk)
                 if h not in self.cached:  # a duplicate computed concurrently stays private
-                    blk.block_hash, blk.token_ids = h, chunk
+                    blk.block_hash, blk.token_ids, blk.parent_hash = h, chunk, parent
                     self.cached[h] = blk.block_id
             slot = seq.pending_snapshots.pop(i, None)
             if slot is not None and self.states is not None:  # the state after this block, computed
                 self.states.link(h, slot)
             parent = h
 
+    def shift(self, seq: Sequence, n_keep: int, n_discard: int) -> list[tuple[int, int, int]] | None:
+        """A context shift of seq (engine/context_shift.py): its context tokens n_keep ..
+        n_keep + n_discard - 1 are dropped and the computed ones after them move n_discard
+        positions down, into new blocks from the one holding position n_keep on (the old ones
+        are released: another sequence may share them). Returns the K/V row moves (src slot,
+        dst slot, position delta: 0 for the kept rows of that first block, -n_discard for the
+        moved ones) for the runner to do now, before any block is handed out again; None,
+        changing nothing, when the pool has too few free blocks."""
+        bs = self.block_size
+        first = n_keep // bs
+        new_len = seq.num_computed_tokens - n_discard
+        fresh = self.blocks_needed(new_len + 1) - first
+        if fresh > self.num_free_blocks:
+            return None
+        old = seq.block_table
+        new = old[:first] + [self._pop_free() for _ in range(fresh)]
+
+        def slot(table: list[int], p: int) -> int:
+            return table[p // bs] * bs + p % bs
+
+        moves = [(slot(old, p), slot(new, p), 0) for p in range(first * bs, n_keep)]
+        moves += [(slot(old, p + n_discard), slot(new, p), -n_discard) for p in range(n_keep, new_len)]
+        for bid in reversed(old[first:]):
+            self._decref(bid)
+        seq.block_table = new
+        seq.num_computed_tokens = new_len
+        seq.no_cache_from = first if seq.no_cache_from is None else min(first, seq.no_cache_from)
+        return moves
+
     def reset_prefix_cache(self) -> None:
-        """Forget every cached block that no sequence uses (e.g. after weights change)."""
+        """Forget every cached block that no sequence uses (e.g. after weights change: nothing
+        of it is worth saving)."""
+        recording, self.record_evictions = self.record_evictions, False
         for bid in self.free_queue:
             self._uncache(self.blocks[bid])
+        self.record_evictions = recording
 
     # -- internals -----------------------------------------------------------------------------
     def _pop_free(self) -> int:
@@ -310,9 +355,11 @@ class BlockManager:
         if blk.block_hash is not None:
             if self.cached.get(blk.block_hash) == blk.block_id:
                 del self.cached[blk.block_hash]
+                if self.record_evictions and blk.token_ids is not None:
+                    self._evicted.append((blk.block_id, blk.block_hash, blk.parent_hash, blk.token_ids))
                 if self.states is not None:
                     self.states.drop(blk.block_hash)
-            blk.block_hash = blk.token_ids = None
+            blk.block_hash = blk.token_ids = blk.parent_hash = None
 
     def _incref(self, bid: int) -> None:
         blk = self.blocks[bid]

@@ -45,8 +45,13 @@ def cuda_lacks(config: EngineConfig, cfg: ModelConfig) -> str | None:
     if cfg.activation in ("relu2", "xielu") or cfg.attn_out_bias or cfg.attn_sinks:
         return (f"{cfg.arch}: the CUDA backend has no {cfg.activation} activation, attention-output bias or "
                 "attention-sink kernels")
-    if config.kv_cache_dtype not in ("f16", "f32"):
-        return f"kv_cache_dtype {config.kv_cache_dtype!r}: the CUDA backend stores f16 or f32 KV only"
+    if config.context_shift:
+        return "context_shift: the context shift runs on the CPU backend"
+    if config.prefix_cache_dir is not None:
+        return "prefix_cache_dir: the disk prefix cache runs on the CPU backend"
+    if config.kv_cache_dtype not in ("f16", "f32") or config.kv_cache_dtype_v not in (None, config.kv_cache_dtype):
+        return (f"kv_cache_dtype {config.kv_cache_dtype!r} / kv_cache_dtype_v {config.kv_cache_dtype_v!r}: the CUDA "
+                "backend stores f16 or f32 KV only, the same for K and V")
     if cfg.head_dim > 256:
         return f"head_dim {cfg.head_dim}: the CUDA attention kernel takes head_dim <= 256"
     return None

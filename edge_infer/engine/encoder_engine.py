@@ -83,6 +83,9 @@ class EncoderEngine:
     def score(self, token_ids: list[int]) -> np.ndarray:
         raise self._no_generation()
 
+    def prefix_slot(self, action: str, name: str, ids: list[int] | None = None) -> dict[str, int]:
+        raise InvalidRequest(f"{self.model_config.arch} is an encoder: it keeps no KV cache to save or restore")
+
     def abort(self, request_id: str) -> bool:
         return False
 

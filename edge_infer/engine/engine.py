@@ -8,11 +8,14 @@ it, so numba kernels never run concurrently.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import numpy as np
 
 from edge_infer.config import EngineConfig, SpecConfig
+from edge_infer.engine.context_shift import ContextShift
+from edge_infer.engine.disk_prefix import open_disk_prefix
 from edge_infer.engine.draft import DraftProposer
 from edge_infer.engine.embedding import embed as embed_prompts
 from edge_infer.engine.loader import LoadedModel, load_model
@@ -45,11 +48,14 @@ class LLMEngine:
         self._grammars = GrammarCompiler(self.tokenizer, tuple(self.eos_ids), self.model_config.vocab_size)
         self.spec = self._spec_decoder(config.speculative) if isinstance(config.speculative, SpecConfig) else None
         self.requests: dict[str, Request] = {}
-        self.output_processor = OutputProcessor(self.requests, self.eos_ids, self.plan.max_model_len)
+        self.output_processor = OutputProcessor(self.requests, self.eos_ids, self.plan.max_model_len,
+                                                config.context_shift)
         self.scheduler.stop_check = self.output_processor.check_stop
         self._rng = np.random.default_rng(config.seed)
         self.stats = {"steps": 0, "prompt_tokens": 0, "generated_tokens": 0, "finished": 0, "aborted": 0}
         self.started = time.monotonic()
+        self.disk = open_disk_prefix(config, self.plan, self.model_config, self.block_manager, self.runner)
+        self.shift = self._context_shift(config)
 
     # -- requests ------------------------------------------------------------------------------
     def prepare_prompt(self, prompt: str | list[int], params: SamplingParams) -> tuple[str | None, list[int]]:
@@ -94,7 +100,9 @@ class LLMEngine:
             text, ids = self.prepare_prompt(prompt, params)  # type: ignore[arg-type]
         else:
             text, ids = prompt_text, self._check_prompt(list(prompt_token_ids), params)
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.plan.max_model_len - len(ids)
+        # without max_tokens: until the context is full, or with a context shift until a stop
+        unbounded = sys.maxsize if self.shift is not None else self.plan.max_model_len - len(ids)
+        max_tokens = params.max_tokens if params.max_tokens is not None else unbounded
         now = time.monotonic() if arrival_time is None else arrival_time
         req = Request(request_id, text, ids, params, max_tokens, RequestMetrics(arrival_time=now))
         processors = make_logits_processors(params, stop_ids(params, self.eos_ids), self.model_config.vocab_size)
@@ -108,6 +116,8 @@ class LLMEngine:
         leader = req.seqs[0]
         leader.followers = req.seqs[1:]
         self.requests[request_id] = req
+        if self.disk is not None:  # the prompt's blocks saved on disk, into the pool before it is scheduled
+            self.disk.fill(ids)
         self.scheduler.add(leader)
         self.stats["prompt_tokens"] += len(ids)
 
@@ -124,7 +134,8 @@ class LLMEngine:
             raise InvalidRequest(f"n={params.n} samples need as many recurrent-state slots, and this hybrid model's "
                                  f"engine has {slots} (raise max_num_seqs)")
         limit = self.plan.max_model_len
-        wanted = len(ids) + (params.max_tokens or (1 if generates else 0))
+        # with a context shift the outputs may go past the context: the prompt must fit
+        wanted = len(ids) + ((params.max_tokens if self.shift is None else None) or (1 if generates else 0))
         if wanted > limit:
             what = f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens})" if params.max_tokens else f"the prompt ({len(ids)} tokens)"
             raise InvalidRequest(f"{what} exceeds the maximum context length of {limit} tokens")
@@ -162,6 +173,11 @@ class LLMEngine:
         """Run one engine iteration; outputs (cumulative) for every request it advanced."""
         if self.spec is not None:
             self.spec.propose(self.scheduler.running, self._max_tokens_of)
+        ended: list[str] = []
+        if self.shift is not None:
+            for seq in self.shift.apply():  # no room to shift: finished as without it
+                self._finish_length(seq)
+                ended.append(seq.request_id)
         scheduled = self.scheduler.schedule()
         if not scheduled:  # nothing runnable: hand out what has finished
             return self._outputs([rid for rid, r in self.requests.items() if r.finished])
@@ -170,7 +186,24 @@ class LLMEngine:
         sampled = sample_step(scheduled.chunks, logits, self.spec)
         finished = self.scheduler.update_from_output(scheduled, sampled)
         self._account(sampled, finished)
-        return self._outputs(dict.fromkeys(s.seq.request_id for s in sampled))
+        return self._outputs(dict.fromkeys([*ended, *(s.seq.request_id for s in sampled)]))
+
+    def _context_shift(self, config: EngineConfig) -> ContextShift | None:
+        if not config.context_shift:
+            return None
+        if self.model_config.recurrent:
+            raise InvalidRequest(f"context_shift: {self.model_config.arch} is a hybrid model; a recurrent state "
+                                 "cannot drop tokens from its past")
+        keep = config.context_keep + int(self.tokenizer.add_bos)
+        return ContextShift(keep, self.plan.max_model_len, self.scheduler, self.runner)
+
+    def _finish_length(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.FINISHED_LENGTH
+        if seq.detok is not None:
+            seq.text += seq.detok.flush()
+        self.scheduler.remove(seq)
+        if self.spec is not None:
+            self.spec.release(seq)
 
     def _max_tokens_of(self, seq: Sequence) -> int:
         return self.requests[seq.request_id].max_tokens
@@ -235,6 +268,8 @@ class LLMEngine:
             "waiting": len(self.scheduler.waiting),
             "preemptions": self.scheduler.num_preemptions,
             "kv_blocks_total": bm.num_blocks,
+            "kv_cache_bytes": self.plan.kv_cache_bytes,
+            "kv_bytes_per_token": self.plan.kv_bytes_per_token,
             "kv_blocks_used": bm.num_used_blocks,
             "kv_blocks_cached": bm.num_cached_free_blocks,
             "kv_utilization": live / slots if slots else 1.0,
@@ -245,7 +280,26 @@ class LLMEngine:
             "prefix_cache_hit_rate": bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
             **{k: float(v) for k, v in self.stats.items()},
             **(self.spec.metrics() if self.spec is not None else {}),
+            **({k: float(v) for k, v in self.disk.cache.stats.items()} if self.disk is not None else {}),
         }
+
+    # -- named prefixes on disk (the server's /slots/{name}) --------------------------------------
+    def prefix_slot(self, action: str, name: str, ids: list[int] | None = None) -> dict[str, int]:
+        """save (ids' K/V computed and written to the disk prefix cache under `name`), restore
+        (its blocks into the pool) or erase (the name) a conversation's prefix."""
+        if self.disk is None:
+            raise InvalidRequest("saving and restoring prefixes needs the disk prefix cache: start with "
+                                 "--prefix-cache-dir DIR (a hybrid model keeps its prefix cache in memory)")
+        if action == "save":
+            ids = self._check_prompt(list(ids or []), SamplingParams(max_tokens=None), generates=False)
+            return self.disk.save_named(name, ids, self.prefill, self.config.max_num_batched_tokens)
+        return self.disk.restore_named(name) if action == "restore" else self.disk.erase_named(name)
+
+    def close(self) -> None:
+        """At shutdown: the disk prefix cache saves what is cached in memory and finishes writing."""
+        if self.disk is not None:
+            self.disk.close()
+            self.disk = None
 
 
 def _every_row(_seq_index: int, start: int, end: int) -> list[int]:

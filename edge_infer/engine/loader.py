@@ -124,7 +124,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     weights = load_weights(f, cfg, backend)
     tokenizer = Tokenizer.from_gguf(f)
 
-    per_block = kv_block_bytes(backend, cfg, config.block_size, config.kv_cache_dtype)
+    kv_v = config.kv_cache_dtype_v or config.kv_cache_dtype
+    per_block = kv_block_bytes(backend, cfg, config.block_size, config.kv_cache_dtype, kv_v)
     budget = kv_budget(config, per_block // config.block_size, cfg.context_length, backend)
     num_slots, num_snaps, num_spec = state_pool_slots(config, cfg, budget)
     state_bytes = (num_slots + num_snaps + num_spec) * cfg.state_bytes
@@ -151,9 +152,10 @@ def load_model(config: EngineConfig) -> LoadedModel:
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
         raise InvalidRequest("without chunked prefill, max_num_batched_tokens must be at least max_model_len")
     plan = RuntimePlan(str(path), num_blocks, config.block_size, num_blocks * per_block, config.kv_cache_dtype,
-                       max_len, n_threads, backend.name, decode_weight_bytes(weights), num_slots, num_snaps, state_bytes)
+                       max_len, n_threads, backend.name, decode_weight_bytes(weights), num_slots, num_snaps, state_bytes,
+                       kv_v)
     states = StateSlots(num_slots, num_snaps, config.state_snapshot_interval, num_spec) if num_slots else None
-    runner = ModelRunner(cfg, weights, backend, num_blocks, config.block_size, config.kv_cache_dtype,
+    runner = ModelRunner(cfg, weights, backend, num_blocks, config.block_size, (config.kv_cache_dtype, kv_v),
                          config.max_num_batched_tokens, max_len, states.total if states else 0)
     bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, states)
     sched = Scheduler(bm, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
@@ -163,7 +165,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     pool = f", {num_slots} + {num_snaps} state slots ({state_bytes / 2**20:.1f} MiB)" if num_slots else ""
     log.info("loaded %s (%s) in %.2fs: %d KV blocks of %d tokens (%.0f MiB %s)%s, %d threads", path.name, cfg.arch,
              time.perf_counter() - t0, num_blocks, config.block_size, plan.kv_cache_bytes / 2**20,
-             config.kv_cache_dtype, pool, n_threads)
+             plan.kv_types, pool, n_threads)
     return LoadedModel(f, cfg, tokenizer, plan, runner, bm, sched, prefill)
 
 

@@ -21,9 +21,11 @@ from edge_infer.models.transformer import StepInputs, Transformer
 from edge_infer.models.weights import ModelWeights
 
 
-def kv_block_bytes(backend: Backend, cfg: ModelConfig, block_size: int, kv_dtype: str) -> int:
-    """Bytes of K and V for one block across the attention layers, in the backend's KV layout."""
-    return sum(backend.kv_block_bytes(len(layers), heads, dim, block_size, kv_dtype)
+def kv_block_bytes(backend: Backend, cfg: ModelConfig, block_size: int, kv_dtype: str,
+                   kv_dtype_v: str | None = None) -> int:
+    """Bytes of K (kv_dtype) and V (kv_dtype_v, default the same) for one block across the attention layers, in
+    the backend's KV layout."""
+    return sum(backend.kv_block_bytes(len(layers), heads, dim, block_size, kv_dtype, kv_dtype_v)
                for (heads, dim), layers in _kv_shapes(cfg).items())
 
 
@@ -38,17 +40,18 @@ def _kv_shapes(cfg: ModelConfig) -> dict[tuple[int, int], list[int]]:
 
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend, num_blocks: int, block_size: int,
-                 kv_dtype: str, max_step_tokens: int, max_model_len: int | None = None,
+                 kv_dtypes: tuple[str, str], max_step_tokens: int, max_model_len: int | None = None,
                  num_state_slots: int = 0) -> None:
-        """max_step_tokens: the workspace's first size (a larger step grows it); max_model_len:
+        """kv_dtypes: K's and V's types; max_step_tokens: the workspace's first size (a larger step grows it); max_model_len:
         the longest sequence (it picks Phi-3's long or short rope factors); num_state_slots: a
         hybrid model's state slots (the block manager's)."""
         self.cfg, self.block_size, self.backend = cfg, block_size, backend
         self.model = Transformer(cfg, weights, backend, max_step_tokens, max_model_len)
         pools = {i: pool for (heads, dim), layers in _kv_shapes(cfg).items()
                  for i, pool in zip(layers, backend.make_kv_pool(len(layers), num_blocks, block_size, heads, dim,
-                                                                 kv_dtype))}
+                                                                 *kv_dtypes))}
         self.kv_pool = [pools[i] for i in cfg.kv_layers]
+        self.before_forward: Any = None  # called first in run and execute (the disk cache saves evicted blocks)
         self.states = backend.make_state_pool(cfg.state_shapes, num_state_slots) if cfg.recurrent else []
         # what each layer's forward reads and writes: its KV pair, its recurrent state pool, both
         # (falcon-h1: (KV, states)), or None (nemotron_h's FFN layers)
@@ -103,7 +106,28 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput, whole: np.ndarray) -> StepLogits:
         """Run one scheduled step (block and state copies first); its logits for the sampler,
         whole on the host where whole [M] bool is set (see Transformer.forward_sampled)."""
+        if self.before_forward is not None:  # before the block copies: they may overwrite an evicted block
+            self.before_forward()
         self.backend.copy_blocks(self.kv_pool, sched.copies)
         if sched.state_copies:
             self.backend.copy_states(self.states, sched.state_copies)
         return self.model.forward_sampled(self.build_inputs(sched.chunks), self.kv, whole)
+
+    def read_block(self, block: int) -> list[np.ndarray]:
+        """Copies of one block's K and V in every attention layer (the pool's own layout; CPU)."""
+        return [np.array(layer[j][block]) for layer in self.kv_pool for j in (0, 2)]
+
+    def write_block(self, block: int, arrays: list[np.ndarray]) -> None:
+        """Put read_block's arrays (of a pool of the same layout) into one block."""
+        it = iter(arrays)
+        for layer in self.kv_pool:
+            for j in (0, 2):
+                layer[j][block] = next(it)
+
+    def shift_kv(self, moves: np.ndarray) -> None:
+        """A context shift's row moves (int64 [m, 3]: src slot, dst slot, position delta) in every
+        attention layer with K/V of its own; keys re-rotated by each layer's RoPE."""
+        cfg = self.cfg
+        for li, layer in zip(cfg.kv_layers, self.kv_pool):
+            self.backend.shift_kv(layer, moves, cfg.layer_head_dim(li), cfg.layer_n_rot(li), self.model.rope[li][0],
+                                  cfg.rope_neox)

@@ -19,8 +19,11 @@ class OutputProcessor:
     """Reads the engine's live requests (request id -> Request); eos_ids: the model's
     end-of-generation tokens."""
 
-    def __init__(self, requests: dict[str, Request], eos_ids: tuple[int, ...], max_model_len: int) -> None:
+    def __init__(self, requests: dict[str, Request], eos_ids: tuple[int, ...], max_model_len: int,
+                 context_shift: bool = False) -> None:
+        """context_shift: a full context is shifted (engine/context_shift.py), not a stop."""
         self.requests, self.eos_ids, self.max_model_len = requests, eos_ids, max_model_len
+        self.context_shift = context_shift
         self._now: float | None = None  # read at a step's first token, shared by all its tokens
 
     def mark_scheduled(self, scheduled: SchedulerOutput) -> None:
@@ -63,7 +66,7 @@ class OutputProcessor:
             if hit is not None:
                 return SequenceStatus.FINISHED_STOPPED, hit
         seq.text += new_text
-        if n_out >= req.max_tokens or seq.num_tokens >= self.max_model_len:
+        if n_out >= req.max_tokens or (seq.num_tokens >= self.max_model_len and not self.context_shift):
             seq.text += detok.flush()
             return SequenceStatus.FINISHED_LENGTH, None
         return None

@@ -48,6 +48,14 @@ class Prefill:
     def __init__(self, runner: ModelRunner, bm: BlockManager) -> None:
         self.runner, self.bm = runner, bm
 
+    def claim_cached(self, seq: Sequence) -> int:
+        """A new seq's cached prefix blocks (its num_computed_tokens is set to what they hold)."""
+        return self.bm.allocate(seq)
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Register seq's full computed blocks in the prefix cache."""
+        self.bm.cache_full_blocks(seq)
+
     def reserve(self, seq: Sequence, n: int) -> bool:
         """Slots for seq's next n tokens; False, changing nothing, when the pool is short."""
         return self.bm.append_slots(seq, n)

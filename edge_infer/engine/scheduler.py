@@ -134,6 +134,10 @@ class Scheduler:
             i -= 1
         self.waiting.insert(i, seq)
 
+    def shift_context(self, seq: Sequence, n_keep: int, n_discard: int) -> list[tuple[int, int, int]] | None:
+        """A running sequence's context shift (engine/context_shift.py): BlockManager.shift."""
+        return self.bm.shift(seq, n_keep, n_discard)
+
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence from the queues and free its blocks."""
         if seq in self.running:

@@ -75,10 +75,17 @@ class Sequence:
     # output text state (owned by the engine's detokenizer)
     text: str = ""
     detok: IncrementalDetokenizer | None = None
+    # context shift (engine/context_shift.py): the model's context is the first ctx_keep tokens
+    # and the tokens after the next ctx_dropped ones; positions, num_tokens and the token views
+    # below count in it. Blocks from no_cache_from on hold shifted K/V: never prefix-cached.
+    ctx_keep: int = 0
+    ctx_dropped: int = 0
+    no_cache_from: int | None = None
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        """Tokens in the model's context (all of them unless a context shift dropped some)."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.ctx_dropped
 
     @property
     def num_output_tokens(self) -> int:
@@ -89,10 +96,15 @@ class Sequence:
         return self.status.finished
 
     def token_at(self, i: int) -> int:
+        if self.ctx_dropped and i >= self.ctx_keep:
+            i += self.ctx_dropped
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
 
     def tokens_slice(self, start: int, stop: int) -> list[int]:
+        """Context tokens start..stop-1."""
+        if self.ctx_dropped:
+            return self.all_token_ids()[start:stop]
         n = len(self.prompt_token_ids)
         if stop <= n:
             return self.prompt_token_ids[start:stop]
@@ -101,7 +113,11 @@ class Sequence:
         return self.prompt_token_ids[start:] + self.output_token_ids[: stop - n]
 
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        """The context's tokens (prompt and outputs, less what a context shift dropped)."""
+        every = self.prompt_token_ids + self.output_token_ids
+        if self.ctx_dropped:
+            return every[: self.ctx_keep] + every[self.ctx_keep + self.ctx_dropped :]
+        return every
 
     def reset_for_recompute(self) -> None:
         """Preemption: drop the KV state; prompt + outputs so far will be recomputed."""

@@ -183,6 +183,13 @@ class EngineWorker:
             while cmd is not None:
                 if isinstance(cmd, Stop):
                     self._fail_all(EdgeInferError("the engine was shut down"))
+                    close = getattr(engine, "close", None)  # an LLMEngine's disk prefix cache saves here
+                    if close is not None:
+                        try:
+                            with KERNEL_LOCK:
+                                close()
+                        except Exception:
+                            log.exception("closing the engine failed")
                     return
                 with KERNEL_LOCK:
                     self._handle(engine, cmd)

@@ -43,15 +43,21 @@ class Backend(Protocol):
         (streams, LAuReL rank)."""
         ...
 
-    def kv_block_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str) -> int:
-        """Bytes of one KV block across all layers."""
+    def kv_block_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str,
+                       kv_dtype_v: str | None = None) -> int:
+        """Bytes of one KV block across all layers (K of kv_dtype, V of kv_dtype_v or the same)."""
         ...
 
     def make_kv_pool(self, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                     kv_dtype: str) -> list[Any]:
+                     kv_dtype: str, kv_dtype_v: str | None = None) -> list[Any]:
         ...
 
     def copy_blocks(self, kv: list[Any], copies: list[tuple[int, int]]) -> None: ...
+
+    def shift_kv(self, layer: Any, moves: Array, head_dim: int, n_rot: int, inv_freq: Array, neox: bool) -> None:
+        """A context shift's K/V row moves (int64 [m, 3]: src slot, dst slot, position delta) in
+        one layer's pool, keys re-rotated by RoPE for their new positions."""
+        ...
 
     def make_state_pool(self, shapes: Sequence[Sequence[tuple[int, ...]]], num_slots: int) -> list[Any]:
         """Per recurrent layer, a tuple of float32 [num_slots, *shape], one per shape of the

@@ -5,7 +5,7 @@ it is ready (and while shutting down), 200 after. /health and /metrics stay open
 keys are set; everything else needs `Authorization: Bearer KEY`. Every route answers only to
 the Host names of --allowed-hosts; the JSON routes take only `application/json` bodies, read
 up to --max-body bytes (http_guards.py). The routes live by group in routes_generate.py
-(completions, chat), routes_tokens.py (embeddings, rerank, tokenize, detokenize) and routes_status.py
+(completions, chat), routes_tokens.py (embeddings, rerank, tokenize, detokenize), routes_slots.py (saved prefixes) and routes_status.py
 (health, models, metrics); each reads its app's settings and engine from context.py.
 """
 
@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 
 from edge_infer._version import __version__
 from edge_infer.config import EngineConfig
-from edge_infer.server import routes_generate, routes_messages, routes_status, routes_tokens
+from edge_infer.server import routes_generate, routes_messages, routes_slots, routes_status, routes_tokens
 from edge_infer.server.context import ServerContext, server_context
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError, anthropic_error_body, error_body
@@ -99,6 +99,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     app.include_router(routes_generate.router)
     app.include_router(routes_messages.router)
     app.include_router(routes_tokens.router)
+    app.include_router(routes_slots.router)
     _install_error_handlers(app)
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
     app.add_middleware(_CountRequests, engine=engine)

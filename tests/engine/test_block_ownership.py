@@ -21,7 +21,7 @@ from edge_infer.sampling_params import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = [REPO / d for d in ("edge_infer", "formats", "kernels_cpu", "kernels_cuda")]
-MUTATORS = {"append_slots", "truncate", "free", "allocate", "fork", "cache_full_blocks"}
+MUTATORS = {"append_slots", "truncate", "free", "allocate", "fork", "cache_full_blocks", "shift"}
 OWNERS = {"edge_infer/engine/scheduler.py", "edge_infer/engine/prefill.py", "edge_infer/engine/block_manager.py"}
 # num_computed_tokens is also reset by the sequence itself (preemption) and read everywhere
 COUNTER_OWNERS = OWNERS | {"edge_infer/engine/sequence.py"}

@@ -187,7 +187,7 @@ def test_attention_has_no_gathers() -> None:
     vec, i32 = nt.Array(nt.float32, 1, "C"), nt.Array(nt.int32, 1, "C")
     i64 = nt.int64
     sig = (f2, i64, i64, i64, i64, i64, nt.int32, tables, cache, scales, cache, scales, i32, nt.float32, i64,
-           nt.float32, vec, f2, vec, vec, vec, f2, vec, f2, vec, f2)
+           nt.float32, vec, f2, vec, vec, vec, f2, f2, vec, f2)
     asm = asm_of(at._attend_tile, sig)
     assert uses(asm, "vfmadd", VREG) and uses(asm, "vcvtph2ps", VREG)
     assert "gather" not in asm

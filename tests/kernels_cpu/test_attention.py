@@ -1,6 +1,7 @@
 """Paged attention equals dense attention: random shapes, context lengths that are not
-multiples of the block size, GQA ratios 1/3/7, sliding windows, f16 and f32 pools, scattered
-block tables; and a token's output does not depend on what else is in the batch."""
+multiples of the block size, GQA ratios 1/3/7, sliding windows, f16 and f32 pools and
+llama.cpp's quantized KV types (K and V of different types too), scattered block tables; and a
+token's output does not depend on what else is in the batch."""
 
 from __future__ import annotations
 
@@ -10,22 +11,20 @@ import pytest
 from edge_infer.kernels_cpu import reference as ref
 from edge_infer.kernels_cpu.attention import qkv_finish_kernel, store_kv_kernel
 from edge_infer.kernels_cpu.attention_tiles import paged_attention_kernel
+from edge_infer.kernels_cpu.backend import CpuBackend
 
 NO_SINKS = np.empty(0, np.float32)
 
 
-def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: int, bs: int, dtype: type):
-    """A pool with each sequence's keys written through store_kv_kernel at scattered blocks."""
+def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: int, bs: int, kv_type: str):
+    """A pool (K/V types "K/V", or one for both) with each sequence's keys written through
+    store_kv_kernel at scattered blocks."""
     need = sum(-(-n // bs) for n in lens)
     n_blocks = need + 5
     perm = rng.permutation(n_blocks)
     width = max(-(-n // bs) for n in lens)
     tables = np.zeros((len(lens), width), np.int32)
-    kc = np.zeros((n_blocks, n_kv, hd, bs), dtype)  # K blocks transposed
-    vc = np.zeros((n_blocks, bs, n_kv, hd), dtype)
-    sshape = (n_blocks, bs, n_kv) if dtype == np.int8 else (0, 0, 0)
-    kshape = (n_blocks, n_kv, bs) if dtype == np.int8 else (0, 0, 0)  # K's scales transposed as its blocks
-    ks, vs = np.zeros(kshape, np.float32), np.zeros(sshape, np.float32)
+    kc, ks, vc, vs = CpuBackend.make_kv_pool(None, 1, n_blocks, bs, n_kv, hd, *kv_type.split("/"))[0]  # type: ignore[arg-type]
     at = 0
     for s, n in enumerate(lens):
         nb = -(-n // bs)
@@ -40,27 +39,34 @@ def build(rng: np.random.Generator, lens: list[int], n_kv: int, rep: int, hd: in
 
 
 @pytest.mark.parametrize("rep", [1, 3, 7])
-@pytest.mark.parametrize("dtype", [np.uint16, np.float32, np.int8])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q4_0"])
 @pytest.mark.parametrize(("window", "bs", "softcap"), [(0, 4, 0.0), (5, 4, 1.5), (0, 16, 1.5), (19, 16, 0.0)])
-def test_paged_equals_dense(rep: int, dtype: type, window: int, bs: int, softcap: float) -> None:
+def test_paged_equals_dense(rep: int, kv_type: str, window: int, bs: int, softcap: float) -> None:
     """softcap 1.5 bites: the scores of these random queries reach several units."""
-    check_paged(rep, dtype, window, bs, softcap, 32)
+    check_paged(rep, kv_type, window, bs, softcap, 32)
 
 
-@pytest.mark.parametrize(("hd", "dtype"), [(40, np.uint16), (80, np.int8), (112, np.float32)])
-def test_head_dims_past_whole_vector_slices(hd: int, dtype: type) -> None:
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "f16/q4_0", "q8_0/f32"])
+def test_quantized_kv_types(kv_type: str) -> None:
+    """Every llama.cpp KV type, and K and V of different kinds, against the reference reading
+    the same blocks (kernels_cpu.reference decodes them with formats.quants)."""
+    check_paged(3, kv_type, 0, 16, 0.0, 64)
+
+
+@pytest.mark.parametrize(("hd", "kv_type"), [(40, "f16"), (96, "q5_1"), (112, "f32")])
+def test_head_dims_past_whole_vector_slices(hd: int, kv_type: str) -> None:
     """Head dims that are not 4 x 16 lanes: the value sums' 2- and 1-slice tiles and the
-    dimensions after the last 16 (40 = 16 + 16 + 8, 80 = 64 + 16, 112 = 64 + 32 + 16)."""
-    check_paged(3, dtype, 0, 16, 0.0, hd)
+    dimensions after the last 16 (40 = 16 + 16 + 8, 96 = 64 + 32, 112 = 64 + 32 + 16)."""
+    check_paged(3, kv_type, 0, 16, 0.0, hd)
 
 
-def check_paged(rep: int, dtype: type, window: int, bs: int, softcap: float, hd: int) -> None:
+def check_paged(rep: int, kv_type: str, window: int, bs: int, softcap: float, hd: int) -> None:
     """Paged attention equals the dense reference, and each query alone gives the same bits."""
     rng = np.random.default_rng(rep * 10 + window + bs + hd)
     cap = np.float32(softcap)
     n_kv = 2
     lens = [1, 7, 13] if bs == 4 else [1, 23, 41]
-    kc, ks, vc, vs, tables = build(rng, lens, n_kv, rep, hd, bs, dtype)
+    kc, ks, vc, vs, tables = build(rng, lens, n_kv, rep, hd, bs, kv_type)
     # queries: the last 3 positions of sequence 2, the only position of 0, the last of 1
     token_seq = np.array([2, 2, 2, 0, 1], np.int32)
     last = lens[2] - 1
@@ -85,7 +91,7 @@ def test_attention_sinks_join_the_softmax() -> None:
     take most of the weight (the output shrinks), and each query alone gives the same row."""
     rng = np.random.default_rng(7)
     n_kv, rep, hd, bs = 2, 3, 32, 4
-    kc, ks, vc, vs, tables = build(rng, [9, 5], n_kv, rep, hd, bs, np.float32)
+    kc, ks, vc, vs, tables = build(rng, [9, 5], n_kv, rep, hd, bs, "f32")
     token_seq, positions = np.array([0, 0, 1], np.int32), np.array([3, 8, 4], np.int32)
     q = rng.standard_normal((3, n_kv * rep * hd)).astype(np.float32)
     sinks = np.array([-2.0, 0.0, 1.0, 3.0, 6.0, 0.5], np.float32)
@@ -116,17 +122,38 @@ def test_store_skips_negative_slots_and_rounds_to_f16() -> None:
     assert not vc[0].any() and not vc[1, 0].any() and not kc[0].any() and not kc[1, 0, :, 0].any()
 
 
-def test_q8_0_store_round_trip() -> None:
-    kc = np.zeros((1, 2, 8, 2), np.int8)  # [block, head, dim, offset]
-    vc = np.zeros((1, 2, 2, 8), np.int8)
-    ks, vs = np.zeros((1, 2, 2), np.float32), np.zeros((1, 2, 2), np.float32)
-    k = np.random.default_rng(2).standard_normal((2, 16)).astype(np.float32)
-    k[1, 8:] = 0.0  # an all-zero head: scale 0, values 0
-    store_kv_kernel(k, k, np.array([0, 1], np.int64), kc, ks, vc, vs)
-    for cache, scale in ((vc, vs), (kc.transpose(0, 3, 1, 2), ks.transpose(0, 2, 1))):
-        back = ref.cache_values(cache, scale)[0].reshape(2, 16)
-        assert np.all(np.abs(back - k) <= np.abs(k).reshape(2, 2, 8).max(-1).repeat(8, -1) / 127 * 0.5 + 1e-7)
-    assert ks[0, 1, 1] == 0 and not kc[0, 1, :, 1].any() and not vc[0, 1, 1].any()
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"])
+def test_block_store_writes_the_reference_quantizers_bytes(kv_type: str) -> None:
+    """Each (token, head) row is head_dim / 32 GGML blocks, byte for byte what
+    formats.quantizers (bit-exact with gguf-py, ggml's reference; IQ4_NL: ggml's row reference
+    without the scale search, as ggml-cpu's store) writes for the head rotated
+    by the 64 x 64 Walsh-Hadamard matrix (llama.cpp's rotation of quantized K and V); an all-zero head
+    reads back as zeros (its scale is ggml's -0.0 for q4_0 / q5_0: max / -8 of max 0); a
+    negative slot writes nothing."""
+    from edge_infer.formats.quantizers import QUANTIZERS
+    from edge_infer.formats.quantizers_iq4 import quantize_iq4_nl_row_ref
+    from edge_infer.formats.weight_types import by_name
+
+    n_kv, hd, bs = 2, 64, 4
+    kc, ks, vc, vs = CpuBackend.make_kv_pool(None, 1, 2, bs, n_kv, hd, kv_type)[0]  # type: ignore[arg-type]
+    k = np.random.default_rng(2).standard_normal((3, n_kv * hd)).astype(np.float32)
+    k[1, hd:] = 0.0
+    v = -2 * k
+    store_kv_kernel(k, v, np.array([5, 2, -1], np.int64), kc, ks, vc, vs)
+    quantize = quantize_iq4_nl_row_ref if kv_type == "iq4_nl" else QUANTIZERS[by_name(kv_type.upper()).id]  # type: ignore[index]
+    h = np.ones((1, 1), np.float32)
+    while h.shape[0] < hd:
+        h = np.block([[h, h], [h, -h]])
+    assert list(ks) == [by_name(kv_type.upper()).id, hd] and list(vs) == [ks[0], 64]
+    for t, slot in ((0, 5), (1, 2)):
+        for cache, aux, src in ((kc, ks, k), (vc, vs, v)):
+            rotated = (src[t].reshape(n_kv, hd).astype(np.float64) @ h / np.sqrt(hd)).astype(np.float32)
+            want = quantize(rotated.reshape(-1, 32)).reshape(n_kv, -1)
+            heads = 1 if t == 1 else 2
+            np.testing.assert_array_equal(cache[slot // bs, slot % bs, :heads], want[:heads])
+            if t == 1:
+                assert not ref.cache_values(cache, aux)[slot // bs, slot % bs, 1].any()
+    assert not kc[0, 0].any() and not vc[1, 3].any()
 
 
 @pytest.mark.parametrize("neox", [False, True])

@@ -5,7 +5,7 @@ Each target runs in a subprocess with its own numba cache directory under the ed
 (kernels_cpu/jit_cache.py's SourceTreeCacheLocator: reused while the kernel sources are
 unchanged; the normal cache is neither read nor written) and checks, small: every row decoder bit-exact against the reference
 dequantizer, matmuls against the NumPy twin, GEMV rows bit-identical to GEMM rows, paged
-attention against dense attention (f16 and int8 pools), and the fast-math activations.
+attention against dense attention (an f16 pool and a q4_0 one), and the fast-math activations.
 Compilation dominates a cold run: 35-45 s per target on two busy cores.
 """
 
@@ -70,14 +70,11 @@ SCRIPT = textwrap.dedent(
             matmul_kernel(x[t : t + 1], w, qtype, alone, 1)
             assert np.array_equal(alone[0], got[t]), ("gemv != gemm row", qtype, t)
 
-    n_kv, rep, hd, bs = 2, 3, 32, 16
-    for dtype in (np.uint16, np.int8):
-        n_blocks = 6
-        kc = np.zeros((n_blocks, n_kv, hd, bs), dtype)  # K blocks transposed
-        vc = np.zeros((n_blocks, bs, n_kv, hd), dtype)
-        sshape = (n_blocks, bs, n_kv) if dtype == np.int8 else (0, 0, 0)
-        kshape = (n_blocks, n_kv, bs) if dtype == np.int8 else (0, 0, 0)  # K's scales transposed as its blocks
-        ks, vs = np.zeros(kshape, np.float32), np.zeros(sshape, np.float32)
+    from edge_infer.kernels_cpu.backend import CpuBackend
+
+    n_kv, rep, hd, bs = 2, 3, 64, 16
+    for dtype in ("f16", "q4_0"):  # a float pool, and a block type stored Hadamard-rotated
+        kc, ks, vc, vs = CpuBackend.make_kv_pool(None, 1, 6, bs, n_kv, hd, dtype)[0]
         tables = np.array([[4, 1, 3], [0, 5, 2]], np.int32)
         lens = (37, 20)
         for s, n in enumerate(lens):

@@ -47,8 +47,11 @@ def kl_rows(p_logits: np.ndarray, q_logits: np.ndarray, chunk: int = 32) -> np.n
 class LlamaCpp:
     """llama.cpp (llama-cpp-python's low-level API) scoring whole sequences teacher-forced."""
 
-    def __init__(self, path: Path, n_ctx: int, pooling: int | None = None) -> None:
-        """pooling: a llama_pooling_type for an embeddings context (1 mean, 2 cls, 3 last)."""
+    def __init__(self, path: Path, n_ctx: int, pooling: int | None = None, type_k: int | None = None,
+                 type_v: int | None = None) -> None:
+        """pooling: a llama_pooling_type for an embeddings context (1 mean, 2 cls, 3 last);
+        type_k, type_v: the KV cache's GGML types (llama.cpp's --cache-type-k / -v), with flash
+        attention on (llama.cpp quantizes V only there)."""
         lc = pytest.importorskip("llama_cpp")
         from llama_cpp._logger import set_verbose
 
@@ -65,6 +68,10 @@ class LlamaCpp:
         cp.n_threads = cp.n_threads_batch = int(os.environ.get("NUMBA_NUM_THREADS", "2"))
         if pooling is not None:
             cp.embeddings, cp.pooling_type = True, pooling
+        if type_k is not None or type_v is not None:
+            cp.flash_attn_type = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
+            cp.type_k = cp.type_k if type_k is None else type_k
+            cp.type_v = cp.type_v if type_v is None else type_v
         self.ctx = lc.llama_init_from_model(self.model, cp)
         assert self.ctx, "llama.cpp could not create a context"
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))

@@ -1,0 +1,92 @@
+"""The attention tiles' reads of the KV pool (kernels_cpu.attention's layouts) as float32,
+one form per pool kind, chosen at compile time by the type of the scale place: an empty float32
+array for f16 / f32 pools (K transposed: a dimension's 16 keys are one run), an int64 [1] GGML
+type id for llama.cpp's block types (kernels_cpu.kv_quant; rows decoded by kernels_cpu.dequant).
+
+    key_chunk(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv)
+        kt[16 d + l] = key c0 + l of block blk, kv-head g, dimension d, as float32 (l < cw);
+        ks[l] = scale; kv [16, hd]: scratch (a block type's rows decode there first).
+    value_rows(v_cache, v_aux, blk, off, m, g, kv)
+        kv[u] = value row off + u of block blk, kv-head g, as float32 (u < m).
+(head_dim_of, the head size of a V pool, is kv_quant's.)
+"""
+
+from __future__ import annotations
+
+from numba.core import types
+from numba.extending import overload
+
+from ._jit import HAS_F16C, kernel
+from .attention import value_at1
+from .dequant import decode_rows
+from .simd_attn import widen16
+
+LANES = 16  # keys per score vector
+
+
+@kernel(inline=True)
+def _widen(dst, do, src, so, n):
+    """dst[do:do + n] = src[so:so + n] as float32; 1-D arrays."""
+    whole = n // LANES * LANES if HAS_F16C else 0  # elsewhere half -> float is a call numba's JIT cannot link
+    widen16(dst, do, src, so, whole // LANES)
+    a, b = src[so + whole : so + n], dst[do + whole : do + n]  # views, a loop from 0: no gathers
+    for j in range(n - whole):
+        b[j] = value_at1(a, j)
+
+
+def key_chunk(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv):
+    """See the module docstring (overloaded by pool kind)."""
+    raise NotImplementedError
+
+
+@overload(key_chunk, inline="always", jit_options={"cache": True})  # type: ignore[typeddict-unknown-key]
+def _ov_key_chunk(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv):
+    if isinstance(k_aux.dtype, types.Integer):
+        def blocks(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv):
+            nb, bs, n_kv, rb = k_cache.shape
+            rows = k_cache.reshape(nb * bs * n_kv, rb)
+            hd = kv.shape[1]
+            for u in range(cw):
+                decode_rows(k_aux[0], rows, (blk * bs + c0 + u) * n_kv + g, kv, u)
+                src = kv[u]
+                for d in range(hd):  # transposed: dimension d's keys side by side
+                    kt[LANES * d + u] = src[d]
+                ks[u] = scale
+        return blocks
+
+    def plain(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv):
+        hd, bs = k_cache.shape[2], k_cache.shape[3]
+        kflat = k_cache.reshape(-1)
+        base = (blk * k_cache.shape[1] + g) * hd * bs + c0
+        if bs == LANES:  # the head's block is kt's layout already: one run of hd * 16 values
+            _widen(kt, 0, kflat, base, hd * LANES)
+        else:
+            for d in range(hd):
+                _widen(kt, LANES * d, kflat, base + d * bs, cw)
+        for u in range(cw):
+            ks[u] = scale
+    return plain
+
+
+def value_rows(v_cache, v_aux, blk, off, m, g, kv):
+    """See the module docstring (overloaded by pool kind)."""
+    raise NotImplementedError
+
+
+@overload(value_rows, inline="always", jit_options={"cache": True})  # type: ignore[typeddict-unknown-key]
+def _ov_value_rows(v_cache, v_aux, blk, off, m, g, kv):
+    if isinstance(v_aux.dtype, types.Integer):
+        def blocks(v_cache, v_aux, blk, off, m, g, kv):
+            nb, bs, n_kv, rb = v_cache.shape
+            rows = v_cache.reshape(nb * bs * n_kv, rb)
+            for u in range(m):
+                decode_rows(v_aux[0], rows, (blk * bs + off + u) * n_kv + g, kv, u)
+        return blocks
+
+    def plain(v_cache, v_aux, blk, off, m, g, kv):
+        hd = v_cache.shape[3]
+        vflat, kvf = v_cache.reshape(-1), kv.reshape(-1)
+        for u in range(m):
+            _widen(kvf, u * hd, vflat, ((blk * v_cache.shape[1] + off + u) * v_cache.shape[2] + g) * hd, hd)
+    return plain
+
