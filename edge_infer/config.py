@@ -132,6 +132,8 @@ class EngineConfig:
     prefill_chunk_while_decoding: int | None = None
     seed: int = 0
     speculative: SpecConfig | dict | None = None
+    # a multimodal projector (llama.cpp's --mmproj): images in prompts (engine/image_prompt.py)
+    mmproj: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -147,6 +149,8 @@ class EngineConfig:
         object.__setattr__(self, "prefix_cache_disk_size", parse_bytes(self.prefix_cache_disk_size, "prefix_cache_disk_size"))
         if self.prefix_cache_dir is not None and (not isinstance(self.prefix_cache_dir, str) or not self.prefix_cache_dir):
             raise InvalidRequest(f"prefix_cache_dir must be a directory path, got {self.prefix_cache_dir!r}")
+        if self.mmproj is not None and (not isinstance(self.mmproj, str) or not self.mmproj):
+            raise InvalidRequest(f"mmproj must be the path of a multimodal projector .gguf, got {self.mmproj!r}")
         if not isinstance(self.context_shift, bool):
             raise InvalidRequest(f"context_shift must be True or False, got {self.context_shift!r}")
         if not isinstance(self.context_keep, int) or isinstance(self.context_keep, bool) or self.context_keep < 0:

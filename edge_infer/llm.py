@@ -8,9 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from edge_infer.chat.content_parts import media_marker, split_parts
 from edge_infer.config import EngineConfig, RuntimePlan
 from edge_infer.engine.embedding import cosine_scores
 from edge_infer.engine.encoder_engine import EncoderEngine
+from edge_infer.engine.image_prompt import MultimodalPrompt
 from edge_infer.engine.worker import EngineWorker, RequestHandle
 from edge_infer.errors import InvalidRequest
 from edge_infer.hub import DEFAULT_MODEL
@@ -45,7 +47,7 @@ class LLM:
         self._chat_template: Any = None
 
     # -- generation --------------------------------------------------------------------------
-    def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
+    def generate(self, prompts: str | list[int] | MultimodalPrompt | Sequence[str | list[int] | MultimodalPrompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order. A prompt is text or a list of token
         ids; params is one SamplingParams for all prompts or one per prompt."""
@@ -62,7 +64,7 @@ class LLM:
                     self._worker.abort(h.request_id)
             raise
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+    def stream(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams | None = None, *,
                final: list[RequestOutput] | None = None) -> Iterator[str]:
         """Text deltas of one completion as they are generated (sample 0 when n > 1). The last
         RequestOutput is appended to `final` when a list is given. Closing the iterator early
@@ -96,14 +98,29 @@ class LLM:
         prompts = [self.chat_prompt(c, add_generation_prompt=add_generation_prompt) for c in convs]  # type: ignore[arg-type]
         return self.generate(prompts, params)
 
-    def chat_prompt(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int] | MultimodalPrompt:
         """Token ids of a conversation rendered with the model's template (special tokens come
-        only from the template, never from message text)."""
+        only from the template, never from message text). A message's content may be a list of
+        parts: {"type": "text", "text": ...}, {"type": "image_url", "image_url": {"url": ...}}
+        (a data: URL, an http(s) URL or a path) or {"type": "image", "image": path | bytes |
+        uint8 [H, W, 3]}; with images the prompt is a MultimodalPrompt (needs an mmproj)."""
         if self._chat_template is None:
             from edge_infer.chat import ChatTemplate
 
             self._chat_template = ChatTemplate.from_gguf(self._worker.call(lambda e: e.gguf))
-        return self._chat_template.encode(messages, self.tokenizer, add_generation_prompt=add_generation_prompt)
+        marker = media_marker()
+        plain, refs = split_parts(messages, marker)
+        if not refs:
+            return self._chat_template.encode(plain, self.tokenizer, add_generation_prompt=add_generation_prompt)
+        runs = self._chat_template.encode_runs(plain, self.tokenizer, marker, add_generation_prompt=add_generation_prompt)
+        return self.images_prompt(runs, refs)
+
+    def images_prompt(self, runs: list[list[int]], refs: Sequence[Any]) -> MultimodalPrompt:
+        """The prompt of token runs around images (runs[i] before refs[i]: paths, URLs, bytes or
+        uint8 [H, W, 3] arrays), read, checked and preprocessed here."""
+        engine = self._worker.engine
+        assert engine is not None
+        return engine.prepare_images(runs, list(refs))
 
     def embed(self, texts: str | Sequence[str | list[int]]) -> np.ndarray:
         """Unit-norm embeddings float32 [n, width] of texts (or token-id lists), pooled as the
@@ -140,10 +157,21 @@ class LLM:
             scores = cosine_scores(self._worker.call(lambda e: e.embed(ids)))
         return [float(s) for s in scores]
 
-    def prompt_logits(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Teacher-forced logits float32 [len(token_ids), vocab]: row i predicts token i + 1."""
-        ids = list(token_ids)
+    def prompt_logits(self, token_ids: Sequence[int] | MultimodalPrompt) -> np.ndarray:
+        """Teacher-forced logits float32 [len(token_ids), vocab]: row i predicts token i + 1 (a
+        MultimodalPrompt: its images' embeddings at their positions)."""
+        ids = token_ids if isinstance(token_ids, MultimodalPrompt) else list(token_ids)
         return self._worker.call(lambda e: e.score(ids))
+
+    def image_prompt(self, text: str, images: Sequence[Any], marker: str = "<__media__>") -> MultimodalPrompt:
+        """A raw prompt with images: `text` holds `marker` once per image (libmtmd's default
+        marker), the text between markers tokenized apart (special tokens parsed, as mtmd
+        does; BOS per the model); images: paths, URLs, bytes or uint8 [H, W, 3] arrays."""
+        parts = text.split(marker)
+        if len(parts) != len(images) + 1:
+            raise InvalidRequest(f"the prompt has {len(parts) - 1} image markers ({marker}) for {len(images)} images")
+        return self.images_prompt([self.tokenizer.encode(p, add_special=i == 0, parse_special=True)
+                                   for i, p in enumerate(parts)], images)
 
     def _wait(self, handle: RequestHandle) -> RequestOutput:
         while True:
@@ -171,16 +199,16 @@ class LLM:
         self.close()
 
 
-def _as_prompt_list(prompts: Any) -> list[str | list[int]]:
-    if isinstance(prompts, str):
+def _as_prompt_list(prompts: Any) -> list[str | list[int] | MultimodalPrompt]:
+    if isinstance(prompts, (str, MultimodalPrompt)):
         return [prompts]
     if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, (int, np.integer)) for t in prompts):
         return [list(prompts)]
     if isinstance(prompts, (list, tuple)) and prompts:
         for p in prompts:
-            if not isinstance(p, (str, list, tuple)):
+            if not isinstance(p, (str, list, tuple, MultimodalPrompt)):
                 raise InvalidRequest(f"each prompt must be a string or a list of token ids, got {type(p).__name__}")
-        return [p if isinstance(p, str) else list(p) for p in prompts]
+        return [p if isinstance(p, (str, MultimodalPrompt)) else list(p) for p in prompts]
     raise InvalidRequest("prompts must be a string, a list of token ids, or a non-empty list of those")
 
 

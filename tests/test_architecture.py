@@ -40,6 +40,7 @@ RANKS = {
     "edge_infer.kernels_cuda": 3,
     "edge_infer.config": 4, "edge_infer.sampling_params": 4, "edge_infer.outputs": 4,
     "edge_infer.tokenizer": 4, "edge_infer.chat": 4, "edge_infer.convert": 4, "edge_infer.hub": 4,
+    "edge_infer.images": 4,
     "edge_infer.models": 5,
     "edge_infer.engine": 6,
     "edge_infer.llm": 7,

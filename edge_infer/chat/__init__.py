@@ -160,18 +160,34 @@ class ChatTemplate:
 
         BOS is put in front when the vocabulary adds one and the template did not print it.
         """
+        ids = tokenizer.encode_segments(self._segments(messages, add_generation_prompt, kwargs), add_special=False)
+        return _with_bos(ids, tokenizer)
+
+    def encode_runs(self, messages: Sequence[Mapping[str, Any]], tokenizer: Tokenizer, marker: str,
+                    add_generation_prompt: bool = True, **kwargs: Any) -> list[list[int]]:
+        """encode's ids cut where the message texts hold `marker` (an image's place): one run
+        more than markers, each run tokenized on its own as libmtmd tokenizes the text between
+        media markers; BOS (when added) opens the first run."""
+        runs: list[list[tuple[str, bool]]] = [[]]
+        for text, special in self._segments(messages, add_generation_prompt, kwargs):
+            pieces = text.split(marker) if not special else [text]
+            runs[-1].append((pieces[0], special))
+            for piece in pieces[1:]:
+                runs.append([(piece, special)])
+        out = [tokenizer.encode_segments(r, add_special=False) for r in runs]
+        out[0] = _with_bos(out[0], tokenizer)
+        return out
+
+    def _segments(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                  kwargs: dict[str, Any]) -> list[tuple[str, bool]]:
+        """The rendered prompt as (text, parse_special) pieces (spans.py)."""
         spans = Spans()
         wrapped = [spans.wrap(m) for m in _check(messages)]
         try:
             rendered = self._render(wrapped, add_generation_prompt, {k: spans.wrap(v) for k, v in kwargs.items()})
         except ChatTemplateError as e:  # its message may quote request text: the real text, not markers
             raise type(e)(spans.restore(str(e))) from None
-        segments = spans.segments(rendered)
-        ids = tokenizer.encode_segments(segments, add_special=False)
-        bos = tokenizer.bos_id
-        if tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
-            ids.insert(0, bos)
-        return ids
+        return spans.segments(rendered)
 
     def _render(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool, kwargs: dict[str, Any]
@@ -208,6 +224,13 @@ _SAMPLE = (
     {"role": "assistant", "content": "Hi. How can I help?"},
     {"role": "user", "content": "What is 2+2?"},
 )
+
+
+def _with_bos(ids: list[int], tokenizer: Tokenizer) -> list[int]:
+    bos = tokenizer.bos_id
+    if tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
+        ids.insert(0, bos)
+    return ids
 
 
 def _check(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:

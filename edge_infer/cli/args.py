@@ -56,6 +56,8 @@ def add_model_args(p: argparse.ArgumentParser, many: bool = False) -> None:
                    help="CUDA: launch every step's kernels instead of replaying CUDA graphs (slower; for debugging)")
     add_kv_type_args(p)
     add_prefix_disk_args(p)
+    p.add_argument("--mmproj", metavar="FILE", default=None,
+                   help="the model's multimodal projector .gguf (llama.cpp's --mmproj): images in chat messages")
     p.add_argument("--context-shift", action="store_true",
                    help="when a generation fills the context, drop half of it after the first --keep tokens and "
                    "go on (llama.cpp's --context-shift; default: finish with 'length')")
@@ -164,6 +166,8 @@ def engine_options(args: argparse.Namespace, *, min_model_len: int | None = None
     if getattr(args, "kv_cache_memory", None) is not None:
         opts["kv_cache_memory"] = args.kv_cache_memory
     opts.update(kv_type_options(args))
+    if getattr(args, "mmproj", None) is not None:
+        opts["mmproj"] = args.mmproj
     if getattr(args, "context_shift", False):
         opts["context_shift"] = True
     keep = int_option(getattr(args, "keep", None), "--keep", 0)

@@ -17,6 +17,7 @@ from edge_infer.errors import ChatTemplateError
 
 if TYPE_CHECKING:
     from edge_infer.chat import ChatTemplate
+    from edge_infer.engine.image_prompt import MultimodalPrompt
     from edge_infer.llm import LLM
     from edge_infer.outputs import RequestOutput
     from edge_infer.sampling_params import SamplingParams
@@ -64,7 +65,7 @@ def compile_notice(args: argparse.Namespace) -> Callable[[], None]:
     return on_first_compile(note)
 
 
-def stream_request(llm: LLM, prompt: str | list[int], params: SamplingParams,
+def stream_request(llm: LLM, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams,
                    final: list[RequestOutput]) -> Iterator[str]:
     """Text deltas of one request; the last RequestOutput is appended to `final`."""
     return llm.stream(prompt, params, final=final)
@@ -142,9 +143,16 @@ class ChatEncoder:
                              name=f"builtin {forced} template")
         return cls(t, BUILTIN_STOPS.get(forced, ()))
 
-    def encode(self, llm: LLM, messages: list[Message]) -> list[int]:
-        """Token ids of `messages` under the template, ending with the assistant's turn header."""
-        return self.template.encode(messages, llm.tokenizer, add_generation_prompt=True)
+    def encode(self, llm: LLM, messages: list[Message]) -> list[int] | MultimodalPrompt:
+        """Token ids of `messages` under the template, ending with the assistant's turn header
+        (with image parts: a MultimodalPrompt, the model loaded with an mmproj)."""
+        from edge_infer.chat.content_parts import media_marker, split_parts
+
+        marker = media_marker()
+        plain, refs = split_parts(messages, marker)
+        if not refs:
+            return self.template.encode(plain, llm.tokenizer, add_generation_prompt=True)
+        return llm.images_prompt(self.template.encode_runs(plain, llm.tokenizer, marker), refs)
 
     def params(self, params: SamplingParams) -> SamplingParams:
         """`params` plus this template's stop strings."""

@@ -20,6 +20,7 @@ from edge_infer.cli.common import ChatEncoder, load_llm, print_figures, print_sp
 from edge_infer.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    from edge_infer.engine.image_prompt import MultimodalPrompt
     from edge_infer.outputs import RequestOutput
 
 
@@ -48,6 +49,8 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     pick.add_argument("--raw", action="store_true", help="plain completion: continue the prompt text as it is")
     mode.add_argument("--system", metavar="TEXT", help="a system message before the prompt (chat mode)")
     mode.add_argument("--template", metavar="NAME", help="force a built-in chat template (chatml)")
+    mode.add_argument("--image", action="append", metavar="FILE", default=None,
+                      help="an image before the prompt in the user message (repeatable; needs --mmproj)")
     p.set_defaults(func=run)
 
 
@@ -98,17 +101,24 @@ def run(args: argparse.Namespace) -> int:
     from edge_infer import hub
 
     text = read_prompt(args)
+    images = args.image or []
+    if images and args.mmproj is None:
+        raise InvalidRequest("--image needs --mmproj FILE (the model's multimodal projector)")
+    if images and args.raw:
+        raise InvalidRequest("--image goes into the chat template's user message: drop --raw")
     params = sampling_params(args)
     engine_options(args)  # fail on a bad -t/--seed before loading anything
     model = hub.resolve_model(args.model)
-    chat, why = chat_mode(args, model)
+    chat, why = chat_mode(args, model) if not images else (True, "--image")
     encoder = ChatEncoder.for_model(model, args.template) if chat else None  # no template: fail before the load
     llm = load_llm(args, model)
     try:
-        prompt: str | list[int] = text
+        prompt: str | list[int] | MultimodalPrompt = text
         if encoder is not None:
-            messages = [{"role": "system", "content": args.system}] if args.system is not None else []
-            prompt = encoder.encode(llm, [*messages, {"role": "user", "content": text}])
+            messages: list[dict[str, Any]] = [{"role": "system", "content": args.system}] if args.system is not None else []
+            content: Any = text if not images else [*({"type": "image", "image": i} for i in images),
+                                                   {"type": "text", "text": text}]
+            prompt = encoder.encode(llm, [*messages, {"role": "user", "content": content}])
             params = encoder.params(params)
         if args.verbose:
             how = "chat mode" if encoder else "plain completion"

@@ -40,6 +40,9 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
                    help="unload a model after it has been idle this long: seconds or 5m / 1h style, -1 never, 0 at "
                    "once (default: 5m with several models, never with one); a request's keep_alive field sets it "
                    "for its model")
+    p.add_argument("--allow-image-urls", action="store_true",
+                   help="with --mmproj: image_url parts may name http(s) URLs, fetched by the server (at most 20 MB, "
+                   "10 s each; default: data: URLs only)")
     p.add_argument("--reasoning-budget", metavar="N", default="-1",
                    help="on templates that think: tokens of <think> before it is closed and the answer begins "
                    "(0: no thinking; -1: no limit, the default); a request's reasoning_effort / thinking overrides it")
@@ -101,6 +104,10 @@ def serve(args: argparse.Namespace) -> int:
 
     paths = _served_models(args)
     options = engine_options(args, min_model_len=2)
+    if args.mmproj is not None and not os.path.isfile(args.mmproj):
+        raise InvalidRequest(f"--mmproj {args.mmproj}: no such file")
+    if args.allow_image_urls and args.mmproj is None:
+        raise InvalidRequest("--allow-image-urls needs --mmproj (the model's multimodal projector)")
     config = EngineConfig.from_options(paths[0], **options)
     port = int_option(args.port, "--port", 0)
     max_queue = int_option(args.max_queue, "--max-queue", 0)
@@ -115,7 +122,7 @@ def serve(args: argparse.Namespace) -> int:
             hub.resolve_model(model)  # a missing file fails now; known names are pulled in the background
     model = paths[0]
     name = args.served_model_name or _name(model)
-    extra = _extra_models(paths[1:], options, {name})
+    extra = _extra_models(paths[1:], {k: v for k, v in options.items() if k != "mmproj"}, {name})  # the first model's
     keep_alive = _keep_alive(args.keep_alive, several=bool(extra))
     keys = tuple(args.api_key or ()) or tuple(k for k in [os.environ.get("EDGE_INFER_API_KEY", "")] if k)
 
@@ -146,7 +153,8 @@ def serve(args: argparse.Namespace) -> int:
                               on_fatal=None if scale else on_fatal, extra_models=extra,
                               max_loaded_models=int_option(args.max_loaded_models, "--max-loaded-models", 1) or 1,
                               keep_alive=keep_alive, model_size=_size(model),
-                              reasoning_budget=_reasoning_budget(args.reasoning_budget))
+                              reasoning_budget=_reasoning_budget(args.reasoning_budget),
+                              allow_image_urls=args.allow_image_urls)
     if scale is not None:
         if extra:
             raise InvalidRequest("--replicas serves one model: give one -m (several models behind one endpoint run "

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from edge_infer.cluster.delta import OutputDelta, apply
 from edge_infer.cluster.request import EngineRequest
 from edge_infer.config import EngineConfig
-from edge_infer.errors import EdgeInferError, GenerationError
+from edge_infer.engine.image_prompt import MultimodalPrompt
+from edge_infer.errors import EdgeInferError, GenerationError, InvalidRequest
 from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
 from edge_infer.server.engine_client import AsyncEngine
@@ -65,8 +66,10 @@ class RemoteWorker:
         self.handle, self.loop = handle, loop
         self.tasks: dict[str, Future[None]] = {}
 
-    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str, *,
+    def submit(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams, request_id: str, *,
                on_output: OnOutput) -> None:
+        if isinstance(prompt, MultimodalPrompt):
+            raise InvalidRequest("images are not served by Ray Serve replicas yet: serve the model without --replicas")
         if not isinstance(prompt, list):
             raise EdgeInferError("the cluster ingress sends token ids (a text prompt reached the worker)")
         request = EngineRequest(prompt, params, request_id)

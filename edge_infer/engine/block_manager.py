@@ -130,7 +130,7 @@ class BlockManager(DiskBlocks):
         if self.states is not None and self._slots_wanted(seq) > len(self.states.free):
             return False
         if not seq.block_table:
-            hits = self.find_cached_prefix(seq.all_token_ids())
+            hits = self.find_cached_prefix(seq.cache_key_ids())
             reclaim = sum(1 for b in hits if self.blocks[b].ref_count == 0)
             total = max(len(hits) * self.block_size, seq.num_computed_tokens) + num_new_tokens
             return self.blocks_needed(total) - len(hits) + reclaim <= self.num_free_blocks
@@ -144,7 +144,7 @@ class BlockManager(DiskBlocks):
             for s in (seq, *seq.followers):
                 if s.state_slot < 0:
                     s.state_slot = self.states.take()
-        tokens = seq.all_token_ids()
+        tokens = seq.cache_key_ids()
         hits, last_hash = self._cached_prefix(tokens)
         if hits and self.states is not None and last_hash is not None:
             self.states.restore(last_hash, seq.state_slot)
@@ -296,7 +296,7 @@ class BlockManager(DiskBlocks):
             if blk.block_hash is not None:
                 h = blk.block_hash
             else:
-                chunk = tuple(seq.tokens_slice(i * bs, (i + 1) * bs))
+                chunk = tuple(seq.cache_key_slice(i * bs, (i + 1) * bs))
                 h = self.hash_block(parent, chunk)
                 if h not in self.cached:  # a duplicate computed concurrently stays private
                     blk.block_hash, blk.token_ids, blk.parent_hash = h, chunk, parent

@@ -40,6 +40,9 @@ class ContextShift:
         for seq in self.scheduler.running:
             if seq.num_tokens < self.max_model_len or seq.num_computed_tokens != seq.num_tokens - 1:
                 continue
+            if seq.images:  # image embeddings are placed by prompt position: finished as without a shift
+                failed.append(seq)
+                continue
             n_left = seq.num_computed_tokens - self.n_keep
             n_discard = max(0, min(n_left // 2, n_left - 1))
             moves = self.scheduler.shift_context(seq, self.n_keep, n_discard) if n_discard > 0 else None

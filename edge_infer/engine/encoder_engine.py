@@ -60,6 +60,7 @@ class EncoderEngine:
                                 backend.n_threads, backend.name)
         self.requests: dict[str, Any] = {}  # never any: the worker's loop reads it
         self.eos_ids: tuple[int, ...] = ()
+        self.vision = None  # an encoder takes no images
         self.stats = {"inputs": 0, "tokens": 0, "steps": 0}
         self.started = time.monotonic()
         self._pooled([[0, 0]])  # warm-up: every kernel compiled or loaded from numba's cache
@@ -76,11 +77,14 @@ class EncoderEngine:
     def compile_constraints(self, params: SamplingParams) -> list[LogitsProcessor] | None:
         raise self._no_generation()
 
+    def prepare_images(self, runs: list[list[int]], refs: Any, **_: Any) -> Any:
+        raise self._no_generation()
+
     def add_request(self, request_id: str, prompt: str | list[int] | None, params: SamplingParams | None = None,
                     **_: Any) -> None:
         raise self._no_generation()
 
-    def score(self, token_ids: list[int]) -> np.ndarray:
+    def score(self, token_ids: Any) -> np.ndarray:
         raise self._no_generation()
 
     def prefix_slot(self, action: str, name: str, ids: list[int] | None = None) -> dict[str, int]:

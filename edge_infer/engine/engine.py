@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from edge_infer.engine.context_shift import ContextShift
 from edge_infer.engine.disk_prefix import open_disk_prefix
 from edge_infer.engine.draft import DraftProposer
 from edge_infer.engine.embedding import embed as embed_prompts
+from edge_infer.engine.image_prompt import ImageSpan, MultimodalPrompt
 from edge_infer.engine.loader import LoadedModel, load_model
 from edge_infer.engine.ngram import NgramProposer
 from edge_infer.engine.output_processor import OutputProcessor
@@ -28,7 +30,9 @@ from edge_infer.engine.scheduler import SampledTokens
 from edge_infer.engine.sequence import LogitsProcessor, Sequence, SequenceStatus
 from edge_infer.engine.spec_decode import Proposer, SpecDecoder
 from edge_infer.engine.structured import GrammarCompiler
+from edge_infer.engine.vision import open_vision
 from edge_infer.errors import InvalidRequest, OutOfMemoryBudget
+from edge_infer.images.source import load_image
 from edge_infer.outputs import RequestMetrics, RequestOutput
 from edge_infer.sampling_params import SamplingParams
 
@@ -56,6 +60,9 @@ class LLMEngine:
         self.started = time.monotonic()
         self.disk = open_disk_prefix(config, self.plan, self.model_config, self.block_manager, self.runner)
         self.shift = self._context_shift(config)
+        self.vision = open_vision(config.mmproj, self.tokenizer, self.model_config, self.runner)
+        if self.vision is not None:
+            self.scheduler.images_whole = self.runner.image_noncausal
 
     # -- requests ------------------------------------------------------------------------------
     def prepare_prompt(self, prompt: str | list[int], params: SamplingParams) -> tuple[str | None, list[int]]:
@@ -78,6 +85,20 @@ class LLMEngine:
             raise InvalidRequest(why)
         return text, ids
 
+    def prepare_images(self, runs: list[list[int]], refs: list[Any], *, allow_files: bool = True,
+                       allow_urls: bool = True) -> MultimodalPrompt:
+        """A prompt of token runs around images (runs[i] before refs[i]: what images/source.py's
+        load_image reads), the images read, preprocessed and the prompt checked; any thread may
+        call it (Pillow's work stays off the engine thread)."""
+        if self.vision is None:
+            raise InvalidRequest("this model takes no images: load it with an mmproj (--mmproj FILE, "
+                                 "LLM(model, mmproj=FILE))")
+        images = [load_image(r, f"image {i}", allow_files=allow_files, allow_urls=allow_urls)
+                  for i, r in enumerate(refs)]
+        prompt = self.vision.prompt(runs, images)
+        self._check_prompt(prompt.ids, SamplingParams(max_tokens=None), generates=False)
+        return prompt
+
     def compile_constraints(self, params: SamplingParams) -> list[LogitsProcessor] | None:
         """The request's structured-output processors, one per sequence (None without a
         constraint); InvalidRequest when it does not compile. Any thread may call it: the worker
@@ -89,10 +110,11 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int] | None, params: SamplingParams | None = None,
                     *, prompt_token_ids: list[int] | None = None, prompt_text: str | None = None,
                     priority: int = 0, arrival_time: float | None = None,
-                    constraints: list[LogitsProcessor] | None = None) -> None:
+                    constraints: list[LogitsProcessor] | None = None, images: tuple[ImageSpan, ...] = ()) -> None:
         """Queue a request; `prompt` is text (tokenized with BOS per the model) or token ids, or
         pass prompt_token_ids already checked by prepare_prompt (and prompt_text to echo), and
-        constraints from compile_constraints (compiled here when not given)."""
+        constraints from compile_constraints (compiled here when not given); images: the spans of
+        a MultimodalPrompt whose ids are prompt_token_ids."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
@@ -107,8 +129,9 @@ class LLMEngine:
         req = Request(request_id, text, ids, params, max_tokens, RequestMetrics(arrival_time=now))
         processors = make_logits_processors(params, stop_ids(params, self.eos_ids), self.model_config.vocab_size)
         constrained = constraints if constraints is not None else self.compile_constraints(params)
+        keys = MultimodalPrompt(ids, images).cache_key_ids() if images else None
         for i in range(params.n):
-            seq = Sequence(request_id, ids, params, index=i, priority=priority)
+            seq = Sequence(request_id, ids, params, index=i, priority=priority, images=images, prompt_keys=keys)
             seq.rng = self._seq_rng(params, i)
             seq.detok = self.tokenizer.detokenizer(skip_special=params.skip_special_tokens)
             seq.logits_processors = processors + [constrained[i]] if constrained else processors
@@ -117,7 +140,7 @@ class LLMEngine:
         leader.followers = req.seqs[1:]
         self.requests[request_id] = req
         if self.disk is not None:  # the prompt's blocks saved on disk, into the pool before it is scheduled
-            self.disk.fill(ids)
+            self.disk.fill(keys or ids)
         self.scheduler.add(leader)
         self.stats["prompt_tokens"] += len(ids)
 
@@ -235,10 +258,14 @@ class LLMEngine:
         return SpecDecoder(cfg, proposer, self.plan.max_model_len)
 
     # -- teacher-forced scoring ------------------------------------------------------------------
-    def score(self, token_ids: list[int]) -> np.ndarray:
-        """Logits float32 [len(token_ids), vocab], logits[i] predicting token i + 1."""
-        ids = self._check_prompt(list(token_ids), SamplingParams(max_tokens=None), generates=False)
-        seq = Sequence("__score__", ids, SamplingParams(max_tokens=1))
+    def score(self, token_ids: list[int] | MultimodalPrompt) -> np.ndarray:
+        """Logits float32 [len(token_ids), vocab], logits[i] predicting token i + 1 (a
+        MultimodalPrompt's image positions take their images' embeddings)."""
+        spans = token_ids.spans if isinstance(token_ids, MultimodalPrompt) else ()
+        raw = token_ids.ids if isinstance(token_ids, MultimodalPrompt) else token_ids
+        ids = self._check_prompt(list(raw), SamplingParams(max_tokens=None), generates=False)
+        keys = MultimodalPrompt(ids, spans).cache_key_ids() if spans else None
+        seq = Sequence("__score__", ids, SamplingParams(max_tokens=1), images=spans, prompt_keys=keys)
         out = np.empty((len(ids), self.model_config.vocab_size), np.float32)
         for step in self.prefill.chunked([seq], self.config.max_num_batched_tokens, _every_row, "score"):
             out[step.starts[0] : step.starts[0] + len(step.rows)] = step.rows

@@ -9,16 +9,21 @@ step. The transformer owns the forward's preallocated workspace.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge_infer.engine.scheduler import ScheduledChunk, SchedulerOutput
+from edge_infer.engine.sequence import Sequence
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.step_logits import StepLogits
 from edge_infer.models.transformer import StepInputs, Transformer
 from edge_infer.models.weights import ModelWeights
+
+if TYPE_CHECKING:
+    from edge_infer.engine.image_prompt import ImageSpan
 
 
 def kv_block_bytes(backend: Backend, cfg: ModelConfig, block_size: int, kv_dtype: str,
@@ -52,6 +57,9 @@ class ModelRunner:
                                                                  *kv_dtypes))}
         self.kv_pool = [pools[i] for i in cfg.kv_layers]
         self.before_forward: Any = None  # called first in run and execute (the disk cache saves evicted blocks)
+        # an image span's embeddings float32 [length, d_model] (engine/image_encoder.py; None: no images)
+        self.image_rows: Callable[[ImageSpan], np.ndarray] | None = None
+        self.image_noncausal = False  # gemma3: an image's tokens attend to the whole image (mtmd's non-causal decode)
         self.states = backend.make_state_pool(cfg.state_shapes, num_state_slots) if cfg.recurrent else []
         # what each layer's forward reads and writes: its KV pair, its recurrent state pool, both
         # (falcon-h1: (KV, states)), or None (nemotron_h's FFN layers)
@@ -78,6 +86,8 @@ class ModelRunner:
         snap_rows: list[int] = []
         snap_slots: list[int] = []
         logit_rows: list[int] = []
+        images: list[tuple[int, np.ndarray]] = []
+        masked: list[tuple[int, int, int]] = []  # (first row, end row, position attention masks them at)
         at = 0
         for si, c in enumerate(chunks):
             seq, toks = c.seq, c.token_ids
@@ -94,9 +104,38 @@ class ModelRunner:
             for j, slot in c.snapshots:
                 snap_rows.append(at + j)
                 snap_slots.append(slot)
+            if seq.images:
+                images += self._image_inputs(seq, start, min(m, seq.num_tokens - start), at)
+                if self.image_noncausal:
+                    for span in seq.images:  # each image token masked as the image's last one
+                        lo, hi = max(start, span.start), min(start + m, span.start + span.length)
+                        if lo < hi:
+                            # never past this chunk's last token: a cut image (longer than the budget)
+                            # sees what is computed so far, never a slot not yet written
+                            last = min(span.start + span.length, start + m) - 1
+                            masked.append((at + lo - start, at + hi - start, last))
             at += m
+        mask_pos = np.empty(0, np.int32)
+        if masked:
+            mask_pos = positions.copy()
+            for r0, r1, p in masked:
+                mask_pos[r0:r1] = p
         return StepInputs(tokens, positions, slots, token_seq, tables, np.asarray(logit_rows, dtype=np.int64), seq_slots,
-                          np.asarray(snap_rows, np.int32), np.asarray(snap_slots, np.int32))
+                          np.asarray(snap_rows, np.int32), np.asarray(snap_slots, np.int32), tuple(images),
+                          mask_pos)
+
+    def _image_inputs(self, seq: Sequence, start: int, m: int, at: int) -> list[tuple[int, np.ndarray]]:
+        """(step row, embedding rows) of the image positions among seq's tokens start .. start + m - 1
+        (the chunk's first row is `at`)."""
+        out = []
+        for span in seq.images:
+            lo, hi = max(start, span.start), min(start + m, span.start + span.length)
+            if lo < hi:
+                if self.image_rows is None:
+                    raise RuntimeError("a prompt with images on an engine without a projector")
+                rows = self.image_rows(span)
+                out.append((at + lo - start, rows[lo - span.start : hi - span.start]))
+        return out
 
     def run(self, chunks: list[ScheduledChunk], hidden: bool = False) -> np.ndarray:
         """Forward the chunks; logits float32 [M, vocab], one row per logit index, chunk after

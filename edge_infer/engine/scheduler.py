@@ -121,6 +121,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.images_whole = False  # a chunk never cuts an image (engine/vision.py sets it for gemma3)
         self.stop_check = stop_check
 
     # -- queue management ----------------------------------------------------------------------
@@ -177,6 +178,7 @@ class Scheduler:
                 continue
             if n < want and not self.enable_chunked_prefill:
                 break
+            n = self._whole_images(seq, n)
             ok = True
             while not self.bm.append_slots(seq, n):
                 if seq.spec_token_ids:  # first give up the optional proposals
@@ -211,7 +213,7 @@ class Scheduler:
             if fresh:
                 self.bm.allocate(seq)
             want = seq.num_tokens - seq.num_computed_tokens
-            n = min(want, budget)
+            n = self._whole_images(seq, min(want, budget))
             if (n < want and not self.enable_chunked_prefill) or not self.bm.append_slots(seq, n):
                 self._release_admission(seq, fresh)
                 break
@@ -220,6 +222,18 @@ class Scheduler:
             self.running.append(seq)
             out.chunks.append(self._chunk(seq, n))
             budget -= n
+
+    def _whole_images(self, seq: Sequence, n: int) -> int:
+        """n, or fewer so the chunk stops before an image it would cut (images_whole: gemma3's
+        image tokens attend to each other, so an image is computed in one step; one longer
+        than the token budget is cut all the same)."""
+        if not self.images_whole or not seq.images:
+            return n
+        start = seq.num_computed_tokens
+        for span in seq.images:
+            if span.start < start + n < span.start + span.length and span.start > start:
+                return span.start - start
+        return n
 
     def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
         chunk = ScheduledChunk.of(seq, n)

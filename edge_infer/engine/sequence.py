@@ -18,6 +18,7 @@ import numpy as np
 from edge_infer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from edge_infer.engine.image_prompt import ImageSpan
     from edge_infer.tokenizer.detok import IncrementalDetokenizer
 
 # processor(prompt ids, output ids, logits float32 [V]) changes the logits in place (sampler.py)
@@ -81,6 +82,10 @@ class Sequence:
     ctx_keep: int = 0
     ctx_dropped: int = 0
     no_cache_from: int | None = None
+    # images (engine/image_prompt.py): the spans of prompt positions their embeddings fill, and
+    # the prompt's ids as block keys (each span's positions keyed by its image; None: no images)
+    images: tuple[ImageSpan, ...] = ()
+    prompt_keys: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -118,6 +123,23 @@ class Sequence:
         if self.ctx_dropped:
             return every[: self.ctx_keep] + every[self.ctx_keep + self.ctx_dropped :]
         return every
+
+    def cache_key_ids(self) -> list[int]:
+        """The context's ids as the prefix cache keys blocks: image positions by their image."""
+        if self.prompt_keys is None:
+            return self.all_token_ids()
+        every = self.prompt_keys + self.output_token_ids
+        if self.ctx_dropped:
+            return every[: self.ctx_keep] + every[self.ctx_keep + self.ctx_dropped :]
+        return every
+
+    def cache_key_slice(self, start: int, stop: int) -> list[int]:
+        """cache_key_ids()[start:stop]."""
+        if self.prompt_keys is None:
+            return self.tokens_slice(start, stop)
+        if not self.ctx_dropped and stop <= len(self.prompt_keys):
+            return self.prompt_keys[start:stop]
+        return self.cache_key_ids()[start:stop]
 
     def reset_for_recompute(self) -> None:
         """Preemption: drop the KV state; prompt + outputs so far will be recomputed."""

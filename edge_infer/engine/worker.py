@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from edge_infer.config import EngineConfig
 from edge_infer.engine.engines import Engine, make_engine
+from edge_infer.engine.image_prompt import ImageSpan, MultimodalPrompt
 from edge_infer.engine.sequence import LogitsProcessor
 from edge_infer.errors import EdgeInferError
 from edge_infer.outputs import RequestOutput
@@ -79,6 +80,7 @@ class AddRequest:
     params: SamplingParams
     priority: int
     constraints: list[LogitsProcessor] | None  # structured output: one processor per sequence
+    images: tuple[ImageSpan, ...] = ()  # a MultimodalPrompt's spans (its ids are `ids`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,18 +122,23 @@ class EngineWorker:
             raise self._error
 
     # -- caller side ----------------------------------------------------------------------------
-    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+    def submit(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams, request_id: str | None = None,
                priority: int = 0,
                on_output: Callable[[RequestOutput | BaseException], None] | None = None) -> RequestHandle:
         """Queue a request. Tokenizing, validation and compiling a structured-output constraint
         happen here, on the caller's thread, and raise at once (InvalidRequest, ...); the engine
         thread only queues the request."""
         engine = self._live()
-        text, ids = engine.prepare_prompt(prompt, params)
+        images: tuple[ImageSpan, ...] = ()
+        if isinstance(prompt, MultimodalPrompt):  # built by prepare_images, images preprocessed
+            text, ids = engine.prepare_prompt(prompt.ids, params)
+            images = prompt.spans
+        else:
+            text, ids = engine.prepare_prompt(prompt, params)
         constraints = engine.compile_constraints(params)
         rid = request_id or f"req-{next(_ids)}"
         handle = RequestHandle(rid, on_output)
-        self._commands.put(AddRequest(handle, text, ids, params, priority, constraints))
+        self._commands.put(AddRequest(handle, text, ids, params, priority, constraints, images))
         return handle
 
     def abort(self, request_id: str) -> None:
@@ -226,7 +233,7 @@ class EngineWorker:
                 rid = cmd.handle.request_id
                 try:
                     engine.add_request(rid, None, cmd.params, prompt_token_ids=cmd.ids, prompt_text=cmd.text,
-                                       priority=cmd.priority, constraints=cmd.constraints)
+                                       priority=cmd.priority, constraints=cmd.constraints, images=cmd.images)
                     self._handles[rid] = cmd.handle
                 except Exception as e:  # e.g. a duplicate request id: the caller learns from its handle
                     cmd.handle.put(e)

@@ -17,6 +17,7 @@ from edge_infer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from edge_infer.engine.engines import Engine
+    from edge_infer.engine.image_prompt import MultimodalPrompt
     from edge_infer.engine.worker import RequestHandle
 
 T = TypeVar("T")
@@ -36,7 +37,7 @@ class Worker(Protocol):
         config); None when it runs elsewhere (a cluster replica) or has stopped."""
         ...
 
-    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str, *,
+    def submit(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams, request_id: str, *,
                on_output: OnOutput) -> RequestHandle | None:
         """Queue one request; its outputs go to `on_output`. Raises at once what can be refused
         before it runs (InvalidRequest, ...). The local worker also returns its handle."""

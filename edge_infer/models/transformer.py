@@ -19,7 +19,7 @@ from edge_infer.models.moe import moe_beside_dense, moe_ffn
 from edge_infer.models.per_layer_input import PerLayerInput
 from edge_infer.models.rope import layer_rope
 from edge_infer.models.step_logits import StepLogits
-from edge_infer.models.weights import ModelWeights
+from edge_infer.models.weights import ModelWeights, float_matrix
 
 _EMPTY = np.empty(0, np.float32)
 _NO_SLOTS = np.empty(0, np.int32)
@@ -27,6 +27,10 @@ _NO_SLOTS = np.empty(0, np.int32)
 
 def _or_empty(v: np.ndarray | None) -> np.ndarray:
     return _EMPTY if v is None else v
+
+
+def _row_ids(n: int) -> np.ndarray:
+    return np.arange(n, dtype=np.int32)
 
 
 def _rows(buf: Any, n: int, width: int) -> Any:
@@ -44,7 +48,10 @@ class StepInputs:
     block_tables: int32 [S, max_blocks]; logits_rows: int64 [M] token rows whose logits are
     returned, in that order; seq_slots: int32 [S] each sequence's state slot (hybrid models);
     snap_rows, snap_slots: int32 [P] after token row snap_rows[i] its state is copied into slot
-    snap_slots[i] too (a snapshot for the prefix cache; rows ascending).
+    snap_slots[i] too (a snapshot for the prefix cache; rows ascending); images: (row, float32
+    [r, d_model]) runs of rows whose input is an image's embeddings instead of their token's;
+    attn_positions: int32 [N] the positions attention masks by, where they differ from positions
+    (gemma3's image tokens see their whole image: the image's last position; [0]: positions).
     """
 
     tokens: np.ndarray
@@ -56,6 +63,8 @@ class StepInputs:
     seq_slots: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
     snap_rows: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
     snap_slots: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
+    images: tuple[tuple[int, np.ndarray], ...] = ()
+    attn_positions: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
 
 
 class Transformer:
@@ -136,8 +145,12 @@ class Transformer:
         ws = self.ws
         h, xn, q = ws.h[:n], ws.xn[:n], ws.q[:n]
         attn, o, o2, gate, up, act = ws.attn[:n], ws.o[:n], ws.o2[:n], ws.gate[:n], ws.up[:n], ws.act[:n]
-        token_seq, positions = inp.token_seq, inp.positions
+        # attention masks by attn_positions where given (RoPE always takes the true positions)
+        attn_pos = inp.attn_positions if inp.attn_positions.shape[0] else inp.positions
+        token_seq, positions = inp.token_seq, attn_pos
         b.embed(inp.tokens, self.w.token_embd, self.embed_scale, h)
+        for at, rows in inp.images:  # an image's embeddings go in as they are (llama.cpp scales only tokens)
+            b.embed(_row_ids(rows.shape[0]), float_matrix(rows, "image"), np.float32(1.0), h[at : at + rows.shape[0]])
         if self.ple is not None:
             b.embed(inp.tokens, self.w.token_embd, self.embed_scale, ws.x0[:n])
             self.ple.start(inp.tokens)
@@ -186,7 +199,7 @@ class Transformer:
                     b.take_rows(q, sel, _rows(ws.q_rows, m, q_dim))
                     b.take_rows(h, sel, ws.h_rows[:m])
                     b.take_rows(inp.token_seq, sel, ws.seq_rows[:m])
-                    b.take_rows(inp.positions, sel, ws.pos_rows[:m])
+                    b.take_rows(attn_pos, sel, ws.pos_rows[:m])
                     if cfg.attn_output_gate:
                         b.take_rows(qgate, sel, ws.q_gate_rows[:m])
                         qgate = ws.q_gate_rows[:m]

@@ -120,6 +120,12 @@ def qmatrix(f: GGUFFile, name: str, rows: int, cols: int, types: tuple[int, ...]
     return QMatrix(name, data.reshape(rows, t.nbytes // rows), int(t.type), rows, cols)
 
 
+def float_matrix(values: np.ndarray, name: str) -> QMatrix:
+    """A float32 [rows, cols] array as an F32 QMatrix (its bytes are the GGUF row layout)."""
+    a = np.ascontiguousarray(values, np.float32)
+    return QMatrix(name, a.view(np.uint8).reshape(a.shape[0], a.shape[1] * 4), 0, a.shape[0], a.shape[1])
+
+
 def expert_stack(f: GGUFFile, name: str, n_experts: int, rows: int, cols: int, types: tuple[int, ...]) -> QMatrix:
     """The 3-D tensor `name` checked to be [n_experts, rows, cols] (numpy order): E matrices."""
     t = _tensor(f, name)

@@ -72,6 +72,7 @@ class ContentBlock(_Strict):
     thinking: str | None = None
     signature: str | None = None
     data: str | None = None
+    source: dict[str, Any] | None = None  # an image block's: {"type": "base64", "media_type", "data"} or {"type": "url", "url"}
     cache_control: dict[str, Any] | None = None
     citations: list[Any] | None = None
 
@@ -147,7 +148,8 @@ class MessagesRequest(CountTokensRequest):
 
 
 # each block type's own fields (beside type, cache_control and citations)
-_BLOCK_FIELDS = {"text": {"text"}, "tool_use": {"id", "name", "input"}, "tool_result": {"tool_use_id", "content", "is_error"},
+_BLOCK_FIELDS = {"text": {"text"}, "image": {"source"}, "tool_use": {"id", "name", "input"},
+                 "tool_result": {"tool_use_id", "content", "is_error"},
                  "thinking": {"thinking", "signature"}, "redacted_thinking": {"data"}}
 _COMMON = {"type", "cache_control", "citations"}
 
@@ -262,19 +264,21 @@ def _message(m: InputMessage, at: str) -> list[dict[str, Any]]:
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    texts: list[Any] = []  # text, or an image block's image_url part
     calls: list[dict[str, Any]] = []
     for j, b in enumerate(m.content):
         where = f"{at}.content[{j}]"
         _check_block(b, where, m.role)
         if b.type == "text":
             texts.append(b.text or "")
+        elif b.type == "image":
+            texts.append({"type": "image_url", "image_url": {"url": _image_url(b.source, where)}})
         elif b.type == "tool_use":
             calls.append({"id": b.id, "type": "function",
                           "function": {"name": b.name, "arguments": json.dumps(b.input or {}, ensure_ascii=False)}})
         elif b.type == "tool_result":
             if texts:  # text before a result stays before it
-                out.append({"role": "user", "content": "\n".join(texts)})
+                out.append({"role": "user", "content": _joined(texts)})
                 texts = []
             result = b.content if isinstance(b.content, str) else _texts(b.content or [], f"{where}.content")
             out.append({"role": "tool", "tool_call_id": b.tool_use_id,
@@ -288,14 +292,36 @@ def _message(m: InputMessage, at: str) -> list[dict[str, Any]]:
         elif not out:  # only thinking blocks: an empty turn
             out.append({"role": "assistant", "content": ""})
     elif texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
+        out.append({"role": "user", "content": _joined(texts)})
     return out
 
 
+def _joined(items: list[Any]) -> Any:
+    """A user turn's content: its texts joined by newlines, or (with images) OpenAI content parts."""
+    if all(isinstance(x, str) for x in items):
+        return "\n".join(items)
+    return [{"type": "text", "text": x} if isinstance(x, str) else x for x in items]
+
+
+def _image_url(source: dict[str, Any] | None, at: str) -> str:
+    """An image block's source as the URL an image_url part carries (a data: URL for base64)."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source, dict):
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not media.startswith("image/") or not isinstance(data, str):
+            raise APIError(400, f"{at}.source: a base64 source needs media_type image/... and data", param=at,
+                           code="invalid_value")
+        return f"data:{media};base64,{data}"
+    if kind == "url" and isinstance(source, dict) and isinstance(source.get("url"), str):
+        return str(source["url"])
+    raise APIError(400, f"{at}.source: an image source must be {{'type': 'base64', 'media_type', 'data'}} or "
+                   f"{{'type': 'url', 'url'}}", param=at, code="invalid_value")
+
+
 def _check_block(b: ContentBlock, where: str, role: str) -> None:
-    if b.type in ("image", "document", "search_result", "container_upload"):
-        raise APIError(400, f"{where}: {b.type} blocks are not supported (text, tool_use, tool_result and thinking "
-                       "are)", param=where, code="unsupported_parameter")
+    if b.type in ("document", "search_result", "container_upload"):
+        raise APIError(400, f"{where}: {b.type} blocks are not supported (text, image, tool_use, tool_result and "
+                       "thinking are)", param=where, code="unsupported_parameter")
     own = _BLOCK_FIELDS.get(b.type)
     if own is None:
         raise APIError(400, f"{where}.type must be text, tool_use, tool_result, thinking or redacted_thinking, got "
@@ -305,12 +331,13 @@ def _check_block(b: ContentBlock, where: str, role: str) -> None:
     if stray:
         raise APIError(400, f"{where}.{stray[0]}: not a field of a {b.type} block", param=f"{where}.{stray[0]}",
                        code="unsupported_parameter")
-    needs = {"text": ("text",), "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",)}.get(b.type, ())
+    needs = {"text": ("text",), "image": ("source",), "tool_use": ("id", "name", "input"),
+             "tool_result": ("tool_use_id",)}.get(b.type, ())
     for name in needs:
         if getattr(b, name) is None:
             raise APIError(400, f"{where}.{name} is required in a {b.type} block", param=f"{where}.{name}",
                            code="missing_required_parameter")
-    if b.type == "tool_use" and role != "assistant" or b.type == "tool_result" and role != "user":
+    if b.type == "tool_use" and role != "assistant" or b.type in ("tool_result", "image") and role != "user":
         owner = "assistant" if b.type == "tool_use" else "user"
         raise APIError(400, f"{where}: {b.type} blocks belong in {owner} messages", param=where, code="invalid_value")
 

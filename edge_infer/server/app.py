@@ -67,6 +67,7 @@ class ServerSettings:
     keep_alive: float | None = None
     model_size: int = 0  # bytes of the first model's file (0: unknown)
     reasoning_budget: int | None = None  # tokens of thought before </think> is forced (None: no limit)
+    allow_image_urls: bool = False  # image_url parts may name http(s) URLs (--allow-image-urls)
 
 
 def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> FastAPI:
@@ -80,9 +81,11 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     def make(config: EngineConfig) -> AsyncEngine:
         made = AsyncEngine(config, max_queue=settings.max_queue, chat_fallback=settings.chat_fallback)
         made.reasoning_budget = settings.reasoning_budget
+        made.allow_image_urls = settings.allow_image_urls
         return made
 
     engine.reasoning_budget = settings.reasoning_budget
+    engine.allow_image_urls = settings.allow_image_urls
 
     first = ServedModel(settings.model_name, settings.config, settings.aliases, settings.model_size)
     pool = ModelPool((first, *settings.extra_models), engine, make, settings.max_loaded_models, settings.keep_alive,

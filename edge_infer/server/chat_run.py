@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from edge_infer.engine.image_prompt import MultimodalPrompt
 from edge_infer.sampling_params import SamplingParams, StructuredOutputsParams
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError
@@ -21,7 +22,7 @@ class ChatRun:
     the shaper of its replies (reasoning and tool calls) and k, the top logprobs (None: off).
     The dialects (OpenAI's here, Anthropic's in messages.py) share it."""
 
-    prompt: list[int]
+    prompt: list[int] | MultimodalPrompt  # images: a MultimodalPrompt (read like its ids)
     params: SamplingParams
     shaper: ReplyShaper
     k: int | None

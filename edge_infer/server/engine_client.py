@@ -21,8 +21,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from edge_infer._version import __version__
+from edge_infer.chat.content_parts import media_marker, split_parts
 from edge_infer.config import EngineConfig
-from edge_infer.errors import ChatTemplateError, EdgeInferError, GenerationError
+from edge_infer.engine.image_prompt import MultimodalPrompt
+from edge_infer.errors import ChatTemplateError, EdgeInferError, GenerationError, InvalidRequest
 from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
 from edge_infer.server.daemon_pool import DaemonPool
@@ -125,6 +127,7 @@ class AsyncEngine:
         self.fingerprint = f"edge-infer-{__version__}"
         # the server's --reasoning-budget: tokens of <think> before it is closed (None: no limit)
         self.reasoning_budget: int | None = None
+        self.allow_image_urls = False  # --allow-image-urls: image_url parts may name http(s) URLs
         # submit() waits for the engine's next step boundary; these threads do that waiting.
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="edge-infer-submit")
 
@@ -218,7 +221,7 @@ class AsyncEngine:
 
     # -- requests --------------------------------------------------------------------------------
     async def submit(
-        self, prompts: list[str | list[int]], params: SamplingParams, request_id: str
+        self, prompts: list[str | list[int] | MultimodalPrompt], params: SamplingParams, request_id: str
     ) -> list[Stream]:
         """Queue one engine request per prompt (ids `request_id`, or `request_id-i` for several);
         all or none (an error aborts the others)."""
@@ -286,7 +289,7 @@ class AsyncEngine:
         """Whether the chat template is gpt-oss's harmony format (server/harmony.py)."""
         return is_harmony(self.chat_template.source if self.chat_template is not None else None)
 
-    def thinking_opened(self, prompt: list[int]) -> bool:
+    def thinking_opened(self, prompt: list[int] | MultimodalPrompt) -> bool:
         """Whether a rendered chat prompt ends inside <think> (the reply starts thinking)."""
         tok = self.tokenizer
         return self.thinks and tok is not None and tok.decode(prompt[-16:]).rstrip().endswith(OPEN)
@@ -299,21 +302,38 @@ class AsyncEngine:
 
     async def chat_prompt(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
-    ) -> list[int]:
+    ) -> list[int] | MultimodalPrompt:
         """Token ids of a conversation under the model's template (400 when it has none);
-        tools: the request's tools, the template's `tools` variable."""
+        tools: the request's tools, the template's `tools` variable. Messages with image_url
+        parts give a MultimodalPrompt (the images read, checked and preprocessed here)."""
         if self.chat_template is None:
             raise APIError(
                 400, self.chat_error or "no chat template", param="messages", code="no_chat_template"
             )
         template, tok = self.chat_template, self.tokenizer
         assert tok is not None
+        marker = media_marker()
+        plain, refs = split_parts(messages, marker)
         try:
-            return await _RENDERS.run(
-                lambda: template.encode(messages, tok, add_generation_prompt=add_generation_prompt, tools=tools or None)
-            )
+            if not refs:
+                return await _RENDERS.run(
+                    lambda: template.encode(plain, tok, add_generation_prompt=add_generation_prompt, tools=tools or None)
+                )
+            return await _RENDERS.run(lambda: self._image_prompt(template, plain, refs, marker, add_generation_prompt,
+                                                                 tools))
         except EdgeInferError as e:
             raise from_engine_error(e) from None
+
+    def _image_prompt(self, template: Any, messages: list[dict[str, Any]], refs: list[Any], marker: str,
+                      add_generation_prompt: bool, tools: list[Any] | None) -> MultimodalPrompt:
+        worker = self.worker
+        engine = getattr(worker, "engine", None)
+        if engine is None or getattr(engine, "vision", None) is None:
+            raise InvalidRequest("this model takes no images: start the server with --mmproj FILE (the model's "
+                                 "multimodal projector)")
+        runs = template.encode_runs(messages, self.tokenizer, marker, add_generation_prompt=add_generation_prompt,
+                                    tools=tools or None)
+        return engine.prepare_images(runs, refs, allow_files=False, allow_urls=self.allow_image_urls)
 
 
 async def merge(streams: list[Stream]) -> AsyncIterator[tuple[int, RequestOutput]]:

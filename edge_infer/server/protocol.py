@@ -131,9 +131,15 @@ class CompletionRequest(_Sampling):
                        "token id lists (none of them empty)", param="prompt", code="invalid_type")
 
 
+class ImageURL(_Strict):
+    url: str
+    detail: str | None = None  # OpenAI's low / high / auto: accepted, the projector decides the tiling
+
+
 class ContentPart(_Strict):
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None
 
 
 class ToolCallFunction(_Strict):
@@ -288,10 +294,17 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         content = m.content
         if isinstance(content, list):
             for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported, got "
-                                   f"type {part.type!r}", param=f"messages[{i}].content", code="invalid_value")
-            content = "\n".join(p.text or "" for p in content)
+                ok = (part.type == "text" and part.text is not None and part.image_url is None
+                      or part.type == "image_url" and part.image_url is not None and part.text is None)
+                if not ok:
+                    raise APIError(400, f"messages[{i}].content[{j}]: a content part must be text (with text) or "
+                                   f"image_url (with image_url.url), got type {part.type!r}",
+                                   param=f"messages[{i}].content", code="invalid_value")
+            if any(p.type == "image_url" for p in content):  # kept as parts: chat_prompt places the images
+                content = [{"type": "text", "text": p.text} if p.image_url is None  # type: ignore[misc]
+                           else {"type": "image_url", "image_url": {"url": p.image_url.url}} for p in content]
+            else:
+                content = "\n".join(p.text or "" for p in content)
         if m.tool_calls is not None and m.role != "assistant":
             raise APIError(400, f"messages[{i}].tool_calls: only assistant messages carry tool calls",
                            param=f"messages[{i}].tool_calls", code="invalid_value")

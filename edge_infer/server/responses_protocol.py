@@ -43,6 +43,8 @@ class _Strict(BaseModel):
 class ContentPart(_Strict):
     type: str
     text: str | None = None
+    image_url: str | None = None  # input_image: a data: URL (or an http(s) URL with --allow-image-urls)
+    detail: str | None = None
     annotations: list[Any] | None = None
     logprobs: list[Any] | None = None
 
@@ -188,7 +190,7 @@ def _item(item: InputItem, at: str, out: list[dict[str, Any]]) -> None:
                            param=f"{at}.role", code="invalid_value")
         if item.content is None:
             raise APIError(400, f"{at}.content is required", param=f"{at}.content", code="missing_required_parameter")
-        out.append({"role": item.role, "content": _text(item.content, f"{at}.content")})
+        out.append({"role": item.role, "content": _text(item.content, f"{at}.content", images=True)})
     elif kind == "function_call":
         for name in ("call_id", "name", "arguments"):
             if getattr(item, name) is None:
@@ -208,11 +210,24 @@ def _item(item: InputItem, at: str, out: list[dict[str, Any]]) -> None:
         out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, f"{at}.output")})
 
 
-def _text(content: str | list[ContentPart], at: str) -> str:
+def _text(content: str | list[ContentPart], at: str, images: bool = False) -> Any:
+    """A message's text (its parts joined by newlines); with images (input_image parts, where
+    allowed) OpenAI chat content parts instead."""
     if isinstance(content, str):
         return content
+    if images and any(p.type == "input_image" for p in content):
+        parts: list[dict[str, Any]] = []
+        for j, part in enumerate(content):
+            if part.type == "input_image":
+                if not part.image_url or part.text is not None or part.model_extra:
+                    raise APIError(400, f"{at}[{j}]: an input_image part needs image_url (file_id is not supported)",
+                                   param=f"{at}[{j}]", code="unsupported_parameter")
+                parts.append({"type": "image_url", "image_url": {"url": part.image_url}})
+            else:
+                parts.append({"type": "text", "text": _text([part], at)})
+        return parts
     for j, part in enumerate(content):
-        if part.type not in ("input_text", "output_text", "text") or part.text is None or part.model_extra:
+        if part.type not in ("input_text", "output_text", "text") or part.text is None or part.model_extra or part.image_url:
             what = f"type {part.type!r}" if part.type not in ("input_text", "output_text", "text") else "its fields"
             raise APIError(400, f"{at}[{j}]: only text parts are supported ({what})", param=f"{at}[{j}]",
                            code="unsupported_parameter")

@@ -61,7 +61,11 @@ async def slot(name: str, request: Request, action: str | None = None) -> Respon
                 text = req.prompt
                 ids = await engine.run(lambda: tok.encode(text, add_special=True, parse_special=False))
             else:
-                ids = await engine.chat_prompt(template_messages(req.messages or []), add_generation_prompt=False)
+                chat = await engine.chat_prompt(template_messages(req.messages or []), add_generation_prompt=False)
+                if not isinstance(chat, list):
+                    raise APIError(400, "messages: a slot is saved from text only (no images)", param="messages",
+                                   code="invalid_value")
+                ids = chat
         try:
             out = await engine.call(lambda e: e.prefix_slot(action, name, ids))
         except EdgeInferError as e:

@@ -65,4 +65,6 @@ def _model_card(ctx: ServerContext, name: str) -> dict[str, Any]:
             "max_model_len": engine.max_model_len or None if engine is not None else None}
     if len(ctx.pool.models) > 1:
         card["status"] = "loaded" if engine is not None else "unloaded"
+    served = next((m for m in ctx.pool.models if m.name == name), None)  # images with an mmproj
+    card["input_modalities"] = ["text", "image"] if served is not None and served.config.mmproj else ["text"]
     return card

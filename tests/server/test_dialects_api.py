@@ -117,9 +117,12 @@ def test_errors_in_anthropic_shape(server, client) -> None:  # type: ignore[no-u
     assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60).status_code == 200
     r = httpx.post(url, content=b"{", headers={"x-api-key": KEY, "content-type": "application/json"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
-    with pytest.raises(anthropic.BadRequestError, match="image blocks are not supported"):
+    with pytest.raises(anthropic.BadRequestError, match="this model takes no images: start the server with --mmproj"):
         client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    with pytest.raises(anthropic.BadRequestError, match="document blocks are not supported"):
+        client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}])
     with pytest.raises(anthropic.BadRequestError, match="top_q"):
         client.messages.create(model=MODEL, max_tokens=4, messages=body["messages"], extra_body={"top_q": 1})
     with pytest.raises(anthropic.NotFoundError, match="claude-opus"):
@@ -267,7 +270,7 @@ def test_responses_json_schema_and_refusals(server, oai) -> None:  # type: ignor
     assert json.loads(r.output_text)["colour"] in ("red", "blue")
     for fields, param in ((dict(previous_response_id="resp_1"), "previous_response_id"),
                           (dict(tools=[{"type": "web_search"}]), "tools[0]"),
-                          (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+                          (dict(input=[{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]),
                            "input[0].content[0]")):
         with pytest.raises(openai.BadRequestError) as e:
             oai.responses.create(**{"model": MODEL, "input": "hi", **fields})
