@@ -134,6 +134,9 @@ class EngineConfig:
     speculative: SpecConfig | dict | None = None
     # a multimodal projector (llama.cpp's --mmproj): images in prompts (engine/image_prompt.py)
     mmproj: str | None = None
+    # LoRA adapters loaded at start (engine/lora.py): {name: path} or {name: (path, scale)}, kept
+    # as ((name, path, scale), ...); a request picks them by name
+    adapters: dict | tuple = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -151,6 +154,7 @@ class EngineConfig:
             raise InvalidRequest(f"prefix_cache_dir must be a directory path, got {self.prefix_cache_dir!r}")
         if self.mmproj is not None and (not isinstance(self.mmproj, str) or not self.mmproj):
             raise InvalidRequest(f"mmproj must be the path of a multimodal projector .gguf, got {self.mmproj!r}")
+        object.__setattr__(self, "adapters", adapter_specs(self.adapters))
         if not isinstance(self.context_shift, bool):
             raise InvalidRequest(f"context_shift must be True or False, got {self.context_shift!r}")
         if not isinstance(self.context_keep, int) or isinstance(self.context_keep, bool) or self.context_keep < 0:
@@ -189,6 +193,29 @@ class EngineConfig:
         if unknown:
             raise InvalidRequest(f"unknown option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(model=model, **options)
+
+
+def adapter_specs(adapters: Any) -> tuple[tuple[str, str, float], ...]:
+    """LLM(adapters=...) as ((name, path, scale), ...): a dict of name -> path or (path, scale),
+    or those triples already."""
+    items: list[tuple[Any, Any]]
+    if isinstance(adapters, dict):
+        items = list(adapters.items())
+    else:
+        if not isinstance(adapters, (tuple, list)) or not all(isinstance(t, (tuple, list)) and len(t) == 3 for t in adapters):
+            raise InvalidRequest(f"adapters must be a dict of name -> adapter .gguf path (or (path, scale)), got {adapters!r}")
+        items = [(t[0], (t[1], t[2])) for t in adapters]
+    out = []
+    for name, v in items:
+        path, scale = (v, 1.0) if isinstance(v, str) else (tuple(v) + (None,))[:2] if isinstance(v, (tuple, list)) else (v, None)
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"an adapter's name must be a non-empty string, got {name!r}")
+        if not isinstance(path, str) or not path:
+            raise InvalidRequest(f"adapter {name!r} needs the path of its LoRA .gguf, got {v!r}")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale != scale or abs(scale) == float("inf"):
+            raise InvalidRequest(f"adapter {name!r}'s scale must be a finite number, got {scale!r}")
+        out.append((name, path, float(scale)))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

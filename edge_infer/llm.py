@@ -13,6 +13,7 @@ from edge_infer.config import EngineConfig, RuntimePlan
 from edge_infer.engine.embedding import cosine_scores
 from edge_infer.engine.encoder_engine import EncoderEngine
 from edge_infer.engine.image_prompt import MultimodalPrompt
+from edge_infer.engine.lora import AdapterInfo, adapter_request
 from edge_infer.engine.worker import EngineWorker, RequestHandle
 from edge_infer.errors import InvalidRequest
 from edge_infer.hub import DEFAULT_MODEL
@@ -24,8 +25,8 @@ Message = dict[str, Any]
 
 class LLM:
     """A loaded model. `LLM("smollm2-135m")` takes a known name (pulled on first use) or a .gguf
-    path; keyword options are EngineConfig's (n_threads, kv_cache_memory, max_model_len, ...)
-    and unknown ones are rejected. Calls from several threads are batched on the engine thread.
+    path; keyword options are EngineConfig's (n_threads, kv_cache_memory, max_model_len,
+    adapters={"name": "lora.gguf"}, ...) and unknown ones are rejected. Calls from several threads are batched on the engine thread.
 
     Lifetime: `close()` (or leaving a `with LLM(...)` block) stops the engine thread and frees
     the weights and KV pool; an LLM dropped without it is finalized the same way when the
@@ -48,15 +49,18 @@ class LLM:
 
     # -- generation --------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | MultimodalPrompt | Sequence[str | list[int] | MultimodalPrompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, *, adapter: str | Sequence[str] | None = None,
+                 adapter_scale: float | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order. A prompt is text or a list of token
-        ids; params is one SamplingParams for all prompts or one per prompt."""
+        ids; params is one SamplingParams for all prompts or one per prompt. adapter: a loaded
+        LoRA adapter's name (None: the base model), at adapter_scale (None: its default)."""
         plist = _as_prompt_list(prompts)
         pars = _as_params_list(params, len(plist))
+        lora = adapter_request(adapter, adapter_scale)
         handles = []
         try:
             for p, sp in zip(plist, pars, strict=False):
-                handles.append(self._worker.submit(p, sp))
+                handles.append(self._worker.submit(p, sp, lora=lora))
             return [self._wait(h) for h in handles]
         except BaseException:
             for h in handles:
@@ -65,11 +69,12 @@ class LLM:
             raise
 
     def stream(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams | None = None, *,
-               final: list[RequestOutput] | None = None) -> Iterator[str]:
+               final: list[RequestOutput] | None = None, adapter: str | Sequence[str] | None = None,
+               adapter_scale: float | None = None) -> Iterator[str]:
         """Text deltas of one completion as they are generated (sample 0 when n > 1). The last
         RequestOutput is appended to `final` when a list is given. Closing the iterator early
-        (or Ctrl-C) aborts the request in the engine."""
-        handle = self._worker.submit(prompt, params or SamplingParams())
+        (or Ctrl-C) aborts the request in the engine. adapter, adapter_scale: as generate's."""
+        handle = self._worker.submit(prompt, params or SamplingParams(), lora=adapter_request(adapter, adapter_scale))
         return self._deltas(handle, final)
 
     def _deltas(self, handle: RequestHandle, final: list[RequestOutput] | None) -> Iterator[str]:
@@ -90,13 +95,15 @@ class LLM:
                 self._worker.abort(handle.request_id)
 
     def chat(self, messages: list[Message] | list[list[Message]], params: SamplingParams | None = None,
-             *, add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Generate replies with the model's chat template; one output per conversation."""
+             *, add_generation_prompt: bool = True, adapter: str | Sequence[str] | None = None,
+             adapter_scale: float | None = None) -> list[RequestOutput]:
+        """Generate replies with the model's chat template; one output per conversation
+        (adapter, adapter_scale: as generate's)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         if not convs:
             raise InvalidRequest("chat() needs at least one conversation")
         prompts = [self.chat_prompt(c, add_generation_prompt=add_generation_prompt) for c in convs]  # type: ignore[arg-type]
-        return self.generate(prompts, params)
+        return self.generate(prompts, params, adapter=adapter, adapter_scale=adapter_scale)
 
     def chat_prompt(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int] | MultimodalPrompt:
         """Token ids of a conversation rendered with the model's template (special tokens come
@@ -157,11 +164,28 @@ class LLM:
             scores = cosine_scores(self._worker.call(lambda e: e.embed(ids)))
         return [float(s) for s in scores]
 
-    def prompt_logits(self, token_ids: Sequence[int] | MultimodalPrompt) -> np.ndarray:
+    def prompt_logits(self, token_ids: Sequence[int] | MultimodalPrompt, *, adapter: str | Sequence[str] | None = None,
+                      adapter_scale: float | None = None) -> np.ndarray:
         """Teacher-forced logits float32 [len(token_ids), vocab]: row i predicts token i + 1 (a
-        MultimodalPrompt: its images' embeddings at their positions)."""
+        MultimodalPrompt: its images' embeddings at their positions; adapter, adapter_scale: as
+        generate's)."""
         ids = token_ids if isinstance(token_ids, MultimodalPrompt) else list(token_ids)
-        return self._worker.call(lambda e: e.score(ids))
+        lora = adapter_request(adapter, adapter_scale)
+        return self._worker.call(lambda e: e.score(ids, lora))
+
+    # -- LoRA adapters -----------------------------------------------------------------------
+    def load_adapter(self, name: str, path: str, scale: float = 1.0) -> AdapterInfo:
+        """Load llama.cpp's LoRA adapter GGUF at `path` over this model as `name`, with `scale`
+        its default; refused by name when it was made for another base."""
+        return self._worker.call(lambda e: e.load_adapter(name, path, scale))
+
+    def unload_adapter(self, name: str) -> None:
+        """Free adapter `name` (refused while a running request uses it)."""
+        self._worker.call(lambda e: e.unload_adapter(name))
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The loaded adapters: slot id, name, path, default scale, alpha, ranks, bytes."""
+        return self._worker.call(lambda e: e.loras.infos() if hasattr(e, "loras") else [])
 
     def image_prompt(self, text: str, images: Sequence[Any], marker: str = "<__media__>") -> MultimodalPrompt:
         """A raw prompt with images: `text` holds `marker` once per image (libmtmd's default

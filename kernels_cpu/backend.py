@@ -21,6 +21,7 @@ from . import (
     encoder,
     kv_quant,
     kv_shift,
+    lora,
     matmul,
     matmul_experts,
     matmul_i8,
@@ -58,16 +59,6 @@ _NO_EXPERT_I8 = (np.empty((1, 0, 1, 256), np.uint8), np.empty((1, 0, 1, 16), np.
 _NO_EXPERT_ROWS = (np.empty((1, 0, 1), np.uint8), 0)
 _NO_ROUTER = np.empty((0, 1), np.float32)  # logits given: the routing kernel multiplies nothing
 _NO_BIAS = np.empty(0, np.float32)  # no selection bias
-
-
-def _stack_experts(packed: I8Weights | KWeights, n_exp: int) -> I8Weights | KWeights:
-    """A repacked [E * R]-row matrix viewed with a leading expert axis (groups never straddle)."""
-    if isinstance(packed, KWeights):
-        return KWeights(packed.wk.reshape(n_exp, -1, *packed.wk.shape[1:]), packed.qtype)
-    wi, wd, wm = packed.wi, packed.wd, packed.wm
-    wm = wm.reshape(n_exp, -1, *wm.shape[1:]) if wm.size else np.empty((n_exp, 0, 0, 0), np.uint16)
-    return I8Weights(wi.reshape(n_exp, -1, *wi.shape[1:]), wd.reshape(n_exp, -1, *wd.shape[1:]), wm, packed.offset,
-                      packed.fmt)
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -108,7 +99,7 @@ class CpuBackend:
             elif w.qtype in K_TYPES and w.cols % 256 == 0:
                 packed = repack_k(flat, w.qtype, flat.shape[0], w.cols)
             if packed is not None and n_exp:
-                packed = _stack_experts(packed, n_exp)
+                packed = matmul_experts.stack_experts(packed, n_exp)
             if packed is not None:
                 f.drop_pages(f.tensors[w.name])
                 w = QMatrix(w.name, w.data, w.qtype, w.rows, w.cols, packed)
@@ -243,6 +234,14 @@ class CpuBackend:
             for _ in range(3 - len(fl)):
                 args += [_NO_ROWS, 0, work.no_out[:n]]
             matmul.matmul3_kernel(x, *args, self.n_threads)
+
+    def lora_add(self, x: np.ndarray, *groups_tables: np.ndarray, parallel: bool) -> None:
+        """kernels_cpu/lora.py's update of out (the last array) for each row's adapters, split over
+        the threads when `parallel` (a launch costs more than a decode row's small update)."""
+        if parallel:
+            lora.lora_kernel(x, *groups_tables, self.n_threads)
+        else:
+            lora.lora_serial_kernel(x, *groups_tables)
 
     # -- mixture of experts (kernels_cpu.moe, matmul_experts) --------------------------------
     def route_experts(self, router: QMatrix, x: np.ndarray, norm: bool, work: Workspace, gating: int = moe.SOFTMAX,

@@ -23,6 +23,8 @@ from ._jit import kernel
 from .matmul import ROW_GROUP, _row_groups
 from .matmul_i8 import TOKEN_TILE, _i8_groups, quantize_rows_q8
 from .matmul_k import _k_range
+from .repack_i8 import I8Weights
+from .repack_k import KWeights
 from .simd_i8 import GROUP
 
 ITEM_OVERHEAD = 4  # a row group's weight read, in pairs' worth of compute
@@ -125,3 +127,13 @@ def expert_matmul2_kernel(x, offsets, wa, qa, outa, wb, qb, outb, n_threads):
                 _row_groups(x[o0:o1], wa[e], qa, outa[o0:o1], j0, min(j1, ga), wg)
             if j1 > ga:
                 _row_groups(x[o0:o1], wb[e], qb, outb[o0:o1], max(j0, ga) - ga, j1 - ga, wg)
+
+
+def stack_experts(packed: I8Weights | KWeights, n_exp: int) -> I8Weights | KWeights:
+    """A repacked [E * R]-row matrix viewed with a leading expert axis (groups never straddle)."""
+    if isinstance(packed, KWeights):
+        return KWeights(packed.wk.reshape(n_exp, -1, *packed.wk.shape[1:]), packed.qtype)
+    wi, wd, wm = packed.wi, packed.wd, packed.wm
+    wm = wm.reshape(n_exp, -1, *wm.shape[1:]) if wm.size else np.empty((n_exp, 0, 0, 0), np.uint16)
+    return I8Weights(wi.reshape(n_exp, -1, *wi.shape[1:]), wd.reshape(n_exp, -1, *wd.shape[1:]), wm, packed.offset,
+                      packed.fmt)

@@ -354,3 +354,22 @@ def route(logits: np.ndarray, k: int, norm: bool, gating: int = 0,
     if norm:
         w = w / np.maximum(w.sum(axis=1, keepdims=True), 2.0**-14)
     return sel, w.astype(np.float32)
+
+
+def lora_add(x: np.ndarray, row_ptr: np.ndarray, ent_adapter: np.ndarray, ent_scale: np.ndarray, tab_off: np.ndarray,
+             tab_rank: np.ndarray, tab_alpha: np.ndarray, a: np.ndarray, bt: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out plus each row's LoRA updates scale * B (A x[t]) (kernels_cpu/lora.py's layout; a, bt
+    float32 or uint16 half bits), in float64."""
+    res = out.astype(np.float64)
+    a64 = (a.view(np.float16) if a.dtype == np.uint16 else a).astype(np.float64)
+    bt64 = (bt.view(np.float16) if bt.dtype == np.uint16 else bt).astype(np.float64)
+    for t in range(x.shape[0]):
+        for e in range(row_ptr[t], row_ptr[t + 1]):
+            i = ent_adapter[e]
+            rank = tab_rank[i]
+            if rank == 0:
+                continue
+            scale = float(ent_scale[e]) * (float(tab_alpha[i]) / rank if tab_alpha[i] else 1.0)
+            rows = slice(tab_off[i], tab_off[i] + rank)
+            res[t] += scale * (bt64[rows].T @ (a64[rows] @ x[t].astype(np.float64)))
+    return res.astype(np.float32)

@@ -8,7 +8,9 @@ InvalidRequest naming the flag (exit 1) rather than an argparse usage error.
 from __future__ import annotations
 
 import argparse
+import math
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -188,6 +190,55 @@ def engine_options(args: argparse.Namespace, *, min_model_len: int | None = None
         if spec is not None:
             opts["speculative"] = spec
     return opts
+
+
+def add_lora_arg(p: argparse.ArgumentParser) -> None:
+    """run's and chat's --lora: adapters loaded with the model and applied to every reply."""
+    p.add_argument("--lora", action="append", metavar="[NAME=]FILE[:SCALE]", default=None,
+                   help="a LoRA adapter .gguf (llama.cpp's) applied at SCALE (default 1); repeatable: all of them "
+                   "apply, as llama-cli's --lora")
+
+
+def lora_options(values: Sequence[str] | None) -> tuple[tuple[str, str, float], ...]:
+    """--lora NAME=FILE[:SCALE] values (or FILE[:SCALE], named by the file's stem, as llama-server's
+    --lora FILE) as EngineConfig's `adapters`: ((name, path, scale), ...), scale 1 by default. A
+    bad value (an empty name, a missing file, a scale that is not a finite number, a name given
+    twice) is an InvalidRequest naming the flag."""
+    out: list[tuple[str, str, float]] = []
+    for value in values or ():
+        name, sep, rest = value.partition("=")
+        if not sep or Path(value).expanduser().is_file():  # FILE alone (an '=' in its path too)
+            name, rest = "", value
+        elif not name.strip():
+            raise InvalidRequest(f"--lora {value!r}: the adapter's name before '=' is empty (--lora NAME=FILE[:SCALE])")
+        path, scale = _lora_file(value, rest)
+        name = name or Path(path).stem
+        if any(name == n for n, _, _ in out):
+            raise InvalidRequest(f"--lora: two adapters are named {name!r}; name them apart with --lora NAME=FILE")
+        out.append((name, path, scale))
+    return tuple(out)
+
+
+def _lora_file(value: str, rest: str) -> tuple[str, float]:
+    """(path, scale) of a --lora value's FILE[:SCALE] part; the file must exist."""
+    path, scale = rest, 1.0
+    head, colon, tail = rest.rpartition(":")
+    if colon and not Path(rest).expanduser().is_file():
+        try:
+            given: float | None = float(tail)
+        except ValueError:
+            given = None
+        if given is not None or Path(head).expanduser().is_file():
+            if given is None or not math.isfinite(given):
+                raise InvalidRequest(f"--lora {value!r}: the scale after ':' must be a finite number, got {tail!r}")
+            path, scale = head, given
+    if not path:
+        raise InvalidRequest(f"--lora {value!r}: no adapter file given (--lora NAME=FILE[:SCALE])")
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise InvalidRequest(f"--lora {value!r}: {path}: " + ("is a directory, not an adapter .gguf" if p.is_dir()
+                                                            else "no such file"))
+    return str(p), scale
 
 
 def kv_type_options(args: argparse.Namespace) -> dict[str, str]:

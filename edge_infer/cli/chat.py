@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from edge_infer.cli.args import (
     SAMPLING_HELP,
+    add_lora_arg,
     add_model_args,
     add_sampling_args,
     add_spec_args,
     engine_options,
+    lora_options,
     sampling_params,
 )
 from edge_infer.cli.common import ChatEncoder, Message, load_llm, print_figures, stream_request
@@ -43,6 +45,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "each reply. " + SAMPLING_HELP,
     )
     add_model_args(p)
+    add_lora_arg(p)
     p.add_argument("--system", metavar="TEXT", help="a system message at the start of the conversation")
     p.add_argument("--template", metavar="NAME",
                    help="use a built-in template (chatml) instead of the model's; needed for models without one")
@@ -57,6 +60,7 @@ def chat(args: argparse.Namespace) -> int:
 
     params = sampling_params(args)
     engine_options(args)  # fail on a bad -t/--seed/--spec before opening the model
+    lora_options(args.lora)
     path = hub.resolve_model(args.model)
     encoder = ChatEncoder.for_model(path, args.template)  # fail before the slow load
     params = encoder.params(params)

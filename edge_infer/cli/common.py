@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_infer.cli.args import engine_options
+from edge_infer.cli.args import engine_options, lora_options
 from edge_infer.errors import ChatTemplateError
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ def load_llm(args: argparse.Namespace, model: str | os.PathLike[str] | None = No
     from edge_infer.llm import LLM
 
     opts = engine_options(args)
+    if getattr(args, "lora", None):  # run's --lora: loaded with the model, applied to its request
+        opts["adapters"] = lora_options(args.lora)
     t0 = time.perf_counter()
     remove = compile_notice(args)
     try:
@@ -67,8 +69,10 @@ def compile_notice(args: argparse.Namespace) -> Callable[[], None]:
 
 def stream_request(llm: LLM, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams,
                    final: list[RequestOutput]) -> Iterator[str]:
-    """Text deltas of one request; the last RequestOutput is appended to `final`."""
-    return llm.stream(prompt, params, final=final)
+    """Text deltas of one request (with every LoRA adapter loaded: run's --lora); the last
+    RequestOutput is appended to `final`."""
+    names = [a.name for a in llm.adapters()]
+    return llm.stream(prompt, params, final=final, adapter=names or None)
 
 
 def print_figures(out: RequestOutput) -> None:

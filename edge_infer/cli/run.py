@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from edge_infer.cli.args import (
     SAMPLING_HELP,
+    add_lora_arg,
     add_model_args,
     add_sampling_args,
     add_spec_args,
     engine_options,
+    lora_options,
     read_text,
     sampling_params,
 )
@@ -41,6 +43,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     add_model_args(p)
     add_sampling_args(p, default_n=128)
     add_spec_args(p)
+    add_lora_arg(p)
     mode = p.add_argument_group("chat template")
     pick = mode.add_mutually_exclusive_group()
     pick.add_argument("--chat", action="store_true",
@@ -107,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     if images and args.raw:
         raise InvalidRequest("--image goes into the chat template's user message: drop --raw")
     params = sampling_params(args)
-    engine_options(args)  # fail on a bad -t/--seed before loading anything
+    engine_options(args)  # fail on a bad -t/--seed (or --lora) before loading anything
+    lora_options(args.lora)
     model = hub.resolve_model(args.model)
     chat, why = chat_mode(args, model) if not images else (True, "--image")
     encoder = ChatEncoder.for_model(model, args.template) if chat else None  # no template: fail before the load

@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
-from edge_infer.cli.args import add_model_args, add_spec_args, engine_options, int_option
+from edge_infer.cli.args import add_model_args, add_spec_args, engine_options, int_option, lora_options
 from edge_infer.cli.common import compile_notice
 from edge_infer.errors import InvalidRequest
 
@@ -28,11 +28,15 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "serve", parents=parents, help="serve models over OpenAI- and Anthropic-compatible HTTP APIs",
         description="Serve one or more models over HTTP: /v1/models, /v1/completions, /v1/chat/completions "
         "and /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/embeddings, /v1/rerank, /tokenize, "
-        "/detokenize, /health and /metrics (Prometheus). Each model's engine thread batches its requests "
+        "/detokenize, /lora-adapters, /health and /metrics (Prometheus). Each model's engine thread batches its requests "
         "continuously.",
     )
     add_model_args(p, many=True)
     p.add_argument("--models-dir", metavar="DIR", help="serve every .gguf in DIR as well (named by file stem)")
+    p.add_argument("--lora", action="append", metavar="NAME=FILE[:SCALE]",
+                   help="a LoRA adapter .gguf (llama.cpp's) over the first model, default scale SCALE (1); repeatable. "
+                   "A request runs it with model: NAME (or llama.cpp's lora: [{id, scale}]); FILE alone is named by "
+                   "its stem; /lora-adapters lists them")
     p.add_argument("--max-loaded-models", metavar="N", default="3",
                    help="with several models: how many stay loaded at once; a request for another unloads the "
                    "least recently used idle one, or waits while all are busy (default 3)")
@@ -108,7 +112,8 @@ def serve(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"--mmproj {args.mmproj}: no such file")
     if args.allow_image_urls and args.mmproj is None:
         raise InvalidRequest("--allow-image-urls needs --mmproj (the model's multimodal projector)")
-    config = EngineConfig.from_options(paths[0], **options)
+    adapters = lora_options(args.lora)
+    config = EngineConfig.from_options(paths[0], **options, **({"adapters": adapters} if adapters else {}))
     port = int_option(args.port, "--port", 0)
     max_queue = int_option(args.max_queue, "--max-queue", 0)
     try:
@@ -159,6 +164,8 @@ def serve(args: argparse.Namespace) -> int:
         if extra:
             raise InvalidRequest("--replicas serves one model: give one -m (several models behind one endpoint run "
                                  "without Ray)")
+        if adapters:
+            raise InvalidRequest("--lora is not served by Ray Serve replicas yet: serve the adapters without --replicas")
         from dataclasses import replace
 
         from edge_infer.cluster.app import serve_until_signal

@@ -16,6 +16,7 @@ from edge_infer.cluster.delta import OutputDelta, apply
 from edge_infer.cluster.request import EngineRequest
 from edge_infer.config import EngineConfig
 from edge_infer.engine.image_prompt import MultimodalPrompt
+from edge_infer.engine.lora import AdapterRequest
 from edge_infer.errors import EdgeInferError, GenerationError, InvalidRequest
 from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
@@ -67,7 +68,10 @@ class RemoteWorker:
         self.tasks: dict[str, Future[None]] = {}
 
     def submit(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams, request_id: str, *,
-               on_output: OnOutput) -> None:
+               on_output: OnOutput, lora: AdapterRequest = ()) -> None:
+        if lora:
+            raise InvalidRequest("LoRA adapters are not served by Ray Serve replicas yet: serve the model without "
+                                 "--replicas")
         if isinstance(prompt, MultimodalPrompt):
             raise InvalidRequest("images are not served by Ray Serve replicas yet: serve the model without --replicas")
         if not isinstance(prompt, list):

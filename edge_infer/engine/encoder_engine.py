@@ -84,8 +84,14 @@ class EncoderEngine:
                     **_: Any) -> None:
         raise self._no_generation()
 
-    def score(self, token_ids: Any) -> np.ndarray:
+    def score(self, token_ids: Any, lora: Any = ()) -> np.ndarray:
         raise self._no_generation()
+
+    def load_adapter(self, name: str, path: str, scale: float = 1.0) -> Any:
+        raise InvalidRequest(f"{self.model_config.arch} is an encoder: it takes no LoRA adapters")
+
+    def unload_adapter(self, name: str) -> None:
+        raise InvalidRequest(f"{self.model_config.arch} is an encoder: it takes no LoRA adapters")
 
     def prefix_slot(self, action: str, name: str, ids: list[int] | None = None) -> dict[str, int]:
         raise InvalidRequest(f"{self.model_config.arch} is an encoder: it keeps no KV cache to save or restore")

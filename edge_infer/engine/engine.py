@@ -21,6 +21,7 @@ from edge_infer.engine.draft import DraftProposer
 from edge_infer.engine.embedding import embed as embed_prompts
 from edge_infer.engine.image_prompt import ImageSpan, MultimodalPrompt
 from edge_infer.engine.loader import LoadedModel, load_model
+from edge_infer.engine.lora import AdapterInfo, AdapterRequest, EngineLoras
 from edge_infer.engine.ngram import NgramProposer
 from edge_infer.engine.output_processor import OutputProcessor
 from edge_infer.engine.request import Request
@@ -63,6 +64,9 @@ class LLMEngine:
         self.vision = open_vision(config.mmproj, self.tokenizer, self.model_config, self.runner)
         if self.vision is not None:
             self.scheduler.images_whole = self.runner.image_noncausal
+        self.loras = EngineLoras(self.model_config.arch, self.runner.model)
+        for name, path, scale in config.adapters:
+            self.loras.load(name, path, scale)
 
     # -- requests ------------------------------------------------------------------------------
     def prepare_prompt(self, prompt: str | list[int], params: SamplingParams) -> tuple[str | None, list[int]]:
@@ -110,11 +114,13 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int] | None, params: SamplingParams | None = None,
                     *, prompt_token_ids: list[int] | None = None, prompt_text: str | None = None,
                     priority: int = 0, arrival_time: float | None = None,
-                    constraints: list[LogitsProcessor] | None = None, images: tuple[ImageSpan, ...] = ()) -> None:
+                    constraints: list[LogitsProcessor] | None = None, images: tuple[ImageSpan, ...] = (),
+                    lora: AdapterRequest = ()) -> None:
         """Queue a request; `prompt` is text (tokenized with BOS per the model) or token ids, or
         pass prompt_token_ids already checked by prepare_prompt (and prompt_text to echo), and
         constraints from compile_constraints (compiled here when not given); images: the spans of
-        a MultimodalPrompt whose ids are prompt_token_ids."""
+        a MultimodalPrompt whose ids are prompt_token_ids; lora: the LoRA adapters by name and
+        scale (None: the adapter's default)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
@@ -130,8 +136,11 @@ class LLMEngine:
         processors = make_logits_processors(params, stop_ids(params, self.eos_ids), self.model_config.vocab_size)
         constrained = constraints if constraints is not None else self.compile_constraints(params)
         keys = MultimodalPrompt(ids, images).cache_key_ids() if images else None
+        choice = self.loras.choose(lora)
+        keys = self.loras.keyed(choice, ids, keys)
         for i in range(params.n):
-            seq = Sequence(request_id, ids, params, index=i, priority=priority, images=images, prompt_keys=keys)
+            seq = Sequence(request_id, ids, params, index=i, priority=priority, images=images, prompt_keys=keys,
+                           lora=choice)
             seq.rng = self._seq_rng(params, i)
             seq.detok = self.tokenizer.detokenizer(skip_special=params.skip_special_tokens)
             seq.logits_processors = processors + [constrained[i]] if constrained else processors
@@ -257,15 +266,26 @@ class LLMEngine:
                                      max(self.plan.kv_cache_bytes // 4, 16 * 2**20))
         return SpecDecoder(cfg, proposer, self.plan.max_model_len)
 
+    # -- LoRA adapters (engine/lora.py) -----------------------------------------------------------
+    def load_adapter(self, name: str, path: str, scale: float = 1.0) -> AdapterInfo:
+        """Load a LoRA adapter file over the model as `name` (scale: its default scale)."""
+        return self.loras.load(name, path, scale)
+
+    def unload_adapter(self, name: str) -> None:
+        """Drop adapter `name` (refused while a running request uses it)."""
+        self.loras.unload(name, (s.lora for r in self.requests.values() for s in r.seqs if not s.is_finished))
+
     # -- teacher-forced scoring ------------------------------------------------------------------
-    def score(self, token_ids: list[int] | MultimodalPrompt) -> np.ndarray:
+    def score(self, token_ids: list[int] | MultimodalPrompt, lora: AdapterRequest = ()) -> np.ndarray:
         """Logits float32 [len(token_ids), vocab], logits[i] predicting token i + 1 (a
-        MultimodalPrompt's image positions take their images' embeddings)."""
+        MultimodalPrompt's image positions take their images' embeddings; lora: as add_request's)."""
         spans = token_ids.spans if isinstance(token_ids, MultimodalPrompt) else ()
         raw = token_ids.ids if isinstance(token_ids, MultimodalPrompt) else token_ids
         ids = self._check_prompt(list(raw), SamplingParams(max_tokens=None), generates=False)
         keys = MultimodalPrompt(ids, spans).cache_key_ids() if spans else None
-        seq = Sequence("__score__", ids, SamplingParams(max_tokens=1), images=spans, prompt_keys=keys)
+        choice = self.loras.choose(lora)
+        seq = Sequence("__score__", ids, SamplingParams(max_tokens=1), images=spans,
+                       prompt_keys=self.loras.keyed(choice, ids, keys), lora=choice)
         out = np.empty((len(ids), self.model_config.vocab_size), np.float32)
         for step in self.prefill.chunked([seq], self.config.max_num_batched_tokens, _every_row, "score"):
             out[step.starts[0] : step.starts[0] + len(step.rows)] = step.rows

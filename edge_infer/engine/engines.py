@@ -27,6 +27,9 @@ def make_engine(config: EngineConfig) -> Engine:
         if config.mmproj is not None:
             f.close()
             raise InvalidRequest(f"{path} is an encoder ({f.architecture}): it takes no mmproj")
+        if config.adapters:
+            f.close()
+            raise InvalidRequest(f"{path} is an encoder ({f.architecture}): it takes no LoRA adapters")
         return EncoderEngine(config, f)
     f.close()
     return LLMEngine(config)

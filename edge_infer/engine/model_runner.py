@@ -18,6 +18,7 @@ from edge_infer.engine.scheduler import ScheduledChunk, SchedulerOutput
 from edge_infer.engine.sequence import Sequence
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.lora_set import LoraChoice, LoraRows
 from edge_infer.models.step_logits import StepLogits
 from edge_infer.models.transformer import StepInputs, Transformer
 from edge_infer.models.weights import ModelWeights
@@ -88,6 +89,7 @@ class ModelRunner:
         logit_rows: list[int] = []
         images: list[tuple[int, np.ndarray]] = []
         masked: list[tuple[int, int, int]] = []  # (first row, end row, position attention masks them at)
+        lora: list[tuple[int, int, LoraChoice]] = []  # (first row, rows, adapters) of sequences with adapters
         at = 0
         for si, c in enumerate(chunks):
             seq, toks = c.seq, c.token_ids
@@ -104,6 +106,8 @@ class ModelRunner:
             for j, slot in c.snapshots:
                 snap_rows.append(at + j)
                 snap_slots.append(slot)
+            if seq.lora and self.model.lora is not None:  # a draft model runs without its target's adapters
+                lora.append((at, m, seq.lora))
             if seq.images:
                 images += self._image_inputs(seq, start, min(m, seq.num_tokens - start), at)
                 if self.image_noncausal:
@@ -122,7 +126,7 @@ class ModelRunner:
                 mask_pos[r0:r1] = p
         return StepInputs(tokens, positions, slots, token_seq, tables, np.asarray(logit_rows, dtype=np.int64), seq_slots,
                           np.asarray(snap_rows, np.int32), np.asarray(snap_slots, np.int32), tuple(images),
-                          mask_pos)
+                          mask_pos, LoraRows.build(n, lora) if lora else None)
 
     def _image_inputs(self, seq: Sequence, start: int, m: int, at: int) -> list[tuple[int, np.ndarray]]:
         """(step row, embedding rows) of the image positions among seq's tokens start .. start + m - 1

@@ -86,6 +86,9 @@ class Sequence:
     # the prompt's ids as block keys (each span's positions keyed by its image; None: no images)
     images: tuple[ImageSpan, ...] = ()
     prompt_keys: list[int] | None = None
+    # LoRA adapters (engine/lora.py): (slot, scale) pairs; its prompt_keys then start with the
+    # adapters' key, so its blocks are never another adapter's (or the base's)
+    lora: tuple[tuple[int, float], ...] = ()
 
     @property
     def num_tokens(self) -> int:

@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 from edge_infer.config import EngineConfig
 from edge_infer.engine.engines import Engine, make_engine
 from edge_infer.engine.image_prompt import ImageSpan, MultimodalPrompt
+from edge_infer.engine.lora import AdapterRequest
 from edge_infer.engine.sequence import LogitsProcessor
-from edge_infer.errors import EdgeInferError
+from edge_infer.errors import EdgeInferError, InvalidRequest
 from edge_infer.outputs import RequestOutput
 from edge_infer.sampling_params import SamplingParams
 
@@ -81,6 +82,7 @@ class AddRequest:
     priority: int
     constraints: list[LogitsProcessor] | None  # structured output: one processor per sequence
     images: tuple[ImageSpan, ...] = ()  # a MultimodalPrompt's spans (its ids are `ids`)
+    lora: AdapterRequest = ()  # LoRA adapters by name and scale (engine/lora.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +126,12 @@ class EngineWorker:
     # -- caller side ----------------------------------------------------------------------------
     def submit(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams, request_id: str | None = None,
                priority: int = 0,
-               on_output: Callable[[RequestOutput | BaseException], None] | None = None) -> RequestHandle:
+               on_output: Callable[[RequestOutput | BaseException], None] | None = None,
+               lora: AdapterRequest = ()) -> RequestHandle:
         """Queue a request. Tokenizing, validation and compiling a structured-output constraint
         happen here, on the caller's thread, and raise at once (InvalidRequest, ...); the engine
-        thread only queues the request."""
+        thread only queues the request (and resolves its LoRA adapters: an unknown name fails
+        the handle)."""
         engine = self._live()
         images: tuple[ImageSpan, ...] = ()
         if isinstance(prompt, MultimodalPrompt):  # built by prepare_images, images preprocessed
@@ -138,7 +142,12 @@ class EngineWorker:
         constraints = engine.compile_constraints(params)
         rid = request_id or f"req-{next(_ids)}"
         handle = RequestHandle(rid, on_output)
-        self._commands.put(AddRequest(handle, text, ids, params, priority, constraints, images))
+        if lora:  # unknown names are refused here at once (the engine thread resolves them again)
+            loras = getattr(engine, "loras", None)
+            if loras is None:
+                raise InvalidRequest("this model takes no LoRA adapters (an encoder)")
+            loras.choose(lora)
+        self._commands.put(AddRequest(handle, text, ids, params, priority, constraints, images, lora))
         return handle
 
     def abort(self, request_id: str) -> None:
@@ -233,7 +242,8 @@ class EngineWorker:
                 rid = cmd.handle.request_id
                 try:
                     engine.add_request(rid, None, cmd.params, prompt_token_ids=cmd.ids, prompt_text=cmd.text,
-                                       priority=cmd.priority, constraints=cmd.constraints, images=cmd.images)
+                                       priority=cmd.priority, constraints=cmd.constraints, images=cmd.images,
+                                       lora=cmd.lora)
                     self._handles[rid] = cmd.handle
                 except Exception as e:  # e.g. a duplicate request id: the caller learns from its handle
                     cmd.handle.put(e)

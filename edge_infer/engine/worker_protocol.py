@@ -18,6 +18,7 @@ from edge_infer.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from edge_infer.engine.engines import Engine
     from edge_infer.engine.image_prompt import MultimodalPrompt
+    from edge_infer.engine.lora import AdapterRequest
     from edge_infer.engine.worker import RequestHandle
 
 T = TypeVar("T")
@@ -38,9 +39,10 @@ class Worker(Protocol):
         ...
 
     def submit(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams, request_id: str, *,
-               on_output: OnOutput) -> RequestHandle | None:
+               on_output: OnOutput, lora: AdapterRequest = ()) -> RequestHandle | None:
         """Queue one request; its outputs go to `on_output`. Raises at once what can be refused
-        before it runs (InvalidRequest, ...). The local worker also returns its handle."""
+        before it runs (InvalidRequest, ...). The local worker also returns its handle. lora: the
+        LoRA adapters by name and scale (engine/lora.py)."""
         ...
 
     def abort(self, request_id: str) -> None:

@@ -224,3 +224,13 @@ class EncoderBackend(Backend, Protocol):
         """Bidirectional attention within each input, within a symmetric window when window > 0
         (kernels_cpu.encoder.encoder_attention_kernel)."""
         ...
+
+
+class LoraBackend(Protocol):
+    """What LoRA adapters need besides Backend: only the CPU backend has it."""
+
+    def lora_add(self, x: Array, row_ptr: Array, ent_adapter: Array, ent_scale: Array, tab_off: Array,
+                 tab_rank: Array, tab_alpha: Array, a: Array, bt: Array, out: Array, *, parallel: bool) -> None:
+        """out[t] += scale * B (A x[t]) for each LoRA adapter of row t (kernels_cpu/lora.py's
+        layout); only the CPU backend has it (models/lora_set.py refuses adapters elsewhere)."""
+        ...

@@ -15,6 +15,7 @@ import numpy as np
 from edge_infer.models.altup import AltUp
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
+from edge_infer.models.lora_set import LoraRows, LoraSet
 from edge_infer.models.moe import moe_beside_dense, moe_ffn
 from edge_infer.models.per_layer_input import PerLayerInput
 from edge_infer.models.rope import layer_rope
@@ -51,7 +52,8 @@ class StepInputs:
     snap_slots[i] too (a snapshot for the prefix cache; rows ascending); images: (row, float32
     [r, d_model]) runs of rows whose input is an image's embeddings instead of their token's;
     attn_positions: int32 [N] the positions attention masks by, where they differ from positions
-    (gemma3's image tokens see their whole image: the image's last position; [0]: positions).
+    (gemma3's image tokens see their whole image: the image's last position; [0]: positions);
+    lora: each row's LoRA adapters (None: no row uses one).
     """
 
     tokens: np.ndarray
@@ -65,6 +67,7 @@ class StepInputs:
     snap_slots: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
     images: tuple[tuple[int, np.ndarray], ...] = ()
     attn_positions: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
+    lora: LoraRows | None = None
 
 
 class Transformer:
@@ -93,6 +96,7 @@ class Transformer:
         self.sparsity = [np.float32(v) for v in cfg.sparsity]
         self._ones = np.ones(max(cfg.head_dim, cfg.head_dim_swa), np.float32)  # V's norm has no weight
         self.ws: Any = None
+        self.lora: LoraSet | None = None  # the LoRA adapters loaded over this model (engine/lora.py)
         self._reserve(capacity)
 
     def _residual(self, h: np.ndarray, delta: np.ndarray, norm: np.ndarray | None, xn: np.ndarray) -> np.ndarray:
@@ -134,7 +138,15 @@ class Transformer:
     def _run(self, inp: StepInputs, kv: list[Any], hidden: bool) -> Any:
         # every token's logits wanted (decode, verification): the backend may replay the step
         replayable = not hidden and inp.logits_rows.shape[0] == inp.tokens.shape[0]
-        return self.b.run_step(inp, lambda dev: self._layers(dev, kv, hidden), replayable)
+        if inp.lora is None or self.lora is None:
+            return self.b.run_step(inp, lambda dev: self._layers(dev, kv, hidden), replayable)
+        # rows with adapters: this step's layers see the backend with the LoRA updates added
+        base = self.b
+        self.b = self.lora.backend.for_step(inp.lora, inp.tokens.shape[0], inp.logits_rows)  # type: ignore[assignment]
+        try:
+            return base.run_step(inp, lambda dev: self._layers(dev, kv, hidden), replayable)
+        finally:
+            self.b = base
 
     def _layers(self, inp: StepInputs, kv: list[Any], hidden: bool) -> Any:
         """The forward on the backend's copy of the inputs: the logits (or hidden states) as a
@@ -149,6 +161,8 @@ class Transformer:
         attn_pos = inp.attn_positions if inp.attn_positions.shape[0] else inp.positions
         token_seq, positions = inp.token_seq, attn_pos
         b.embed(inp.tokens, self.w.token_embd, self.embed_scale, h)
+        if inp.lora is not None and self.lora is not None and self.lora.embedding_tables:  # token_embd adapters
+            self.lora.add_embedding(inp.tokens, inp.lora, self.embed_scale, h)
         for at, rows in inp.images:  # an image's embeddings go in as they are (llama.cpp scales only tokens)
             b.embed(_row_ids(rows.shape[0]), float_matrix(rows, "image"), np.float32(1.0), h[at : at + rows.shape[0]])
         if self.ple is not None:

@@ -5,8 +5,8 @@ it is ready (and while shutting down), 200 after. /health and /metrics stay open
 keys are set; everything else needs `Authorization: Bearer KEY`. Every route answers only to
 the Host names of --allowed-hosts; the JSON routes take only `application/json` bodies, read
 up to --max-body bytes (http_guards.py). The routes live by group in routes_generate.py
-(completions, chat), routes_tokens.py (embeddings, rerank, tokenize, detokenize), routes_slots.py (saved prefixes) and routes_status.py
-(health, models, metrics); each reads its app's settings and engine from context.py.
+(completions, chat), routes_tokens.py (embeddings, rerank, tokenize, detokenize), routes_slots.py (saved prefixes),
+routes_lora.py (LoRA adapters) and routes_status.py (health, models, metrics); each reads its app's settings and engine from context.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,14 @@ from starlette.responses import JSONResponse, Response
 
 from edge_infer._version import __version__
 from edge_infer.config import EngineConfig
-from edge_infer.server import routes_generate, routes_messages, routes_slots, routes_status, routes_tokens
+from edge_infer.server import (
+    routes_generate,
+    routes_lora,
+    routes_messages,
+    routes_slots,
+    routes_status,
+    routes_tokens,
+)
 from edge_infer.server.context import ServerContext, server_context
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError, anthropic_error_body, error_body
@@ -39,7 +46,8 @@ from edge_infer.server.model_pool import ModelPool, ServedModel
 log = logging.getLogger("edge_infer.server")
 ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
           "/v1/messages/count_tokens",
-          "/v1/embeddings", "/v1/rerank", "/rerank", "/v1/reranking", "/health", "/metrics", "/tokenize", "/detokenize")
+          "/v1/embeddings", "/v1/rerank", "/rerank", "/v1/reranking", "/health", "/metrics", "/tokenize", "/detokenize",
+          "/lora-adapters")
 
 
 @dataclass(slots=True)
@@ -103,6 +111,7 @@ def create_app(settings: ServerSettings, engine: AsyncEngine | None = None) -> F
     app.include_router(routes_messages.router)
     app.include_router(routes_tokens.router)
     app.include_router(routes_slots.router)
+    app.include_router(routes_lora.router)
     _install_error_handlers(app)
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
     app.add_middleware(_CountRequests, engine=engine)

@@ -58,7 +58,7 @@ async def start_reply(engine: AsyncEngine, run: ChatRun, rid: str, budget: int |
     params, limit = run.params, run.params.max_tokens
     first = params if budget is None or (limit is not None and budget >= limit) else dataclasses.replace(params, max_tokens=budget)
     # submitted now, so a refusal (context length, a full queue) is the response's status
-    streams = await engine.submit([run.prompt], first, rid)
+    streams = await engine.submit([run.prompt], first, rid, run.lora)
     return run, Replies(_generate(engine, run, rid, first, streams), streams)
 
 
@@ -124,7 +124,7 @@ async def _generate(engine: AsyncEngine, run: ChatRun, rid: str, first: Sampling
         yield dataclasses.replace(reply, text=text, tokens=len(added))
         return
     rest = dataclasses.replace(params, max_tokens=left)
-    async for _, out in merge(await engine.submit([prompt + added], rest, rid + "-rest")):
+    async for _, out in merge(await engine.submit([prompt + added], rest, rid + "-rest", run.lora)):
         c = out.outputs[0]
         yield Reply(text + c.text, len(added) + len(c.token_ids), len(prompt), out.finished, c.finish_reason,
                     c.stop_reason)

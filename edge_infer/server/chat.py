@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse, Response
 
@@ -30,13 +30,17 @@ from edge_infer.server.protocol import ChatCompletionRequest
 from edge_infer.server.replies import ReplyShaper
 from edge_infer.server.streaming import Receive, SSEResponse
 
+if TYPE_CHECKING:
+    from edge_infer.engine.lora import AdapterRequest
+
 
 async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine, model: str,
-                                 receive: Receive) -> Response:
+                                 receive: Receive, lora: AdapterRequest = ()) -> Response:
+    """A chat reply, whole or streamed (lora: the LoRA adapters it runs with)."""
     if req.reasoning_effort is not None and req.reasoning_effort not in EFFORT_BUDGETS:
         raise APIError(400, f"reasoning_effort must be one of {', '.join(EFFORT_BUDGETS)}, got {req.reasoning_effort!r}",
                        param="reasoning_effort", code="invalid_value")
-    run = await prepare_chat(req, engine)
+    run = await prepare_chat(req, engine, lora)
     n, k, shaper = run.params.n, run.k, run.shaper
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
@@ -46,7 +50,7 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
     fits = run.params.n == 1 and run.k is None
     if engine.thinks and (req.reasoning_effort is not None or (budget is not None and fits)):
         return await _with_budget(req, run, engine, base, receive, budget)
-    streams = await engine.submit([run.prompt], run.params, rid)
+    streams = await engine.submit([run.prompt], run.params, rid, run.lora)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         chunks = _chunks(streams, base, n, k, include_usage, engine, shaper)

@@ -6,6 +6,7 @@ parameters built (with a tool grammar when tool_choice demands a call)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from edge_infer.engine.image_prompt import MultimodalPrompt
 from edge_infer.sampling_params import SamplingParams, StructuredOutputsParams
@@ -14,6 +15,9 @@ from edge_infer.server.errors import APIError
 from edge_infer.server.protocol import ChatCompletionRequest
 from edge_infer.server.replies import ReplyShaper
 from edge_infer.server.tools import plan_tools, template_history, tool_grammar
+
+if TYPE_CHECKING:
+    from edge_infer.engine.lora import AdapterRequest
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,11 +30,13 @@ class ChatRun:
     params: SamplingParams
     shaper: ReplyShaper
     k: int | None
+    lora: AdapterRequest = ()  # the LoRA adapters it runs with (routes_lora.py)
 
 
-async def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> ChatRun:
+async def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine, lora: AdapterRequest = ()) -> ChatRun:
     """Check a chat request's fields (400s name them), render its prompt under the model's
-    template, and build its sampling parameters (a tool grammar when tool_choice demands a call)."""
+    template, and build its sampling parameters (a tool grammar when tool_choice demands a call);
+    lora: the LoRA adapters the run uses."""
     plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, engine.tool_format)
     messages = template_history(req.template_messages())
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -55,4 +61,5 @@ async def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> ChatR
         params = dataclasses.replace(params, skip_special_tokens=False)
     engine.check_ready()
     prompt = await engine.chat_prompt(messages, tools=plan.tools if plan else None)
-    return ChatRun(prompt, params, ReplyShaper(plan, engine.thinks, engine.thinking_opened(prompt), engine.harmony), k)
+    return ChatRun(prompt, params, ReplyShaper(plan, engine.thinks, engine.thinking_opened(prompt), engine.harmony), k,
+                   lora)

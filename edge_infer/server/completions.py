@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse, Response
 
@@ -19,6 +19,9 @@ from edge_infer.server.errors import APIError
 from edge_infer.server.logprobs import completion_logprobs
 from edge_infer.server.protocol import CompletionRequest
 from edge_infer.server.streaming import Receive, SSEResponse, finished_or_gone
+
+if TYPE_CHECKING:
+    from edge_infer.engine.lora import AdapterRequest
 
 
 def usage(outs: list[RequestOutput | None]) -> dict[str, int]:
@@ -41,8 +44,9 @@ async def final_outputs(receive: Receive, streams: list[Stream], engine: AsyncEn
 
 
 async def create_completion(
-    req: CompletionRequest, engine: AsyncEngine, model: str, receive: Receive
+    req: CompletionRequest, engine: AsyncEngine, model: str, receive: Receive, lora: AdapterRequest = ()
 ) -> Response:
+    """The completions of a request's prompts (lora: the LoRA adapters they run with)."""
     prompts = req.prompts()
     n = req.n if req.n is not None else 1
     if req.suffix:
@@ -64,7 +68,7 @@ async def create_completion(
             tok.encode(p, add_special=True, parse_special=False) if isinstance(p, str) else p for p in prompts
         ]
     )
-    streams = await engine.submit(ids, params, rid)
+    streams = await engine.submit(ids, params, rid, lora)
     base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

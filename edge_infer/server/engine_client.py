@@ -37,6 +37,7 @@ from edge_infer.server.tools import MARKERS, detect_format
 if TYPE_CHECKING:
     from edge_infer.chat import ChatTemplate
     from edge_infer.engine.engines import Engine
+    from edge_infer.engine.lora import AdapterRequest
     from edge_infer.engine.worker_protocol import Worker
     from edge_infer.formats.gguf import GGUFFile
     from edge_infer.tokenizer import Tokenizer
@@ -221,10 +222,12 @@ class AsyncEngine:
 
     # -- requests --------------------------------------------------------------------------------
     async def submit(
-        self, prompts: list[str | list[int] | MultimodalPrompt], params: SamplingParams, request_id: str
+        self, prompts: list[str | list[int] | MultimodalPrompt], params: SamplingParams, request_id: str,
+        lora: AdapterRequest = (),
     ) -> list[Stream]:
         """Queue one engine request per prompt (ids `request_id`, or `request_id-i` for several);
-        all or none (an error aborts the others)."""
+        all or none (an error aborts the others). lora: the LoRA adapters by name and scale (None:
+        the adapter's default; routes_lora.py builds it from a request's model and `lora`)."""
         self.check_ready()
         self.admit(len(prompts) * params.n, params.n)
         streams = [Stream(self, f"{request_id}-{i}" if len(prompts) > 1 else request_id, params.n)
@@ -234,7 +237,8 @@ class AsyncEngine:
         worker = self.worker
         assert worker is not None
         loop = asyncio.get_running_loop()
-        calls = [loop.run_in_executor(self._pool, partial(worker.submit, p, params, s.request_id, on_output=s.on_output))
+        calls = [loop.run_in_executor(self._pool, partial(worker.submit, p, params, s.request_id, on_output=s.on_output,
+                                                         lora=lora))
                  for p, s in zip(prompts, streams)]
         results = await asyncio.gather(*calls, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]

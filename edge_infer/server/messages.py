@@ -17,7 +17,7 @@ import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
@@ -34,6 +34,9 @@ from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.replies import ReplyShaper
 from edge_infer.server.streaming import SSEResponse
 
+if TYPE_CHECKING:
+    from edge_infer.engine.lora import AdapterRequest
+
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
@@ -43,10 +46,12 @@ async def count_tokens(req: CountTokensRequest, engine: AsyncEngine) -> dict[str
     return {"input_tokens": len(run.prompt)}
 
 
-async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, receive: Receive) -> Response:
+async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, receive: Receive,
+                         lora: AdapterRequest = ()) -> Response:
+    """A Messages API reply, whole or as its events (lora: the LoRA adapters it runs with)."""
     omit = req.thinking is not None and req.thinking.display == "omitted"
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    run = _within_context(await prepare_chat(chat_request(req), engine), engine)
+    run = _within_context(await prepare_chat(chat_request(req), engine, lora), engine)
     run, replies = await start_reply(engine, run, mid, or_server_budget(reasoning_budget(req), engine))
     stops = tuple(req.stop_sequences or ())
     if req.stream:

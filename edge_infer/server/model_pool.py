@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from edge_infer.config import EngineConfig
+from edge_infer.errors import InvalidRequest
 from edge_infer.server.engine_client import AsyncEngine
 from edge_infer.server.errors import APIError
 
@@ -39,6 +40,12 @@ class ServedModel:
     config: EngineConfig
     aliases: tuple[str, ...] = ()
     size: int = 0
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The names of the LoRA adapters its engine loads at start (--lora): each is also a
+        `model` a request may name (vLLM's way), run on this model with that adapter."""
+        return tuple(name for name, _, _ in self.config.adapters)
 
 
 def keep_alive_seconds(value: object, field: str = "keep_alive") -> float | None:
@@ -65,12 +72,25 @@ def keep_alive_seconds(value: object, field: str = "keep_alive") -> float | None
     return None if seconds < 0 else seconds
 
 
+def _check_names(models: tuple[ServedModel, ...]) -> None:
+    """Every model name, alias and adapter name picks one thing: an adapter's name may be
+    none of the others (InvalidRequest naming the clash)."""
+    taken = {n for m in models for n in (m.name, *m.aliases)}
+    for m in models:
+        for name in m.adapters:
+            if name in taken:
+                raise InvalidRequest(f"the LoRA adapter name {name!r} is taken already (by a served model or "
+                                     "another adapter): give it another, e.g. --lora OTHER=FILE")
+            taken.add(name)
+
+
 class ModelPool:
     """The served models and the engines loaded for them. `primary` (the first model's engine,
     made by create_app) is loaded at start-up; the others on first use."""
 
     def __init__(self, models: tuple[ServedModel, ...], primary: AsyncEngine, make: Callable[[EngineConfig], AsyncEngine],
                  max_loaded: int = 1, keep_alive: float | None = None, fixed: bool = False) -> None:
+        _check_names(models)
         self.models = models
         self.primary = models[0].name
         self.make = make
@@ -90,15 +110,20 @@ class ModelPool:
 
     # -- names --------------------------------------------------------------------------------------
     def resolve(self, name: str | None) -> ServedModel:
-        """The model a request's `model` names (None: the first); 404 naming the served ones."""
+        """The model a request's `model` names (None: the first; a LoRA adapter's name: the model
+        it belongs to); 404 naming the served ones."""
         if name is None:
             return self.models[0]
         for m in self.models:
-            if name == m.name or name in m.aliases:
+            if name == m.name or name in m.aliases or name in m.adapters:
                 return m
-        served = ", ".join(repr(m.name) for m in self.models)
+        served = ", ".join(repr(n) for m in self.models for n in (m.name, *m.adapters))
         raise APIError(404, f"the model {name!r} does not exist; this server serves {served}", param="model",
                        code="model_not_found")
+
+    def adapter(self, name: str | None) -> str | None:
+        """`name` when it names a LoRA adapter (rather than a model), else None."""
+        return name if name is not None and any(name in m.adapters for m in self.models) else None
 
     def loaded(self, name: str) -> AsyncEngine | None:
         engine = self.engines.get(name)
@@ -110,12 +135,19 @@ class ModelPool:
 
     # -- use ----------------------------------------------------------------------------------------
     @asynccontextmanager
-    async def use(self, name: str | None, keep_alive: object = None) -> AsyncIterator[tuple[AsyncEngine, str]]:
+    async def use(self, name: str | None, keep_alive: object = None,
+                  adapters: bool = True) -> AsyncIterator[tuple[AsyncEngine, str]]:
         """(engine, served name) for a request, loaded if need be; busy until the block ends
-        (and while its requests are in flight)."""
+        (and while its requests are in flight). A LoRA adapter's name gives its model's engine
+        and the adapter's name (`adapter(served name)` then says which adapter to run);
+        adapters=False: such a name is a 400 (a route that would run the base model only)."""
         if self.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down")
         spec = self.resolve(name)
+        adapter = self.adapter(name)
+        if adapter is not None and not adapters:
+            raise APIError(400, f"model: {adapter!r} is a LoRA adapter of {spec.name!r}, which this route does not "
+                           f"apply; name {spec.name!r}", param="model", code="invalid_value")
         if keep_alive is not None:
             if self.fixed:
                 raise APIError(400, "keep_alive: this server's model runs on its Ray Serve replicas and stays loaded",
@@ -125,7 +157,7 @@ class ModelPool:
         try:
             engine = await self._engine(spec)
             self.last_used[spec.name] = time.monotonic()
-            yield engine, spec.name
+            yield engine, adapter or spec.name
         finally:
             self.leases[spec.name] -= 1
             self.last_used[spec.name] = time.monotonic()

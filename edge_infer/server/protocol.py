@@ -42,6 +42,14 @@ class StreamOptions(_Strict):
     include_usage: bool | None = False
 
 
+class LoraEntry(BaseModel):
+    """One item of llama.cpp's request field `lora`: an adapter's id (GET /lora-adapters) and scale."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: int
+    scale: float
+
+
 class _Sampling(_Strict):
     model: str | None = None
     n: int | None = None
@@ -73,6 +81,8 @@ class _Sampling(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     keep_alive: int | float | str | None = None  # Ollama's: how long the model stays loaded after
+    # llama.cpp's per-request LoRA adapters [{"id", "scale"}]; routes_lora.request_lora reads it
+    lora: list[LoraEntry] | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         extra_stop: tuple[str, ...] = ()) -> SamplingParams:
@@ -346,7 +356,7 @@ def _validation_error(e: ValidationError) -> APIError:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "ContentPart", "StreamOptions", "ToolCall",
-              "ToolCallFunction"}
+              "ToolCallFunction", "LoraEntry"}
 
 
 def _is_int(x: object) -> bool:

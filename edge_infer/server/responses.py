@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
@@ -27,10 +27,16 @@ from edge_infer.server.replies import ReplyShaper
 from edge_infer.server.responses_protocol import ResponsesRequest, chat_request, reasoning_budget
 from edge_infer.server.streaming import SSEResponse
 
+if TYPE_CHECKING:
+    from edge_infer.engine.lora import AdapterRequest
 
-async def create_response(req: ResponsesRequest, engine: AsyncEngine, model: str, receive: Receive) -> Response:
+
+async def create_response(req: ResponsesRequest, engine: AsyncEngine, model: str, receive: Receive,
+                          lora: AdapterRequest = ()) -> Response:
+    """A Responses API reply, whole or as its events (lora: the LoRA adapters it runs with)."""
     rid = f"resp_{uuid.uuid4().hex}"
-    run, replies = await start_reply(engine, await prepare_chat(chat_request(req), engine), rid, or_server_budget(reasoning_budget(req), engine))
+    run = await prepare_chat(chat_request(req), engine, lora)
+    run, replies = await start_reply(engine, run, rid, or_server_budget(reasoning_budget(req), engine))
     base = _base(req, rid, model)
     if req.stream:
         return SSEResponse(_events(replies, run.shaper, base, len(run.prompt), engine), lambda: engine.state == "draining",

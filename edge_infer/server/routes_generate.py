@@ -1,6 +1,6 @@
 """The generating routes: POST /v1/completions, /v1/chat/completions and /v1/responses
 (completions.py, chat.py and responses.py build the answers; this module checks the request, names the model and refuses an
-encoder's, which computes embeddings and rerank scores but no text)."""
+encoder's, which computes embeddings and rerank scores but no text; routes_lora.py picks the LoRA adapters from `model` and `lora`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from edge_infer.server.errors import APIError
 from edge_infer.server.protocol import ChatCompletionRequest, CompletionRequest
 from edge_infer.server.responses import create_response
 from edge_infer.server.responses_protocol import ResponsesRequest
+from edge_infer.server.routes_lora import model_lora, request_lora
 from edge_infer.server.schema import body_schema
 
 router = APIRouter()
@@ -25,7 +26,8 @@ async def completions(request: Request) -> Response:
     ctx, req = await parse_request(request, CompletionRequest)
     async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
         refuse_encoder(engine)
-        return await create_completion(req, engine, model, request.receive)
+        lora = await request_lora(engine, ctx.pool, model, req.lora)
+        return await create_completion(req, engine, model, request.receive, lora)
 
 
 @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
@@ -33,7 +35,8 @@ async def chat_completions(request: Request) -> Response:
     ctx, req = await parse_request(request, ChatCompletionRequest)
     async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
         refuse_encoder(engine)
-        return await create_chat_completion(req, engine, model, request.receive)
+        lora = await request_lora(engine, ctx.pool, model, req.lora)
+        return await create_chat_completion(req, engine, model, request.receive, lora)
 
 
 @router.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
@@ -41,7 +44,7 @@ async def responses(request: Request) -> Response:
     ctx, req = await parse_request(request, ResponsesRequest)
     async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
         refuse_encoder(engine)
-        return await create_response(req, engine, model, request.receive)
+        return await create_response(req, engine, model, request.receive, model_lora(ctx.pool, model))
 
 
 def refuse_encoder(engine: AsyncEngine) -> None:

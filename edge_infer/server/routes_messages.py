@@ -12,6 +12,7 @@ from edge_infer.server.anthropic_protocol import CountTokensRequest, MessagesReq
 from edge_infer.server.context import parse_request
 from edge_infer.server.messages import count_tokens, create_message
 from edge_infer.server.routes_generate import refuse_encoder
+from edge_infer.server.routes_lora import model_lora
 from edge_infer.server.schema import body_schema
 
 router = APIRouter()
@@ -23,7 +24,7 @@ async def messages(request: Request) -> Response:
     ctx, req = await parse_request(request, MessagesRequest, x_api_key=True)
     async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
         refuse_encoder(engine)
-        return await create_message(req, engine, model, request.receive)
+        return await create_message(req, engine, model, request.receive, model_lora(ctx.pool, model))
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=body_schema(CountTokensRequest))

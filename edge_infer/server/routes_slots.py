@@ -52,7 +52,7 @@ async def slot(name: str, request: Request, action: str | None = None) -> Respon
         raise APIError(400, "add_special_tokens and add_generation_prompt are not used here", param="add_special_tokens",
                        code="unsupported_parameter")
     t0 = time.perf_counter()
-    async with ctx.pool.use(req.model) as (engine, _):
+    async with ctx.pool.use(req.model, adapters=False) as (engine, _):
         ids: list[int] | None = None
         if action == "save":
             tok = engine.tokenizer

@@ -1,7 +1,7 @@
 """The routes about the server rather than a model call: GET /health (503 until the model is
 loaded and while draining, open without an API key; a server of several models is healthy
 once its first model has loaded, and says which are loaded now), /v1/models and /v1/models/{model} (the served
-models' cards), /metrics (Prometheus text, open without an API key)."""
+models' cards, and each LoRA adapter's with its model as `parent`, as vLLM lists them), /metrics (Prometheus text, open without an API key)."""
 
 from __future__ import annotations
 
@@ -35,14 +35,15 @@ async def health(request: Request) -> Response:
 async def models(request: Request) -> Response:
     ctx = server_context(request.app)
     authorize(request, ctx.api_keys)
-    return JSONResponse({"object": "list", "data": [_model_card(ctx, m.name) for m in ctx.pool.models]})
+    cards = [_model_card(ctx, name) for m in ctx.pool.models for name in (m.name, *m.adapters)]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 @router.get("/v1/models/{model:path}")
 async def model(request: Request, model: str) -> Response:
     ctx = server_context(request.app)
     authorize(request, ctx.api_keys)
-    return JSONResponse(_model_card(ctx, ctx.pool.resolve(model).name))
+    return JSONResponse(_model_card(ctx, ctx.pool.adapter(model) or ctx.pool.resolve(model).name))
 
 
 @router.get("/metrics")
@@ -59,12 +60,15 @@ async def metrics(request: Request) -> Response:
 
 def _model_card(ctx: ServerContext, name: str) -> dict[str, Any]:
     """OpenAI's model object; with several models, whether it is loaded now (llama.cpp's router
-    and Ollama's /api/ps say the same)."""
-    engine = ctx.pool.loaded(name)
+    and Ollama's /api/ps say the same). A LoRA adapter's (`name` an adapter's) has its model as
+    `parent` (vLLM's field) and the rest as its model's."""
+    served = next((m for m in ctx.pool.models if m.name == name), None) or ctx.pool.resolve(name)
+    engine = ctx.pool.loaded(served.name)
     card = {"id": name, "object": "model", "created": ctx.created, "owned_by": "edge-infer",
             "max_model_len": engine.max_model_len or None if engine is not None else None}
+    if name != served.name:
+        card["parent"] = served.name
     if len(ctx.pool.models) > 1:
         card["status"] = "loaded" if engine is not None else "unloaded"
-    served = next((m for m in ctx.pool.models if m.name == name), None)  # images with an mmproj
-    card["input_modalities"] = ["text", "image"] if served is not None and served.config.mmproj else ["text"]
+    card["input_modalities"] = ["text", "image"] if served.config.mmproj else ["text"]  # images with an mmproj
     return card

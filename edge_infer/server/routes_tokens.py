@@ -23,7 +23,7 @@ router = APIRouter()
 @router.post("/v1/embeddings", openapi_extra=body_schema(EmbeddingRequest))
 async def embeddings(request: Request) -> Response:
     ctx, req = await parse_request(request, EmbeddingRequest)
-    async with ctx.pool.use(req.model, req.keep_alive) as (engine, model):
+    async with ctx.pool.use(req.model, req.keep_alive, adapters=False) as (engine, model):
         return JSONResponse(await create_embeddings(req, engine, model))
 
 
@@ -32,7 +32,7 @@ async def embeddings(request: Request) -> Response:
 @router.post("/v1/reranking", openapi_extra=body_schema(RerankRequest))
 async def rerank(request: Request) -> Response:
     ctx, req = await parse_request(request, RerankRequest)
-    async with ctx.pool.use(req.model) as (engine, model):
+    async with ctx.pool.use(req.model, adapters=False) as (engine, model):
         return JSONResponse(await create_rerank(req, engine, model))
 
 

@@ -4,6 +4,7 @@ buffers, with a warning to build the fair baseline (benchmarks/llama_cpp_build.p
 
 from __future__ import annotations
 
+import ctypes
 import os
 import warnings
 from pathlib import Path
@@ -104,6 +105,23 @@ class LlamaCpp:
         width = self.lc.llama_model_n_embd(self.model)
         return np.ctypeslib.as_array(self.lc.llama_get_embeddings_seq(self.ctx, 0), shape=(width,)).copy()
 
+    def set_adapters(self, adapters: list[tuple[Path, float]]) -> None:
+        """Apply these LoRA adapter files at these scales to the following decodes ([]: none)."""
+        lc = self.lc
+        if not hasattr(self, "_adapters"):
+            self._adapters: dict[str, Any] = {}
+        for path, _ in adapters:
+            if str(path) not in self._adapters:
+                ad = lc.llama_adapter_lora_init(self.model, str(path).encode())
+                assert ad, f"llama.cpp could not load the adapter {path}"
+                self._adapters[str(path)] = ad
+        n = len(adapters)
+        arr = (lc.llama_adapter_lora_p_ctypes * max(n, 1))(*[self._adapters[str(p)] for p, _ in adapters])
+        scales = (ctypes.c_float * max(n, 1))(*[s for _, s in adapters])
+        assert lc.llama_set_adapters_lora(self.ctx, arr if n else None, n, scales if n else None) == 0
+
     def close(self) -> None:
+        for ad in getattr(self, "_adapters", {}).values():
+            self.lc.llama_adapter_lora_free(ad)
         self.lc.llama_free(self.ctx)
         self.lc.llama_model_free(self.model)
