@@ -153,6 +153,8 @@ class ModelPool:
                 raise APIError(400, "keep_alive: this server's model runs on its Ray Serve replicas and stays loaded",
                                param="keep_alive", code="unsupported_parameter")
             self.alive_for[spec.name] = keep_alive_seconds(keep_alive)
+        else:  # Ollama's rule: each request sets how long its model stays; none given, the default
+            self.alive_for.pop(spec.name, None)
         self.leases[spec.name] = self.leases.get(spec.name, 0) + 1
         try:
             engine = await self._engine(spec)

@@ -151,12 +151,14 @@ def test_k_quant_matmul_uses_vpdpbusd() -> None:
     asm = asm_of(mk._k_groups, K_GROUPS_SIG)
     assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 10 * 8, "fewer vpdpbusd than one block of each path"
     assert len(re.findall(r"vpshufb\s[^\n]*zmm", asm)) >= 4, "fewer vpshufb than one block of the table"
-    # per staged block: IQ3's 8 dword gathers of 16 rows, IQ2's 4 x 2 qword gathers of 8 rows (whole entries)
-    assert len(re.findall(r"vpgatherdd\s[^\n]*zmm", asm)) == 2 * 8, "an IQ3 block is not 8 zmm dword gathers"
+    # per staged block: IQ3's 8 dword gathers of 16 rows, IQ2's 4 x 2 qword gathers of 8 rows (whole entries);
+    # numba 0.68.1's LLVM merges one of the two IQ3 grids' identical gathers into the other (15)
+    dword = len(re.findall(r"vpgatherdd\s[^\n]*zmm", asm))
+    assert 2 * 8 - 1 <= dword <= 2 * 8, "an IQ3 block is not 8 zmm dword gathers"
     assert len(re.findall(r"vpgatherdq\s[^\n]*zmm", asm)) == 3 * 8, "an IQ2 block is not 8 zmm qword gathers"
     # (LLVM writes a few of the 40 masked negations as a subtraction and a masked blend)
     assert len(re.findall(r"vpsubb\s[^\n]*zmm[^\n]*\{%k", asm)) >= 4 * 8, "signs not applied under a mask"
-    assert len(re.findall(r"gather", asm)) == 5 * 8
+    assert len(re.findall(r"gather", asm)) == dword + 3 * 8  # no other gathers
     assert uses(asm, "vpmulld", "zmm") and uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
 
 

@@ -117,3 +117,20 @@ def test_a_fixed_engine_is_never_unloaded() -> None:
         assert "a" in pool.engines
 
     asyncio.run(run())
+
+
+def test_keep_alive_lasts_until_the_next_request() -> None:
+    """Ollama's rule: keep_alive 0 unloads its model after that request; a later request that
+    sends none loads it again and keeps it for the server's default (here: forever)."""
+    async def run() -> None:
+        pool, made = _pool({"a": 1}, max_loaded=1)
+        async with pool.use("a", keep_alive=0):
+            pass
+        await pool.sweep()
+        assert "a" not in pool.engines and made[0].closed
+        async with pool.use("a"):
+            pass
+        await pool.sweep()
+        assert "a" in pool.engines and len(made) == 2
+
+    asyncio.run(run())
