@@ -3,6 +3,7 @@ start from the model and the machine: KV blocks, threads)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, fields
@@ -195,26 +196,29 @@ class EngineConfig:
         return cls(model=model, **options)
 
 
+def finite_scale(value: object, what: str) -> float:
+    """A LoRA adapter's scale, checked: a finite number (InvalidRequest naming `what` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
 def adapter_specs(adapters: Any) -> tuple[tuple[str, str, float], ...]:
     """LLM(adapters=...) as ((name, path, scale), ...): a dict of name -> path or (path, scale),
     or those triples already."""
-    items: list[tuple[Any, Any]]
     if isinstance(adapters, dict):
-        items = list(adapters.items())
-    else:
-        if not isinstance(adapters, (tuple, list)) or not all(isinstance(t, (tuple, list)) and len(t) == 3 for t in adapters):
-            raise InvalidRequest(f"adapters must be a dict of name -> adapter .gguf path (or (path, scale)), got {adapters!r}")
+        items = [(n, (v, 1.0) if isinstance(v, str) else v) for n, v in adapters.items()]
+    elif isinstance(adapters, (tuple, list)) and all(isinstance(t, (tuple, list)) and len(t) == 3 for t in adapters):
         items = [(t[0], (t[1], t[2])) for t in adapters]
+    else:
+        raise InvalidRequest(f"adapters must be a dict of name -> adapter .gguf path (or (path, scale)), got {adapters!r}")
     out = []
     for name, v in items:
-        path, scale = (v, 1.0) if isinstance(v, str) else (tuple(v) + (None,))[:2] if isinstance(v, (tuple, list)) else (v, None)
         if not isinstance(name, str) or not name:
             raise InvalidRequest(f"an adapter's name must be a non-empty string, got {name!r}")
-        if not isinstance(path, str) or not path:
-            raise InvalidRequest(f"adapter {name!r} needs the path of its LoRA .gguf, got {v!r}")
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale != scale or abs(scale) == float("inf"):
-            raise InvalidRequest(f"adapter {name!r}'s scale must be a finite number, got {scale!r}")
-        out.append((name, path, float(scale)))
+        if not isinstance(v, (tuple, list)) or len(v) != 2 or not isinstance(v[0], str) or not v[0]:
+            raise InvalidRequest(f"adapter {name!r} needs the path of its LoRA .gguf (or (path, scale)), got {v!r}")
+        out.append((name, v[0], finite_scale(v[1], f"adapter {name!r}'s scale")))
     return tuple(out)
 
 

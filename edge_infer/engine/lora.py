@@ -11,6 +11,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from edge_infer.config import finite_scale
 from edge_infer.errors import InvalidRequest
 from edge_infer.models.lora import read_adapter
 from edge_infer.models.lora_set import LoraChoice, LoraSet
@@ -51,11 +52,8 @@ def adapter_request(adapter: str | Sequence[str] | None, scale: float | None) ->
 
 
 def check_scale(scale: object, what: str) -> float | None:
-    if scale is None:
-        return None
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale != scale or abs(scale) == float("inf"):
-        raise InvalidRequest(f"{what} must be a finite number, got {scale!r}")
-    return float(scale)
+    """A request's adapter scale: None (the adapter's default) or a finite number."""
+    return None if scale is None else finite_scale(scale, what)
 
 
 class EngineLoras:
@@ -65,12 +63,8 @@ class EngineLoras:
         self._arch, self._model = architecture, model
         self.scales: dict[str, float] = {}  # each adapter's default scale (--lora name=FILE:scale, /lora-adapters)
 
-    @property
-    def set(self) -> LoraSet | None:
-        return self._model.lora
-
     def names(self) -> list[str]:
-        return [] if self.set is None else self.set.names
+        return [] if self._model.lora is None else self._model.lora.names
 
     def load(self, name: str, path: str, scale: float = 1.0) -> AdapterInfo:
         """Read, check and bind the adapter file at `path` as `name` (engine thread)."""
@@ -100,8 +94,7 @@ class EngineLoras:
 
     def set_scale(self, name: str, scale: float) -> None:
         self._require().slot_of(name)
-        v = check_scale(scale, f"adapter {name!r}'s scale")
-        self.scales[name] = 0.0 if v is None else v
+        self.scales[name] = finite_scale(scale, f"adapter {name!r}'s scale")
 
     def info(self, name: str) -> AdapterInfo:
         lora_set = self._require()

@@ -276,3 +276,17 @@ def test_embedding_output_and_shared_expert_adapters_match_llama_cpp(tmp_path: P
     for theirs, mine in ((ref, ours), (ref_e, ours_e)):  # the embedding's pair alone moves the logits too
         assert kl_rows(theirs, ref_base).mean() > 0.05
         assert kl_rows(theirs, mine).mean() < 1e-4
+
+
+@pytest.mark.parametrize(("adapters", "message"), [
+    ({"a": ("x.gguf", "big")}, "adapter 'a''s scale must be a finite number, got 'big'"),
+    ({"a": ("x.gguf", float("inf"))}, "adapter 'a''s scale must be a finite number, got inf"),
+    ({"a": 3}, r"adapter 'a' needs the path of its LoRA .gguf \(or \(path, scale\)\), got 3"),
+    ({"": "x.gguf"}, "an adapter's name must be a non-empty string"),
+    (["x.gguf"], "adapters must be a dict of name -> adapter .gguf path"),
+])
+def test_bad_adapters_option_is_refused_by_name(adapters: object, message: str) -> None:
+    from edge_infer.config import EngineConfig
+
+    with pytest.raises(InvalidRequest, match=message):
+        EngineConfig.from_options("smollm2-135m", adapters=adapters)

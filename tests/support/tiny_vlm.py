@@ -80,6 +80,28 @@ def _norm(w: GGUFWriter, rng: np.random.Generator, name: str, n: int, bias: bool
         w.add_tensor(name + ".bias", rng.normal(0.0, 0.05, n).astype(np.float32))
 
 
+def _clip_writer(path: Path, name: str, projector: str, text_embd: int, image_size: int, patch_size: int, n_embd: int,
+                 n_ff: int, n_layer: int, n_head: int, image_mean: Any, image_std: Any, eps: float) -> GGUFWriter:
+    """A writer with the clip.* keys every projector's file has (F32, one vision tower)."""
+    w = GGUFWriter(str(path), "clip")
+    w.add_type("mmproj")
+    w.add_name(name)
+    w.add_file_type(0)  # ALL_F32
+    w.add_clip_projector_type(projector)
+    w.add_clip_has_vision_encoder(True)
+    w.add_vision_projection_dim(text_embd)
+    w.add_vision_image_size(image_size)
+    w.add_vision_patch_size(patch_size)
+    w.add_vision_embedding_length(n_embd)
+    w.add_vision_feed_forward_length(n_ff)
+    w.add_vision_block_count(n_layer)
+    w.add_vision_head_count(n_head)
+    w.add_vision_image_mean(list(image_mean))
+    w.add_vision_image_std(list(image_std))
+    w.add_vision_attention_layernorm_eps(eps)
+    return w
+
+
 def write_tiny_mmproj(path: str | Path, projector: str, *, linear_type: str = "F32", **kwargs: Any) -> Path:
     """_write_mmproj's file with its matrices (the blocks' and the projector's) of linear_type:
     F32 (the default, for the 1e-3 comparisons), F16 or Q8_0 (what real mmproj files ship)."""
@@ -143,22 +165,8 @@ def _write_mmproj(
         path = path / f"mmproj-tiny-{projector}-f32.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
 
-    w = GGUFWriter(str(path), "clip")
-    w.add_type("mmproj")
-    w.add_name(f"tiny {projector} mmproj")
-    w.add_file_type(0)  # ALL_F32
-    w.add_clip_projector_type(projector)
-    w.add_clip_has_vision_encoder(True)
-    w.add_vision_projection_dim(text_embd)
-    w.add_vision_image_size(image_size)
-    w.add_vision_patch_size(patch_size)
-    w.add_vision_embedding_length(n_embd)
-    w.add_vision_feed_forward_length(n_ff)
-    w.add_vision_block_count(n_layer)
-    w.add_vision_head_count(n_head)
-    w.add_vision_image_mean(list(image_mean))
-    w.add_vision_image_std(list(image_std))
-    w.add_vision_attention_layernorm_eps(eps)
+    w = _clip_writer(path, f"tiny {projector} mmproj", projector, text_embd, image_size, patch_size, n_embd, n_ff,
+                     n_layer, n_head, image_mean, image_std, eps)
     w.add_vision_use_gelu(True)
     if projector != "gemma3" or n_merge != 4:  # the gemma3 converter writes only a non-default factor
         w.add_vision_projector_scale_factor(n_merge)
@@ -223,22 +231,8 @@ def _write_pixtral_mmproj(
         path = path / f"mmproj-tiny-pixtral{'-merger' if patch_merger else ''}-f32.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
 
-    w = GGUFWriter(str(path), "clip")
-    w.add_type("mmproj")
-    w.add_name(f"tiny pixtral{' (patch merger)' if patch_merger else ''} mmproj")
-    w.add_file_type(0)  # ALL_F32
-    w.add_clip_has_vision_encoder(True)
-    w.add_vision_projection_dim(text_embd)
-    w.add_vision_image_size(image_size)
-    w.add_vision_patch_size(patch_size)
-    w.add_vision_embedding_length(n_embd)
-    w.add_vision_feed_forward_length(n_ff)
-    w.add_vision_block_count(n_layer)
-    w.add_vision_head_count(n_head)
-    w.add_vision_image_mean(list(image_mean))
-    w.add_vision_image_std(list(image_std))
-    w.add_clip_projector_type("pixtral")
-    w.add_vision_attention_layernorm_eps(eps)
+    w = _clip_writer(path, f"tiny pixtral{' (patch merger)' if patch_merger else ''} mmproj", "pixtral", text_embd,
+                     image_size, patch_size, n_embd, n_ff, n_layer, n_head, image_mean, image_std, eps)
     w.add_vision_use_silu(True)
     if patch_merger:
         w.add_vision_spatial_merge_size(n_merge)
