@@ -8,8 +8,8 @@
     cache, with each thread count: what GEMV, which reads every weight byte once, can reach.
 (b) GEMV (T=1, K=4096): the path the CPU backend takes for the type (column "path": the int8
     kernel for Q4_0..Q8_0, IQ4_NL and MXFP4, the K-quant int8 kernel for Q4_K/Q5_K/Q6_K,
-    IQ4_XS, the IQ2/IQ3 grid types, TQ1_0 and TQ2_0, activation quantization included; the
-    float kernel otherwise (IQ1_S, IQ1_M); --float forces the float kernel) on a ~64 MB weight
+    IQ4_XS, the IQ1/IQ2/IQ3 grid types, TQ1_0 and TQ2_0, activation quantization included; the
+    float kernel otherwise (F16, F32); --float forces the float kernel) on a ~64 MB weight
     matrix per call; the calls rotate over slices of a buffer of the same footprint as (a), so
     the weights come from memory, not L3. Reported as GB/s of the weight bytes it streams (the
     file's bytes; the repacked copy is no larger), the fraction of (a) at the same thread count,
@@ -63,6 +63,7 @@ TYPES = {
     "IQ2_XS": dq.IQ2_XS,
     "IQ2_XXS": dq.IQ2_XXS,
     "IQ1_S": dq.IQ1_S,
+    "IQ1_M": dq.IQ1_M,
     "TQ2_0": dq.TQ2_0,
     "TQ1_0": dq.TQ1_0,
     "F16": dq.F16,
@@ -113,6 +114,10 @@ def random_weights(qtype: int, rows: int, cols: int, rng: np.random.Generator) -
             blocks[field] = rng.uniform(-0.05, 0.05, nblk).astype(np.float16)
     if qtype == dq.MXFP4:  # E8M0 scales near 2^-7
         blocks["e"] = rng.integers(115, 125, nblk)
+    if qtype == dq.IQ1_M:  # its f16 d spread over the top nibbles of its 4 scale words (bytes 48..55)
+        d16 = int(np.float16(0.01).view(np.uint16))
+        for k in range(4):
+            raw[:, 49 + 2 * k] = (raw[:, 49 + 2 * k] & 0x0F) | (((d16 >> (4 * k)) & 0xF) << 4)
     return raw.reshape(rows, -1)
 
 

@@ -10,7 +10,7 @@ widths 1536 and 8960 are multiples of 256, so no K-quant matrix falls back. Then
 
     edge-infer bench -m "$(python benchmarks/requantize.py --type Q6_K)" -t 2
 
-The types llama.cpp quantizes only with an importance matrix (IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S;
+The types llama.cpp quantizes only with an importance matrix (IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M;
 IQ3_XXS too, as llama-quantize uses one when given) take `--imatrix FILE` (llama-imatrix's GGUF
 format, e.g. from `edge-infer quantize IN OUT --type q4_k --calibrate TEXT --save-imatrix FILE`).
 llama_model_quantize's C++ imatrix map cannot be built through ctypes, so each matrix goes
@@ -41,7 +41,7 @@ FTYPES = {"Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", 
           "IQ3_XXS": "LLAMA_FTYPE_MOSTLY_IQ3_XXS"}
 
 
-IMATRIX_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S")
+IMATRIX_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 
 
 def requantize_imatrix(model: str, qtype: str, imatrix: Path, ours: bool = False, mix: bool = False) -> Path:

@@ -30,7 +30,12 @@ def _f32(a: np.ndarray) -> np.ndarray:
 
 @cache
 def grid(name: str) -> np.ndarray:
-    """The codebook of grid type `name` ("IQ2_XXS", ...): (entries, 8 or 4) float32 values."""
+    """The codebook of grid type `name` ("IQ2_XXS", ...): (entries, 8 or 4) float32 values.
+    "IQ1_DELTA": IQ1's grid with its delta folded in as integers, (4096, 8): entry i is
+    8 * grid[i % 2048] + 1, or - 1 from 2048 on (the K-quant kernel's IQ1_S / IQ1_M codes)."""
+    if name == "IQ1_DELTA":
+        g8 = 8 * grid("IQ1_S")
+        return np.concatenate([g8 + 1, g8 - 1]).astype(np.float32)
     import gguf.quants as gq
 
     cls = getattr(gq, name)

@@ -63,18 +63,21 @@ class GridCodes:
     index of `index_bits` into grid `name` (formats.quants_iq.grid), per column a sign bit; per
     `scale_cols` columns (16 or 32) a 4-bit s, weight = (d * d_factor) * (2s + 1) * +-grid.
     A 32-column block of 16 rows: the index's low bytes, [32 / width][16]; its high bits as
-    16-bit row masks, [index_bits - 8][32 / width]; per quad a 64-bit mask of the signs."""
+    16-bit row masks, [index_bits - 8][32 / width]; per quad a 64-bit mask of the signs.
+    signed False (IQ1_S, IQ1_M): no sign masks; the grid's entries are already signed (IQ1's
+    8 * grid +- 1, the delta's sign the index's top bit)."""
 
     name: str
     width: int
     index_bits: int
     scale_cols: int
     d_factor: float
+    signed: bool = True
 
     @property
     def block_bytes(self) -> int:
         n = 32 // self.width
-        return 16 * n + 2 * (self.index_bits - 8) * n + 64
+        return 16 * n + 2 * (self.index_bits - 8) * n + (64 if self.signed else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,10 +267,18 @@ TYPES: tuple[WeightType, ...] = (
                fallback=IQ4_NL),
     # d: f16 | qs: 32 | qh: 8 x u16 (4 x 3 high row bits, a 3-bit scale, the delta's sign);
     # x = (d * (2s + 1)) * (grid + +-0.125), grid values -1, 0, 1
+    # (K-quant kernel: GridCodes of 12-bit indices into IQ1_DELTA, 8 * grid +- 1 (the delta's
+    # sign the top bit), d / 8; 864 bytes per record, the file's 800 + 8%: 4 index bits per 8)
     WeightType(IQ1_S, "IQ1_S", QK_K, 50, _blk(("d", "<f2"), ("qs", "u1", 32), ("qh", "<u2", 8)), "k",
+               k=KForm(864, bits=8, header_bytes=96, has_min=False,
+                       grid=GridCodes("IQ1_DELTA", 8, 12, 32, 0.125, signed=False)),
                fallback=IQ4_NL, needs_importance=True),
     # qs: 32 | qh: 16 | scales: 8 (3-bit scales; the f16 d in the top nibbles of the 4 u16)
+    # (K-quant kernel: as IQ1_S with a scale per 16 and the delta's sign per 8; the f16 d
+    # assembled at repack: 928 bytes per record, the file's 896 + 3.6%)
     WeightType(IQ1_M, "IQ1_M", QK_K, 56, _blk(("qs", "u1", 32), ("qh", "u1", 16), ("scales", "u1", 8)), "k",
+               k=KForm(928, bits=8, header_bytes=160, has_min=False,
+                       grid=GridCodes("IQ1_DELTA", 8, 12, 16, 0.125, signed=False)),
                fallback=IQ4_NL),
     # qs: 48 x u8 (5 base-3 digits each) | qh: 4 x u8 (4 digits each) | d: f16; x = (t - 1) * d
     # (K-quant kernel: d f16 [16] | 8 blocks of 2-bit codes t; the file's 1.69 bits per weight

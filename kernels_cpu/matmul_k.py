@@ -1,4 +1,5 @@
-"""Integer matmul for the K-quants (Q4_K, Q5_K, Q6_K), IQ4_XS, the IQ2/IQ3 grids, TQ1_0 and TQ2_0: activations quantized per 32 values as
+"""Integer matmul for the K-quants (Q4_K, Q5_K, Q6_K), IQ4_XS, the IQ1/IQ2/IQ3 grids, TQ1_0 and
+TQ2_0: activations quantized per 32 values as
 for the other int8 matrices (int8 codes, a float scale per 32; plus sums per 16), u8 x s8 dot
 products per 32-column block (the vpdpbusd code of kernels_cpu.simd_i8), a float epilogue per
 block with the block's weight scale.
@@ -12,10 +13,11 @@ per 16 xs, sum per 32 xsum = xs_2b + xs_2b+1):
                   acc += float(isum) * (d * dx)
     IQ4_XS:       acc += float(dot(table code_b, xq_b) - offset * xsum) * ((d * sc_b) * dx)
                   (codes read through IQ4_NL's table as the 8-bit format's bytes; simd_dot)
-    IQ2/IQ3 grids: the same with sc_b = 2s + 1 and d times the type's factor (1/8 IQ2, 1/4
-                  IQ3_XXS), or per 16 columns as Q6_K with the offset for 32 (IQ2_XS, IQ2_S); the
-                  signed grid bytes + offset gathered per quad (simd_dot) into the 8-bit format
-                  (staged: a block at a time, or a GEMM's row group once per token chunk)
+    IQ1/IQ2/IQ3 grids: the same with sc_b = 2s + 1 and d times the type's factor (1/8 IQ2 and
+                  IQ1, 1/4 IQ3_XXS), or per 16 columns as Q6_K with the offset for 32 (IQ2_XS,
+                  IQ2_S, IQ1_M); the signed grid bytes + offset gathered per quad (simd_dot) into
+                  the 8-bit format (staged: a super-block at a time, or a GEMM's row group once
+                  per token chunk), then computed by the same super-block tile as the K-quants
     TQ1_0, TQ2_0: acc += float(dot(code_b, xq_b) - xsum) * (d * dx)   (2-bit codes 0..2)
 A per-256 activation scale (llama.cpp's Q8_K, which would let the scales combine in integers)
 was tried first: on gemma3 it doubled the mean KL against exact math (0.0015 -> 0.0055). Every
@@ -36,16 +38,14 @@ from edge_infer.formats.weight_types import IQ4_XS, Q6_K, TQ1_0, TQ2_0
 
 from ._jit import kernel
 from .matmul_i8 import TOKEN_TILE, quantize_rows_q8, token_chunk
-from .simd_dot import FMT_GRID, FMT_IQ4, GRIDS, SPLIT_FORMATS, TABLE_OFFSET
+from .simd_dot import FMT_GRID, FMT_IQ4, GRIDS, SPLIT_FORMATS
 from .simd_i8 import (
     GROUP,
     block_bytes,
     block_scales,
     grid_stage,
-    scale_accumulate,
-    staged_tile,
 )
-from .simd_k import imadd, imul_set, scale_rows, unpack_scales_q4k, widen_odd_nibbles, widen_scales
+from .simd_k import scale_rows, unpack_scales_q4k, widen_odd_nibbles, widen_scales
 from .simd_tile import MODE_MIN, MODE_SCALE, MODE_SPLIT, MODE_TQ, k_super_tile
 
 # per format code: the grid formats' factor of d (weight_types.GridCodes.d_factor), and whether
@@ -85,6 +85,28 @@ def _super_tile(n, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd,
 
 
 @kernel(inline=True)
+def _staged_fmt(ntok, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s):
+    """k_super_tile on a grid's super-block staged as 8-bit codes: MODE_SPLIT with scales per 16
+    (half16), else MODE_SCALE (a dispatch of its own: the K-quants' call site compiles none of it)."""
+    if half16:
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SPLIT, 8, ntok)
+    else:
+        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SCALE, 8, ntok)
+
+
+@kernel(inline=True)
+def _staged_tile(n, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s):
+    """_super_tile's tokens for a staged grid super-block."""
+    ta, tb, tc, td = t, t + min(1, n - 1), t + min(2, n - 1), t + min(3, n - 1)
+    if n == 1:
+        _staged_fmt(1, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s)
+    elif n == 2:
+        _staged_fmt(2, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tb, tb, k4, nxd, nxs, s)
+    else:
+        _staged_fmt(4, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s)
+
+
+@kernel(inline=True)
 def _super_scales(q6, grid, half16, iq4, tq, w16, wflat, base, dfac, dtmp, mtmp, isc, imn, ds, ms):
     """The scales of the super-block record at byte base, unpacked for its 16 rows: dtmp (d),
     and by type isc (int scales), ds / ms (float scales and negated mins per block), mtmp."""
@@ -110,14 +132,11 @@ def _super_scales(q6, grid, half16, iq4, tq, w16, wflat, base, dfac, dtmp, mtmp,
 
 
 @kernel
-def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn, ai, facc, dtmp, mtmp, ds,
-              ms, stage):
+def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, isc, imn, facc, dtmp, mtmp, ds, ms, stage):
     """Row groups g0..g1-1 of one K-quant matrix for every token (see matmul_k_kernel). Scratch
-    of the calling thread: iacc int32 [2 * TOKEN_TILE * GROUP]; isc, imn int32 [16 * GROUP];
-    ai int32 [TOKEN_TILE * GROUP]; facc float32 [(a token chunk's tokens + TOKEN_TILE) *
-    GROUP]; dtmp, mtmp float32 [GROUP]; ds, ms float32
-    [8 * GROUP]; stage uint8 (a grid format's blocks as 8-bit codes: 512 bytes, or S * 8 * 512 for
-    a GEMM's whole group) or empty."""
+    of the calling thread: isc, imn int32 [16 * GROUP]; facc float32 [(a token chunk's tokens +
+    TOKEN_TILE) * GROUP]; dtmp, mtmp float32 [GROUP]; ds, ms float32 [8 * GROUP]; stage uint8 (a grid format's blocks as 8-bit codes: a super-block's 8 * 512
+    bytes, or S * 8 * 512 for a GEMM's whole group) or empty."""
     T, R = out.shape
     S, B = wk.shape[1], wk.shape[2]
     q6 = qtype == Q6_K  # int8 scales per 16 columns, no mins (else Q4_K / Q5_K packed scales and mins)
@@ -153,8 +172,8 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
                     for ln in range(min(GROUP, R - g * GROUP)):
                         out[c0 + u, g * GROUP + ln] = facc[u * GROUP + ln]
                 continue
-            # the grid types: codebook codes staged as 8-bit codes, a block at a time, or a GEMM's
-            # whole group at its first tile
+            # the grid types: codebook codes staged as 8-bit codes, a super-block at a time, or a
+            # GEMM's whole group at its first tile, then computed as a K-quant super-block of them
             staged = c1 - c0 > TOKEN_TILE
             t = c0
             while t < c1:
@@ -164,25 +183,12 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
                 for s in range(S):
                     base = (g * S + s) * B
                     _super_scales(q6, grid, half16, iq4, tq, w16, wflat, base, dfac, dtmp, mtmp, isc, imn, ds, ms)
-                    for b in range(8):
-                        wo = base + head + b * blk
-                        x0 = t * k4 + s * 64 + b * 8
-                        so = 512 * (s * 8 + b) if staged else 0
-                        if not staged or t == c0:
-                            grid_stage(bits, stage, so, wflat, wo)
-                        staged_tile(n, half16, iacc, stage, so, xflat, x0, k4)
-                        blk32 = s * 8 + b
-                        for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
-                            dx = xd[t + u, blk32]
-                            lo, hi = xs16[t + u, 2 * blk32], xs16[t + u, 2 * blk32 + 1]
-                            if half16:  # less the table offset, with the scales per 16, in int32
-                                off = np.int32(TABLE_OFFSET)
-                                imul_set(ai, u * GROUP, iacc, 2 * u * GROUP, isc, 2 * b * GROUP, off * lo)
-                                imadd(ai, u * GROUP, iacc, (2 * u + 1) * GROUP, isc, (2 * b + 1) * GROUP, off * hi)
-                                scale_accumulate(facc, u * GROUP, ai, u * GROUP, np.int32(0), dtmp, 0, dx)
-                            else:
-                                scale_accumulate(facc, u * GROUP, iacc, u * GROUP, np.int32(TABLE_OFFSET) * (lo + hi), ds,
-                                                 b * GROUP, dx)
+                    so = 4096 * s if staged else 0
+                    if not staged or t == c0:
+                        for b in range(8):
+                            grid_stage(bits, stage, so + 512 * b, wflat, base + head + b * blk)
+                    _staged_tile(n, half16, facc, stage, so, xflat, xdf, xsf, ds, ms, dtmp, isc, t, k4, xd.shape[1],
+                                 xs16.shape[1], s)
                 for u in range(n):
                     for ln in range(min(GROUP, R - g * GROUP)):
                         out[t + u, g * GROUP + ln] = facc[u * GROUP + ln]
@@ -193,19 +199,17 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn,
 def _k_range(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1):
     if g1 <= g0:
         return
-    iacc = np.empty(2 * TOKEN_TILE * GROUP, np.int32)
     isc = np.empty(16 * GROUP, np.int32)
     imn = np.empty(16 * GROUP, np.int32)
-    ai = np.empty(TOKEN_TILE * GROUP, np.int32)
     # a chunk's tokens and a padded last tile's (a four-token tile writes four rows)
     facc = np.empty((min(xq4.shape[0], token_chunk(xq4.shape[1] * 4)) + TOKEN_TILE) * GROUP, np.float32)
     dtmp = np.empty(GROUP, np.float32)
     mtmp = np.empty(GROUP, np.float32)
     ds = np.empty(8 * GROUP, np.float32)
     ms = np.empty(8 * GROUP, np.float32)
-    n_stage = 0 if bits < FMT_GRID else wk.shape[1] * 8 if xq4.shape[0] > TOKEN_TILE else 1  # blocks
+    n_stage = 0 if bits < FMT_GRID else wk.shape[1] * 8 if xq4.shape[0] > TOKEN_TILE else 8  # blocks
     stage = np.empty(512 * n_stage, np.uint8)
-    _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, iacc, isc, imn, ai, facc, dtmp, mtmp, ds, ms, stage)
+    _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, isc, imn, facc, dtmp, mtmp, ds, ms, stage)
 
 
 @kernel(parallel=True)

@@ -189,7 +189,17 @@ def _grid_codes(blk: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray]:
     def nibbles(b: np.ndarray) -> np.ndarray:
         return np.stack([b & 15, b >> 4], axis=-1).reshape(rows, n, -1)
 
-    if t.name in ("IQ2_XXS", "IQ3_XXS"):
+    neg = np.zeros((rows, n, 256), bool)
+    if t.name == "IQ1_S":  # per 32 columns a u16: 4 x 3 high index bits, a 3-bit scale, the delta's sign
+        qh = u(34, 50, "<u2")
+        idx = (u(2, 34).reshape(rows, n, 8, 4) | (((qh[..., None] >> (3 * np.arange(4))) & 7) << 8)
+               | ((qh[..., None] >> 15) << 11)).reshape(rows, n, 32)
+        sc = (qh >> 12) & 7
+    elif t.name == "IQ1_M":  # a nibble of qh per 8 columns (3 index bits, the delta's sign), 3-bit scales per 16
+        h = (u(32, 48)[..., None] >> np.array([0, 4])).reshape(rows, n, 32)
+        idx = u(0, 32) | ((h & 7) << 8) | (((h >> 3) & 1) << 11)
+        sc = (u(48, 56, "<u2")[..., None] >> (3 * np.arange(4))).reshape(rows, n, 16) & 7
+    elif t.name in ("IQ2_XXS", "IQ3_XXS"):
         if t.name == "IQ2_XXS":
             q = u(2, 66).reshape(rows, n, 8, 8)
             idx = q[..., :4].reshape(rows, n, 32)
@@ -236,7 +246,13 @@ def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
     if t.k.grid is not None:
         values, s = _grid_codes(blk, qtype)
-        return values + 128, 2 * s + 1, None, f16("d") * np.float32(t.k.grid.d_factor), None
+        if "d" in (t.dtype.names or ()):
+            d = f16("d")
+        else:  # IQ1_M: the f16 in the top 4 bits of each of its 4 scale words
+            sw = field("scales", 8).copy().view("<u2").astype(np.int64)
+            d16 = (sw[..., 0] >> 12) | ((sw[..., 1] >> 8) & 0xF0) | ((sw[..., 2] >> 4) & 0xF00) | (sw[..., 3] & 0xF000)
+            d = d16.astype(np.uint16).view(np.float16).astype(np.float32)
+        return values + 128, 2 * s + 1, None, d * np.float32(t.k.grid.d_factor), None
     if t.k.bits == 2:  # TQ1_0, TQ2_0: the ternary digits t (weight d * (t - 1)), sc = 1
         if "qh" in (t.dtype.names or ()):  # TQ1_0: digit n of byte v = ((v * 3^n) & 255) * 3 >> 8
             def digits(v: np.ndarray, n: int) -> np.ndarray:

@@ -11,7 +11,7 @@ Per group of 16 rows and super-block, one contiguous record of B bytes (one stre
 - IQ4_XS, B = 2208 (the file's 16 x 136 + 32): d f16 [16] | sc - 32 as int8 per 32 columns,
   byte-major [8][16] (unpacked from the file's 6-bit scales) | 8 blocks of the 4-bit format,
   whose codes index IQ4_NL's table (the kernel's table format);
-- IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: kernels_cpu.repack_grid's grid formats;
+- IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: kernels_cpu.repack_grid's grid formats;
 - TQ2_0 and TQ1_0, B = 1056 (TQ2_0's 16 x 66; TQ1_0's 16 x 54 + 22%): d f16 [16] | 8 blocks
   of 2-bit codes (128 bytes: quad q in bits 2(q % 4).. of the 64 bytes at 64 (q // 4)), the
   ternary digit t of weight d * (t - 1) (TQ1_0's base-3 digits unpacked).
@@ -183,7 +183,7 @@ def repack_k(data: np.ndarray, qtype: int, rows: int, cols: int) -> KWeights:
     file_bytes = weight_type(qtype).type_size
     if form.grid is not None:
         repack_grid_kernel(np.ascontiguousarray(data), qtype, file_bytes, form.grid.width, form.grid.index_bits,
-                           form.header_bytes, form.block_bytes, wk)
+                           form.grid.signed, form.header_bytes, form.block_bytes, wk)
     else:
         repack_k_kernel(np.ascontiguousarray(data), qtype, file_bytes, form.bits, form.header_bytes, wk)
     return KWeights(wk, qtype)

@@ -71,6 +71,8 @@ BLOCK_BYTES = {8: 512, 4: 256, 5: 320, 6: 384, 2: 128, FMT_IQ4: 256, FMT_MXFP4: 
                **{f: g.block_bytes for f, g in GRIDS.items()}}
 FMT_IQ2_XXS, FMT_IQ2_XS, FMT_IQ2_S, FMT_IQ3_XXS, FMT_IQ3_S = (
     next(f for f, g in GRIDS.items() if g.name == name) for name in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"))
+FMT_IQ1_S, FMT_IQ1_M = (next(f for f, g in GRIDS.items() if g.name == "IQ1_DELTA" and g.scale_cols == cols)
+                        for cols in (32, 16))
 SPLIT_FORMATS = frozenset({6, *(f for f, g in GRIDS.items() if g.scale_cols == 16)})  # a sum per 16 columns
 
 
@@ -152,7 +154,8 @@ def _grid_base(builder, fmt):
 def grid_quads_ir(builder, wbase, fmt, sdot):
     """The 8 quads <64 x i8> of a grid format's block (GridCodes' layout) as the 8-bit format's
     bytes: per quad the rows' indices (low bytes, then the high bits' row masks), the gathered
-    words, the sign mask's bytes negated, + 128 (not on sdot, whose signed bytes take v)."""
+    words, the sign mask's bytes negated (signed grids), + 128 (not on sdot, whose signed bytes
+    take v)."""
     g = GRIDS[fmt]
     i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
     v16, v16i8, v64i8 = ir.VectorType(i32, 16), ir.VectorType(i8, 16), ir.VectorType(i8, 64)
@@ -180,8 +183,9 @@ def grid_quads_ir(builder, wbase, fmt, sdot):
         else:
             words = _gather_ir(builder, base, indices[q // 2], 8, 4 * (q % 2))
         wb = builder.bitcast(words, v64i8)
-        signs = builder.bitcast(load(16 * n + 2 * high * n + 8 * q, i64), ir.VectorType(ir.IntType(1), 64))
-        wb = builder.select(signs, builder.sub(ir.Constant(v64i8, None), wb), wb)
+        if g.signed:
+            signs = builder.bitcast(load(16 * n + 2 * high * n + 8 * q, i64), ir.VectorType(ir.IntType(1), 64))
+            wb = builder.select(signs, builder.sub(ir.Constant(v64i8, None), wb), wb)
         quads.append(wb if sdot else builder.xor(wb, ir.Constant(v64i8, [-128] * 64)))
     return quads
 

@@ -13,6 +13,8 @@ from numba.extending import intrinsic
 from ._jit import HAS_F16C, f16_to_f32, kernel
 from .simd_dot import (
     BLOCK_BYTES,
+    FMT_IQ1_M,
+    FMT_IQ1_S,
     FMT_IQ2_S,
     FMT_IQ2_XS,
     FMT_IQ2_XXS,
@@ -90,9 +92,9 @@ dot_block_iq4 = _dot1(FMT_IQ4, "4-bit codes through IQ4_NL's table, one token")
 dot_block4_iq4 = _dot4(FMT_IQ4, "4-bit codes through IQ4_NL's table, four tokens")
 dot_block_fp4 = _dot1(FMT_MXFP4, "4-bit codes through MXFP4's table, one token")
 dot_block4_fp4 = _dot4(FMT_MXFP4, "4-bit codes through MXFP4's table, four tokens")
-# the 8-bit format split in halves: a grid format's block staged as 8-bit codes (grid_stage)
+# the 8-bit format split in halves, as k_super_tile reads a grid block staged with scales per
+# 16 (grid_stage); named here for the assembly checks
 dot_block_q8s = _dot1(8, "8-bit format, one token, two half-block sums", split=True)
-dot_block4_q8s = _dot4(8, "8-bit format, four tokens, two half-block sums each", split=True)
 
 
 def _stage(fmt, doc):
@@ -125,6 +127,7 @@ stage_iq2xs = _stage(FMT_IQ2_XS, "IQ2_XS's block as 8-bit codes")
 stage_iq2s = _stage(FMT_IQ2_S, "IQ2_S's block as 8-bit codes")
 stage_iq3xxs = _stage(FMT_IQ3_XXS, "IQ3_XXS's block as 8-bit codes")
 stage_iq3s = _stage(FMT_IQ3_S, "IQ3_S's block as 8-bit codes")
+stage_iq1 = _stage(FMT_IQ1_S, "IQ1_S's or IQ1_M's block (the same layout) as 8-bit codes")
 _BLOCK_BYTES = tuple(BLOCK_BYTES.get(f, 0) for f in range(max(BLOCK_BYTES) + 1))
 
 
@@ -188,23 +191,10 @@ def grid_stage(fmt, dst, do, w, wo):
         stage_iq2s(dst, do, w, wo)
     elif fmt == FMT_IQ3_XXS:
         stage_iq3xxs(dst, do, w, wo)
+    elif fmt == FMT_IQ1_S or fmt == FMT_IQ1_M:
+        stage_iq1(dst, do, w, wo)
     else:
         stage_iq3s(dst, do, w, wo)
-
-
-@kernel(inline=True)
-def staged_tile(n, split, iacc, w, wo, x4, x0, k4):
-    """dot_tile of a staged grid block (the 8-bit format; split: two sums per 16 columns)."""
-    xb, xc, xd = x0 + min(1, n - 1) * k4, x0 + min(2, n - 1) * k4, x0 + min(3, n - 1) * k4
-    if n == 1:
-        if split:
-            dot_block_q8s(iacc, w, wo, x4, x0)
-        else:
-            dot_block(iacc, w, wo, x4, x0)
-    elif split:
-        dot_block4_q8s(iacc, w, wo, x4, x0, xb, xc, xd)
-    else:
-        dot_block4(iacc, w, wo, x4, x0, xb, xc, xd)
 
 
 def _accumulate_codegen(with_min):

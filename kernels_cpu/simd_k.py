@@ -1,6 +1,6 @@
 """Vector code of the K-quant int8 matmul (kernels_cpu.matmul_k) as LLVM IR, 16 row lanes at a
-time: unpacking a super-block's sub-block scales (to int32, then float), and the exact integer
-combination of Q6_K's half-block sums with their scales. (numba left the same loops scalar.)
+time: unpacking a super-block's sub-block scales (to int32, then float). (numba left the same
+loops scalar.)
 
 All arrays are flat and C-contiguous; offsets count elements. Integer work is exact in int32
 (bounds in kernels_cpu.matmul_k), so how it is ordered changes no bit.
@@ -24,12 +24,6 @@ def _ptr(context, builder, signature, args, k, off_arg, vt):
     a = context.make_array(signature.args[k])(context, builder, value=args[k])
     off = context.cast(builder, args[off_arg], signature.args[off_arg], types.int64)
     return builder.bitcast(builder.gep(a.data, [off]), vt.as_pointer())
-
-
-def _splat(context, builder, signature, args, k, vt, ty):
-    v = context.cast(builder, args[k], signature.args[k], ty)
-    one = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(_V16I32, [0] * 16))
 
 
 def _const(v: int) -> ir.Constant:
@@ -110,35 +104,6 @@ def widen_odd_nibbles(typingctx, sc, src, off, n):
         return context.get_dummy_value()
 
     return types.void(sc, src, off, n), codegen
-
-
-def _imul_codegen(accumulate):
-    def codegen(context, builder, signature, args):
-        pa = _ptr(context, builder, signature, args, 0, 1, _V16I32)
-        x = builder.load(_ptr(context, builder, signature, args, 2, 3, _V16I32), align=4)
-        y = builder.load(_ptr(context, builder, signature, args, 4, 5, _V16I32), align=4)
-        x = builder.sub(x, _splat(context, builder, signature, args, 6, _V16I32, types.int32))
-        v = builder.mul(x, y)
-        builder.store(builder.add(builder.load(pa, align=4), v) if accumulate else v, pa, align=4)
-        return context.get_dummy_value()
-
-    return codegen
-
-
-@intrinsic
-def imadd(typingctx, acc, ao, a, aoff, b, bo, corr):
-    """acc[ao + l] += (a[aoff + l] - corr) * b[bo + l] for the 16 lanes (int32 arrays, int corr)."""
-    if not _arrays(acc, a, b):
-        return None
-    return types.void(acc, ao, a, aoff, b, bo, corr), _imul_codegen(True)
-
-
-@intrinsic
-def imul_set(typingctx, acc, ao, a, aoff, b, bo, corr):
-    """acc[ao + l] = (a[aoff + l] - corr) * b[bo + l] for the 16 lanes (int32 arrays, int corr)."""
-    if not _arrays(acc, a, b):
-        return None
-    return types.void(acc, ao, a, aoff, b, bo, corr), _imul_codegen(False)
 
 
 @intrinsic

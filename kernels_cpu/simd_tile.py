@@ -9,9 +9,11 @@ whether this tile or the per-block path computed it, nor on the batch.
 
 Modes (the epilogue of each block b, for token u with scale dx, sums per 16 lo, hi):
     MODE_MIN   (Q4_K, Q5_K): acc += float(dot) * (ds_b * dx) + ms_b * (dx * float(lo + hi))
-    MODE_SPLIT (Q6_K): isum = isc_2b * (dot_lo - 32 lo) + isc_2b+1 * (dot_hi - 32 hi) (exact:
+    MODE_SPLIT (Q6_K; the grids with scales per 16 on their staged 8-bit codes, TABLE_OFFSET
+               for 32): isum = isc_2b * (dot_lo - 32 lo) + isc_2b+1 * (dot_hi - 32 hi) (exact:
                in float, every value an integer below 2^24); acc += float(isum) * (d * dx)
-    MODE_SCALE (IQ4_XS): acc += float(dot - TABLE_OFFSET * (lo + hi)) * (ds_b * dx)
+    MODE_SCALE (IQ4_XS; the grids with scales per 32 on their staged 8-bit codes):
+               acc += float(dot - TABLE_OFFSET * (lo + hi)) * (ds_b * dx)
     MODE_TQ    (TQ1_0, TQ2_0): acc += float(dot - (lo + hi)) * (d * dx)
 """
 
@@ -103,8 +105,9 @@ def k_super_tile(typingctx, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, 
                 hi = builder.load(builder.gep(xsp, [builder.add(srow[u], _c64(2 * b + 1))]))
                 if split:  # Q6_K: isum = sc_lo * (dot_lo - 32 lo) + sc_hi * (dot_hi - 32 hi), computed in
                     # float but exact: |dot - 32 xs| <= 16 * 32 * 127 and |sc| <= 128, so each product
-                    # and the sum stay below 2^24 (float(isum) to the bit, without vpmulld's two uops)
-                    off = ir.Constant(_I32, 32)
+                    # and the sum stay below 2^24 (float(isum) to the bit, without vpmulld's two uops);
+                    # the grids: |value| <= 43 (IQ2_S's largest) and sc <= 31 keep the same bound
+                    off = ir.Constant(_I32, 32 if fmt == 6 else TABLE_OFFSET)
                     a_lo = builder.sitofp(builder.sub(sums[2 * u], _splat(builder, builder.mul(off, lo), _VI)), _VF)
                     a_hi = builder.sitofp(builder.sub(sums[2 * u + 1], _splat(builder, builder.mul(off, hi), _VI)), _VF)
                     term = _block_term(builder, builder.call(fma, [a_lo, s_lo, builder.fmul(a_hi, s_hi)]), dvec, dx)

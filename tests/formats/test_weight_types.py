@@ -60,17 +60,20 @@ def test_records_are_consistent() -> None:
             assert t.k.bits == 4 and not t.k.has_min
         if t.k is not None:  # the file's bytes of 16 rows, as header + 8 blocks (IQ4_XS: + its 8-bit scales,
             # 8 per row for 6 packed bytes; TQ1_0: its base-3 digits as 2 bits; the grid types with 7
-            # stored sign bits per 8 columns: the eighth)
+            # stored sign bits per 8 columns: the eighth; IQ1_S: a delta sign per 8 columns, not 32,
+            # and 4-bit scales; IQ1_M: 4-bit scales)
             seventh = 16 * 256 // 8 // 8  # bytes of 16 rows' eighth sign bits
             extra = {weight_types.IQ4_XS: 16 * 8 - 16 * 6, weight_types.TQ1_0: 16 * 64 - 16 * 52,
                      weight_types.IQ2_XXS: seventh, weight_types.IQ2_XS: seventh,
-                     weight_types.IQ3_XXS: seventh}.get(t.id, 0)
+                     weight_types.IQ3_XXS: seventh, weight_types.IQ1_S: 16 * 8 * (3 + 1) // 8,
+                     weight_types.IQ1_M: 16 * 16 // 8}.get(t.id, 0)
             assert t.family == "k" and t.k.record_bytes == 16 * t.type_size + extra, t.name
             if t.k.grid is None:
                 assert t.k.block_bytes == 16 * 32 * t.k.bits // 8
             else:  # signed grid values + 128 as 8-bit codes; d, then the 4-bit scales of 16 rows
                 g = t.k.grid
-                assert t.k.bits == 8 and t.k.table is None and g.width in (4, 8) and 8 <= g.index_bits <= 10
+                assert t.k.bits == 8 and t.k.table is None and g.width in (4, 8)
+                assert 8 <= g.index_bits <= 10 if g.signed else g.index_bits == 12
                 assert t.k.header_bytes == 32 + 16 * (256 // g.scale_cols) // 2
                 assert (g.width, g.index_bits) == (grid_values(g.name).shape[1], grid_values(g.name).shape[0].bit_length() - 1)
             assert t.k.record_bytes == t.k.header_bytes + 8 * t.k.block_bytes
@@ -295,15 +298,17 @@ def test_grid_form_round_trips(t: WeightType) -> None:
         m = blocks[..., 16 * n + 2 * k * n : 16 * n + 2 * (k + 1) * n].reshape(g, s, 8, n, 2)
         m = m[..., 0] | (m[..., 1] << 8)
         idx |= ((m[..., None] >> np.arange(16)) & 1) << (8 + k)
-    at = 16 * n + 2 * high * n
-    sign = blocks[..., at : at + 64].reshape(g, s, 8, 8, 8)  # [g, s, b, quad, byte]: bit 4 lane + k
-    lane, kk = np.arange(16)[:, None], np.arange(4)[None, :]
-    neg = (sign[..., (4 * lane + kk) // 8] >> ((4 * lane + kk) % 8)) & 1  # [g, s, b, quad, lane, k]
     vals = grid_values(gc.name).astype(np.int64)[idx]  # [g, s, b, vector, lane, width]
     vals = vals.transpose(0, 4, 1, 2, 3, 5).reshape(g * 16, s, 8, 32)
-    vals = np.where(neg.transpose(0, 4, 1, 2, 3, 5).reshape(g * 16, s, 8, 32) == 1, -vals, vals)
+    if gc.signed:  # IQ1's entries carry their signs
+        at = 16 * n + 2 * high * n
+        sign = blocks[..., at : at + 64].reshape(g, s, 8, 8, 8)  # [g, s, b, quad, byte]: bit 4 lane + k
+        lane, kk = np.arange(16)[:, None], np.arange(4)[None, :]
+        neg = (sign[..., (4 * lane + kk) // 8] >> ((4 * lane + kk) % 8)) & 1  # [g, s, b, quad, lane, k]
+        vals = np.where(neg.transpose(0, 4, 1, 2, 3, 5).reshape(g * 16, s, 8, 32) == 1, -vals, vals)
     assert np.array_equal(vals.reshape(g * 16, -1)[:ROWS], codes - 128)
-    assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), raw.reshape(ROWS, -1, t.type_size)[:, :, :2])
+    d_bits = rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2).copy().view(np.float16)[..., 0]
+    assert np.array_equal(d_bits.astype(np.float32) * np.float32(gc.d_factor), d)  # the file's d (IQ1_M's assembled)
     hdr = rows(kw.wk[:, :, 32 : t.k.header_bytes].reshape(g, s, -1, 16), 3)  # [row, s, bytes]: two s each
     nib = np.stack([hdr & 15, hdr >> 4], axis=-1).reshape(ROWS, s, -1).astype(np.int64)
     assert np.array_equal(2 * nib + 1, sc)

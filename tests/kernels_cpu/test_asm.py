@@ -110,8 +110,7 @@ _F32_1, _F32_2, _U16_3 = nt.Array(nt.float32, 1, "C"), nt.Array(nt.float32, 2, "
 I8_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), _U16_3, _U16_3, nt.int64, nt.int64, _F32_2,
                  nt.int64, nt.int64, _I32_1, _F32_2)
 K_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, nt.int64, nt.int64, _F32_2, nt.int64,
-                nt.int64, _I32_1, _I32_1, _I32_1, _I32_1, _F32_1, _F32_1, _F32_1, _F32_1, _F32_1,
-                nt.Array(nt.uint8, 1, "C"))
+                nt.int64, _I32_1, _I32_1, _F32_1, _F32_1, _F32_1, _F32_1, _F32_1, nt.Array(nt.uint8, 1, "C"))
 
 
 @pytest.mark.skipif("+f16c" not in HOST, reason="no F16C")
@@ -141,25 +140,26 @@ def test_int8_matmul_uses_vpdpbusd() -> None:
 
 @pytest.mark.skipif("+avx512vnni" not in HOST, reason="no AVX-512 VNNI")
 def test_k_quant_matmul_uses_vpdpbusd() -> None:
-    """The K-quant kernel's formats (4-, 5-, 6-bit, IQ4_XS's table, the 5 grids) reach zmm
+    """The K-quant kernel's formats (4-, 5-, 6-bit, IQ4_XS's table, the 7 grids) reach zmm
     vpdpbusd, one and four tokens each (8 * 8 quads at least), the table as zmm vpshufb; the
-    grids' words are zmm gathers (8 per block, staged as 8-bit codes) and their signs masked
-    vpsubb; scales are unpacked and applied as zmm vector code (integer multiplies for
-    Q6_K, conversions to float); no other gathers."""
+    grids' words are zmm gathers (8 per block, staged as 8-bit codes) and the IQ2 / IQ3 signs
+    masked vpsubb; scales are unpacked and applied as zmm vector code (conversions to float);
+    no other gathers."""
     from edge_infer.kernels_cpu import matmul_k as mk
 
     asm = asm_of(mk._k_groups, K_GROUPS_SIG)
     assert len(re.findall(r"vpdpbusd\s[^\n]*zmm", asm)) >= 10 * 8, "fewer vpdpbusd than one block of each path"
     assert len(re.findall(r"vpshufb\s[^\n]*zmm", asm)) >= 4, "fewer vpshufb than one block of the table"
-    # per staged block: IQ3's 8 dword gathers of 16 rows, IQ2's 4 x 2 qword gathers of 8 rows (whole entries);
+    # per staged block: IQ3's 8 dword gathers of 16 rows, IQ2's and IQ1's 4 x 2 qword gathers of 8 rows
+    # (whole entries; IQ1_S and IQ1_M share one staging);
     # numba 0.68.1's LLVM merges one of the two IQ3 grids' identical gathers into the other (15)
     dword = len(re.findall(r"vpgatherdd\s[^\n]*zmm", asm))
     assert 2 * 8 - 1 <= dword <= 2 * 8, "an IQ3 block is not 8 zmm dword gathers"
-    assert len(re.findall(r"vpgatherdq\s[^\n]*zmm", asm)) == 3 * 8, "an IQ2 block is not 8 zmm qword gathers"
+    assert len(re.findall(r"vpgatherdq\s[^\n]*zmm", asm)) == 4 * 8, "an IQ2 / IQ1 block is not 8 zmm qword gathers"
     # (LLVM writes a few of the 40 masked negations as a subtraction and a masked blend)
     assert len(re.findall(r"vpsubb\s[^\n]*zmm[^\n]*\{%k", asm)) >= 4 * 8, "signs not applied under a mask"
-    assert len(re.findall(r"gather", asm)) == dword + 3 * 8  # no other gathers
-    assert uses(asm, "vpmulld", "zmm") and uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
+    assert len(re.findall(r"gather", asm)) == dword + 4 * 8  # no other gathers
+    assert uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
 
 
 @pytest.mark.skipif("+avx512vnni" in HOST or "+avx2" not in HOST or OVERRIDDEN, reason="not an AVX2 host without VNNI")

@@ -149,7 +149,7 @@ def _run_for_target(tmp_path: Path, cpu_name: str, features: str | None, vector_
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,  # a cold numba cache compiles every kernel for the target (~10 min on 2 cores)
     )
     assert p.returncode == 0 and p.stdout.rstrip().endswith("OK"), p.stdout[-3000:] + p.stderr[-6000:]
 

@@ -6,9 +6,9 @@ forward of the same file: to float32 rounding on the float path; no further than
 own on the int8 one, both quantizing activations to 8 bits) and with llama.cpp on the same file
 (which quantizes activations to 8 bits for these types, so the bar is KL).
 
-IQ2_XXS / IQ2_XS / IQ2_S need an importance matrix in llama.cpp's quantizer (and IQ3_XXS for
-the token embedding): ggml's, under a random one. IQ1_S / IQ1_M (the float path) likewise, and its MXFP4 goes to expert tensors only:
-their codecs are checked bit for bit against ggml in tests/formats/test_quants.py and
+IQ2_XXS / IQ2_XS / IQ2_S, IQ1_S / IQ1_M need an importance matrix in llama.cpp's quantizer (and
+IQ3_XXS for the token embedding): ggml's, under a random one. MXFP4 goes to expert tensors only.
+The codecs are checked bit for bit against ggml in tests/formats/test_quants.py and
 tests/kernels_cpu/test_dequant_kernels.py."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_llama_cpp_s_file_computes_like_exact_math_and_llama_cpp(src: Path, name
     _check_file(path, name)
 
 
-@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"])
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ1_S", "IQ1_M"])
 def test_imatrix_types_compute_like_exact_math_and_llama_cpp(src: Path, name: str, tmp_path: Path) -> None:
     """The types llama.cpp writes only under an importance matrix: ggml's quantizer with a
     random one (tests/support/quant_helpers.ggml_requantize), every matrix at the type."""
