@@ -41,18 +41,22 @@ class NoAliasCompiler(CompilerBase):
         return [DefaultPassBuilder.define_nopython_pipeline(self.state)]
 
 
-def kernel(fn=None, *, fastmath: bool | frozenset[str] = False, parallel: bool = False, inline: bool = False):
+def kernel(fn=None, *, fastmath: bool | frozenset[str] = False, parallel: bool = False, inline: bool = False,
+           refcount: bool = True):
     """`@njit(cache=True, nogil=True, error_model="numpy")` with noalias arguments; inputs and
     outputs must not overlap. inline=True inlines the function into its callers at numba's level
     (small helpers called in hot loops; not for fastmath functions: inlined code takes the
-    caller's flags)."""
+    caller's flags). refcount=False compiles without numba's reference counting (NRT), for a
+    loop nest that allocates nothing: the counting it leaves around calls in branches costs
+    atomic operations per call (kernels_cpu.matmul_k: ~65-100 ns per super-block)."""
 
     def wrap(f):
         # error_model="numpy": a float division by zero gives inf/nan instead of raising, so
         # loops with divisions have no early-exit branch and can vectorize.
         flags = fastmath if isinstance(fastmath, bool) else set(fastmath)  # numba takes no frozenset
         return numba.njit(cache=True, nogil=True, fastmath=flags, parallel=parallel, error_model="numpy",
-                          inline="always" if inline else "never", pipeline_class=NoAliasCompiler)(f)
+                          inline="always" if inline else "never", pipeline_class=NoAliasCompiler,
+                          **({} if refcount else {"_nrt": False}))(f)
 
     return wrap(fn) if fn is not None else wrap
 

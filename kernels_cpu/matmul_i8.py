@@ -28,7 +28,15 @@ import numpy as np
 
 from ._jit import HAS_F16C, kernel, prefetch
 from .simd_dot import FMT_IQ4, FMT_MXFP4
-from .simd_i8 import GROUP, block_scales, dot_tile, dot_tile4, scale_accumulate, scale_min_accumulate
+from .simd_i8 import (
+    GROUP,
+    block_scales,
+    dot_tile,
+    dot_tile4,
+    scale_accumulate,
+    scale_min_accumulate,
+    store_tile,
+)
 from .simd_tile import PREFETCH_SCALES, i8_blocks_tile
 
 TOKEN_TILE = 4  # tokens that share each weight load in the GEMM path
@@ -159,9 +167,9 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
                         else:
                             dot_tile(1, fmt, iacc, wflat, wo, xflat, x0, k4)
                         so = (g * nb + b) * GROUP
-                        block_scales(dflat, so, dtmp)
+                        block_scales(dflat, so, dtmp, 0)
                         if with_min:
-                            block_scales(mflat, so, mtmp)
+                            block_scales(mflat, so, mtmp, 0)
                         for u in range(n):  # the one float sequence of every (token, row): GEMV and GEMM alike
                             xs = xsum[t + u, b]
                             dx = xd[t + u, b]
@@ -171,9 +179,7 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
                             else:
                                 scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
                                                  dtmp, 0, dx)
-                for u in range(n):
-                    for ln in range(min(GROUP, R - g * GROUP)):
-                        out[t + u, g * GROUP + ln] = facc[u, ln]
+                store_tile(out, facc_flat, t, n, g)
                 t += n
 
 

@@ -24,9 +24,12 @@ was tried first: on gemma3 it doubled the mean KL against exact math (0.0015 -> 
 token runs the same sequence whatever the batch (four share each weight load in the GEMM path),
 so GEMV and GEMM rows are bit-identical and the thread count changes nothing. Three tokens
 left over share one four-token tile (the last repeated as padding, never written out); two
-have a tile of their own (an expert of a batched step typically gets that many). A row
-group's super-blocks are the outer loop over a token chunk's tiles: each one's scales are
-unpacked once for all of them, and its weights stay in L1 while every tile reads them.
+have a tile of their own (an expert of a batched step typically gets that many). A GEMM
+unpacks a row group's scales once per token chunk (every super-block into a slot of the
+thread's scratch), then runs each tile over the group's whole rows in one call; a few tokens
+(a GEMV) unpack a super-block's scales just before the tile reads its codes (the codes' prefetch
+has brought its header in), one call per super-block. The loop nest is compiled without numba's
+reference counting: around each call in a branch it cost ~100 ns, 3x a GEMV's arithmetic.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .simd_i8 import (
     block_bytes,
     block_scales,
     grid_stage,
+    store_tile,
 )
 from .simd_k import scale_rows, unpack_scales_q4k, widen_odd_nibbles, widen_scales
 from .simd_tile import MODE_MIN, MODE_SCALE, MODE_SPLIT, MODE_TQ, k_super_tile
@@ -55,143 +59,189 @@ _SPLIT = tuple(f in SPLIT_FORMATS for f in range(max(GRIDS) + 1))
 
 
 @kernel(inline=True)
-def _tile_fmt(ntok, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s):
+def _tile_fmt(ntok, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0):
     """k_super_tile with its literal format and the mode it implies: bits 4, 5 (Q4_K, Q5_K:
     MODE_MIN), 6 (Q6_K: MODE_SPLIT), 2 (TQ1_0, TQ2_0: MODE_TQ), else IQ4_XS's table format
     (MODE_SCALE); ntok: a literal 1, 2 or 4 (inlined: it stays a literal)."""
     if bits == 4:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_MIN, 4, ntok)
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0, MODE_MIN, 4, ntok)
     elif bits == 5:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_MIN, 5, ntok)
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0, MODE_MIN, 5, ntok)
     elif bits == 6:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SPLIT, 6, ntok)
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0, MODE_SPLIT, 6, ntok)
     elif bits == 2:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_TQ, 2, ntok)
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0, MODE_TQ, 2, ntok)
     else:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SCALE, FMT_IQ4,
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0, MODE_SCALE, FMT_IQ4,
                      ntok)
 
 
 @kernel(inline=True)
-def _super_tile(n, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s):
+def _super_tile(n, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, ns, j0):
     """Super-block s of the tile of n tokens from t (3 padded to four by repeating the last)."""
     ta, tb, tc, td = t, t + min(1, n - 1), t + min(2, n - 1), t + min(3, n - 1)
     if n == 1:
-        _tile_fmt(1, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s)
+        _tile_fmt(1, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s0, ns, j0)
     elif n == 2:  # a MoE step's expert with two pairs: no padded work
-        _tile_fmt(2, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tb, tb, k4, nxd, nxs, s)
+        _tile_fmt(2, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tb, tb, k4, nxd, nxs, s0, ns, j0)
     else:
-        _tile_fmt(4, bits, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s)
+        _tile_fmt(4, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0)
 
 
 @kernel(inline=True)
-def _staged_fmt(ntok, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s):
+def _staged_fmt(ntok, half16, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0):
     """k_super_tile on a grid's super-block staged as 8-bit codes: MODE_SPLIT with scales per 16
     (half16), else MODE_SCALE (a dispatch of its own: the K-quants' call site compiles none of it)."""
     if half16:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SPLIT, 8, ntok)
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0, MODE_SPLIT, 8, ntok)
     else:
-        k_super_tile(facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s, MODE_SCALE, 8, ntok)
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0, MODE_SCALE, 8, ntok)
 
 
 @kernel(inline=True)
-def _staged_tile(n, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s):
+def _staged_tile(n, half16, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, ns, j0):
     """_super_tile's tokens for a staged grid super-block."""
     ta, tb, tc, td = t, t + min(1, n - 1), t + min(2, n - 1), t + min(3, n - 1)
     if n == 1:
-        _staged_fmt(1, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s)
+        _staged_fmt(1, half16, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s0, ns, j0)
     elif n == 2:
-        _staged_fmt(2, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tb, tb, k4, nxd, nxs, s)
+        _staged_fmt(2, half16, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tb, tb, k4, nxd, nxs, s0, ns, j0)
     else:
-        _staged_fmt(4, half16, facc, w, wo, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s)
+        _staged_fmt(4, half16, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0)
+
+
+# how a type's super-block scales unpack (_scales_of): one literal per kind, so each kind's loop
+# has no branches (numba's reference counting of the scratch arrays, left in branches, cost
+# ~65 ns a super-block: 8x the unpacking itself)
+_Q6, _GRID16, _GRID32, _IQ4, _TQ, _MINS = 0, 1, 2, 3, 4, 5
 
 
 @kernel(inline=True)
-def _super_scales(q6, grid, half16, iq4, tq, w16, wflat, base, dfac, dtmp, mtmp, isc, imn, ds, ms):
-    """The scales of the super-block record at byte base, unpacked for its 16 rows: dtmp (d),
-    and by type isc (int scales), ds / ms (float scales and negated mins per block), mtmp."""
-    block_scales(w16, base // 2, dtmp)
-    if q6:
-        widen_scales(isc, wflat, base + 32, 16)
-    elif grid:
-        for ln in range(GROUP):
-            dtmp[ln] = dtmp[ln] * dfac
-        if half16:
-            widen_odd_nibbles(isc, wflat, base + 32, 16)
-        else:
-            widen_odd_nibbles(isc, wflat, base + 32, 8)
-            scale_rows(ds, isc, 8, dtmp, False)
-    elif iq4:
-        widen_scales(isc, wflat, base + 32, 8)
-        scale_rows(ds, isc, 8, dtmp, False)
-    elif not tq:
-        block_scales(w16, base // 2 + GROUP, mtmp)
-        unpack_scales_q4k(isc, imn, wflat, base + 64)
-        scale_rows(ds, isc, 8, dtmp, False)
-        scale_rows(ms, imn, 8, mtmp, True)
+def _scales_of(kind, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, ds, ms):
+    """The scales of the n super-block records from byte base0 (rec bytes apart), unpacked for
+    their 16 rows, super-block j into slot k = j0 + j of the scratch: dtmp[16 k ...] (d), and by kind
+    isc[256 k ...] (int scales: Q6_K's, the grids' per 16), ds / ms [128 k ...] (float scales
+    and negated mins per block); imn (int32, as isc) and mtmp (float32 [16]): temporaries."""
+    for j in range(n):
+        base = base0 + j * rec
+        k = j0 + j
+        d0, i0, f0 = k * GROUP, k * 256, k * 128
+        block_scales(w16, base // 2, dtmp, d0)
+        if kind == _Q6:
+            widen_scales(isc, i0, wflat, base + 32, 16)
+        elif kind == _GRID16 or kind == _GRID32:
+            for ln in range(GROUP):
+                dtmp[d0 + ln] = dtmp[d0 + ln] * dfac
+            if kind == _GRID16:
+                widen_odd_nibbles(isc, i0, wflat, base + 32, 16)
+            else:
+                widen_odd_nibbles(isc, f0, wflat, base + 32, 8)
+                scale_rows(ds, isc, f0, 8, dtmp, d0, False)
+        elif kind == _IQ4:
+            widen_scales(isc, f0, wflat, base + 32, 8)
+            scale_rows(ds, isc, f0, 8, dtmp, d0, False)
+        elif kind == _MINS:
+            block_scales(w16, base // 2 + GROUP, mtmp, 0)
+            unpack_scales_q4k(isc, imn, f0, wflat, base + 64)
+            scale_rows(ds, isc, f0, 8, dtmp, d0, False)
+            scale_rows(ms, imn, f0, 8, mtmp, 0, True)
 
 
-@kernel
-def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, isc, imn, facc, dtmp, mtmp, ds, ms, stage):
-    """Row groups g0..g1-1 of one K-quant matrix for every token (see matmul_k_kernel). Scratch
-    of the calling thread: isc, imn int32 [16 * GROUP]; facc float32 [(a token chunk's tokens +
-    TOKEN_TILE) * GROUP]; dtmp, mtmp float32 [GROUP]; ds, ms float32 [8 * GROUP]; stage uint8 (a grid format's blocks as 8-bit codes: a super-block's 8 * 512
-    bytes, or S * 8 * 512 for a GEMM's whole group) or empty."""
-    T, R = out.shape
-    S, B = wk.shape[1], wk.shape[2]
-    q6 = qtype == Q6_K  # int8 scales per 16 columns, no mins (else Q4_K / Q5_K packed scales and mins)
-    iq4 = qtype == IQ4_XS  # int8 scales per 32 columns, table codes, no mins
-    tq = qtype == TQ1_0 or qtype == TQ2_0  # one scale d per row, codes t of d * (t - 1)
+@kernel(inline=True)
+def _group_scales(kind, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, ds, ms):
+    """_scales_of with its literal kind."""
+    if kind == _Q6:
+        _scales_of(_Q6, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, ds, ms)
+    elif kind == _GRID16:
+        _scales_of(_GRID16, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, ds, ms)
+    elif kind == _GRID32:
+        _scales_of(_GRID32, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, ds, ms)
+    elif kind == _IQ4:
+        _scales_of(_IQ4, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, ds, ms)
+    elif kind == _TQ:
+        _scales_of(_TQ, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, ds, ms)
+    else:
+        _scales_of(_MINS, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, ds, ms)
+
+
+@kernel(inline=True)
+def _prepare(kind, grid, bits, w16, wflat, base0, rec, n, j0, head, blk, dfac, dtmp, mtmp, isc, imn, ds, ms, stage):
+    """The n super-blocks from byte base0 into scratch slots j0 .. j0 + n - 1: their scales, and
+    a grid's codes staged as 8-bit codes (slot k at stage[4096 k ...])."""
+    _group_scales(kind, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, ds, ms)
+    if grid:
+        for j in range(n):
+            for b in range(8):
+                grid_stage(bits, stage, 4096 * (j0 + j) + 512 * b, wflat, base0 + j * rec + head + b * blk)
+
+
+@kernel(inline=True)
+def _tile(grid, half16, n, bits, facc, wflat, stage, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, ns,
+          j0):
+    """The tile of n tokens from t over super-blocks s0 .. s0 + ns - 1 (scratch slots j0 ...):
+    a grid's from its staged codes, the others' from the weights at byte wo."""
+    if grid:
+        _staged_tile(n, half16, facc, stage, 4096 * j0, 4096, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, ns,
+                     j0)
+    else:
+        _super_tile(n, bits, facc, wflat, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, ns, j0)
+
+
+@kernel(refcount=False)
+def _k_groups(xflat, xdf, xsf, k4, nxd, nxs, wflat, w16, S, B, qtype, bits, head, out, g0, g1, isc, imn, facc, dtmp,
+              mtmp, ds, ms, stage):
+    """Row groups g0..g1-1 of one K-quant matrix for every token (see matmul_k_kernel), its
+    arrays flat (views made by the caller: this nest is compiled without reference counting, and
+    a view's helper compiled with it elsewhere in the process would count a reference here that
+    nothing releases): activations xflat (int32 quads, k4 per token), xdf (nxd scales per
+    token), xsf (nxs sums per token); weights wflat (uint8, S super-block records of B bytes per
+    group) and w16 (the same bytes as uint16). Scratch
+    of the calling thread, per super-block slot j (a GEMM's group: S of them; a GEMV: 2): isc,
+    imn int32 [256 j ...], dtmp float32 [16 j ...], ds, ms float32 [128 j ...]; mtmp float32
+    [16]; facc float32 [TOKEN_TILE * GROUP]; stage uint8 (a grid format's blocks as 8-bit
+    codes, 8 * 512 bytes per slot) or empty. Compiled without numba's reference counting (it
+    allocates nothing): around each call in a branch it cost ~100 ns, 3x a GEMV's arithmetic."""
+    T = out.shape[0]
     grid = bits >= FMT_GRID  # codebook codes, 4-bit scales 2s + 1 per 32 columns, or per 16 (half16)
     half16 = grid and _SPLIT[bits]
+    if qtype == Q6_K:  # int8 scales per 16 columns, no mins
+        kind = _Q6
+    elif grid:
+        kind = _GRID16 if half16 else _GRID32
+    elif qtype == IQ4_XS:  # int8 scales per 32 columns, table codes, no mins
+        kind = _IQ4
+    elif qtype == TQ1_0 or qtype == TQ2_0:  # one scale d per row, codes t of d * (t - 1)
+        kind = _TQ
+    else:  # Q4_K / Q5_K: packed scales and mins
+        kind = _MINS
     dfac = np.float32(_D_FACTOR[bits])
     blk = block_bytes(bits)  # one 32-column block of 16 rows in the format
-    k4 = xq4.shape[1]
-    wflat = wk.reshape(-1)
-    w16 = wflat.view(np.uint16)
-    xflat = xq4.reshape(-1)
-    xdf = xd.reshape(-1)
-    xsf = xs16.reshape(-1)
-    chunk = token_chunk(xq4.shape[1] * 4)
+    chunk = token_chunk(k4 * 4)
     for c0 in range(0, T, chunk):  # tokens in chunks whose activations stay in L2 over all the groups
         c1 = min(T, c0 + chunk)
+        # a GEMM prepares a group's scales (and a grid's codes, staged as 8-bit codes) once for
+        # all the chunk's tiles, then runs each tile over the whole rows; a few tokens (a GEMV)
+        # go a super-block at a time, preparing the next one's (into the other of two slots)
+        # before computing this one, so the preparation overlaps the dot products
+        gemm = c1 - c0 > TOKEN_TILE
+        per = S if gemm else 1  # super-blocks per step
+        steps = S // per
         for g in range(g0, g1):
-            if not grid:  # super-blocks outermost: each one's scales unpacked once for all the chunk's tiles
-                for i in range((c1 - c0) * GROUP):
-                    facc[i] = 0.0
-                for s in range(S):
-                    base = (g * S + s) * B
-                    _super_scales(q6, False, False, iq4, tq, w16, wflat, base, dfac, dtmp, mtmp, isc, imn, ds, ms)
-                    t = c0
-                    while t < c1:  # one IR sequence per tile and super-block, accumulators in registers
-                        n = min(TOKEN_TILE, c1 - t)  # tokens of this tile: 3 share a padded four-token tile
-                        _super_tile(n, bits, facc[(t - c0) * GROUP :], wflat, base + head, xflat, xdf, xsf, ds, ms,
-                                    dtmp, isc, t, k4, xd.shape[1], xs16.shape[1], s)
-                        t += n
-                for u in range(c1 - c0):
-                    for ln in range(min(GROUP, R - g * GROUP)):
-                        out[c0 + u, g * GROUP + ln] = facc[u * GROUP + ln]
-                continue
-            # the grid types: codebook codes staged as 8-bit codes, a super-block at a time, or a
-            # GEMM's whole group at its first tile, then computed as a K-quant super-block of them
-            staged = c1 - c0 > TOKEN_TILE
             t = c0
-            while t < c1:
-                n = min(TOKEN_TILE, c1 - t)
-                for i in range(n * GROUP):
-                    facc[i] = 0.0
-                for s in range(S):
-                    base = (g * S + s) * B
-                    _super_scales(q6, grid, half16, iq4, tq, w16, wflat, base, dfac, dtmp, mtmp, isc, imn, ds, ms)
-                    so = 4096 * s if staged else 0
-                    if not staged or t == c0:
-                        for b in range(8):
-                            grid_stage(bits, stage, so + 512 * b, wflat, base + head + b * blk)
-                    _staged_tile(n, half16, facc, stage, so, xflat, xdf, xsf, ds, ms, dtmp, isc, t, k4, xd.shape[1],
-                                 xs16.shape[1], s)
-                for u in range(n):
-                    for ln in range(min(GROUP, R - g * GROUP)):
-                        out[t + u, g * GROUP + ln] = facc[u * GROUP + ln]
+            while t < c1:  # token tiles over the group's whole rows, accumulators in registers
+                n = min(TOKEN_TILE, c1 - t)  # tokens of this tile: 3 share a padded four-token tile
+                for u in range(n):  # one vector store per token (a loop over n * 16 became a memset call)
+                    for ln in range(GROUP):
+                        facc[u * GROUP + ln] = 0.0
+                for i in range(steps + 1):  # prepare step i, compute step i - 1
+                    if i < steps and (t == c0 or not gemm):
+                        _prepare(kind, grid, bits, w16, wflat, (g * S + i * per) * B, B, per, 0 if gemm else i % 2, head,
+                                 blk, dfac, dtmp, mtmp, isc, imn, ds, ms, stage)
+                    if i > 0:
+                        s0 = (i - 1) * per
+                        _tile(grid, half16, n, bits, facc, wflat, stage, (g * S + s0) * B + head, B, xflat, xdf, xsf,
+                              ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, per, 0 if gemm else (i - 1) % 2)
+                store_tile(out, facc, t, n, g)
                 t += n
 
 
@@ -199,17 +249,20 @@ def _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, isc, imn, facc,
 def _k_range(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1):
     if g1 <= g0:
         return
-    isc = np.empty(16 * GROUP, np.int32)
-    imn = np.empty(16 * GROUP, np.int32)
-    # a chunk's tokens and a padded last tile's (a four-token tile writes four rows)
-    facc = np.empty((min(xq4.shape[0], token_chunk(xq4.shape[1] * 4)) + TOKEN_TILE) * GROUP, np.float32)
-    dtmp = np.empty(GROUP, np.float32)
+    S = max(2, wk.shape[1])  # a scale slot per super-block of a row group (at least the GEMV's 2)
+    isc = np.empty(S * 256, np.int32)
+    imn = np.empty(S * 256, np.int32)
+    facc = np.empty(TOKEN_TILE * GROUP, np.float32)
+    dtmp = np.empty(S * GROUP, np.float32)
     mtmp = np.empty(GROUP, np.float32)
-    ds = np.empty(8 * GROUP, np.float32)
-    ms = np.empty(8 * GROUP, np.float32)
-    n_stage = 0 if bits < FMT_GRID else wk.shape[1] * 8 if xq4.shape[0] > TOKEN_TILE else 8  # blocks
+    ds = np.empty(S * 128, np.float32)
+    ms = np.empty(S * 128, np.float32)
+    n_stage = 0 if bits < FMT_GRID else S * 8 if xq4.shape[0] > TOKEN_TILE else 16  # blocks: S slots, or 2
     stage = np.empty(512 * n_stage, np.uint8)
-    _k_groups(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1, isc, imn, facc, dtmp, mtmp, ds, ms, stage)
+    wflat = wk.reshape(-1)
+    _k_groups(xq4.reshape(-1), xd.reshape(-1), xs16.reshape(-1), xq4.shape[1], xd.shape[1], xs16.shape[1], wflat,
+              wflat.view(np.uint16), wk.shape[1], wk.shape[2], qtype, bits, head, out, g0, g1, isc, imn, facc, dtmp, mtmp,
+              ds, ms, stage)
 
 
 @kernel(parallel=True)

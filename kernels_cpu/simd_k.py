@@ -26,25 +26,34 @@ def _ptr(context, builder, signature, args, k, off_arg, vt):
     return builder.bitcast(builder.gep(a.data, [off]), vt.as_pointer())
 
 
+def _dst(context, builder, signature, args, k, to_arg, vt):
+    """The vector pointer of array args[k] at element args[to_arg] (a destination offset)."""
+    return _ptr(context, builder, signature, args, k, to_arg, vt)
+
+
+def _at(builder, ptr, j: int):
+    """ptr (a vector pointer) advanced by j vectors."""
+    return builder.gep(ptr, [ir.Constant(ir.IntType(64), j)])
+
+
 def _const(v: int) -> ir.Constant:
     return ir.Constant(_V16I32, [v] * 16)
 
 
 @intrinsic
-def unpack_scales_q4k(typingctx, sc, mn, src, off):
+def unpack_scales_q4k(typingctx, sc, mn, to, src, off):
     """Q4_K / Q5_K: the 12 packed scale bytes of 16 rows, stored byte-major (byte i of row lane
-    l at src[off + 16 i + l], uint8) -> sc[16 j + l], mn[16 j + l] (int32) for sub-blocks j =
+    l at src[off + 16 i + l], uint8) -> sc[to + 16 j + l], mn[to + 16 j + l] (int32) for sub-blocks j =
     0..7, as ggml's get_scale_min_k4: j < 4: sc = b[j] & 63, m = b[j + 4] & 63; j >= 4:
     sc = (b[j + 4] & 15) | (b[j - 4] >> 6) << 4, m = (b[j + 4] >> 4) | (b[j] >> 6) << 4."""
     if not _arrays(sc, mn, src):
         return None
 
     def codegen(context, builder, signature, args):
-        base = _ptr(context, builder, signature, args, 2, 3, ir.IntType(8))
+        base = _ptr(context, builder, signature, args, 3, 4, ir.IntType(8))
         b = [builder.zext(builder.load(builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 16 * i)]),
                                                        _V16I8.as_pointer()), align=1), _V16I32) for i in range(12)]
-        sa = context.make_array(signature.args[0])(context, builder, value=args[0])
-        ma = context.make_array(signature.args[1])(context, builder, value=args[1])
+        sp, mp = (_dst(context, builder, signature, args, k, 2, _V16I32) for k in (0, 1))
         for j in range(8):
             if j < 4:
                 s = builder.and_(b[j], _const(63))
@@ -52,81 +61,74 @@ def unpack_scales_q4k(typingctx, sc, mn, src, off):
             else:
                 s = builder.or_(builder.and_(b[j + 4], _const(15)), builder.shl(builder.lshr(b[j - 4], _const(6)), _const(4)))
                 m = builder.or_(builder.lshr(b[j + 4], _const(4)), builder.shl(builder.lshr(b[j], _const(6)), _const(4)))
-            at = ir.Constant(ir.IntType(64), 16 * j)
-            builder.store(s, builder.bitcast(builder.gep(sa.data, [at]), _V16I32.as_pointer()), align=4)
-            builder.store(m, builder.bitcast(builder.gep(ma.data, [at]), _V16I32.as_pointer()), align=4)
+            builder.store(s, _at(builder, sp, j), align=4)
+            builder.store(m, _at(builder, mp, j), align=4)
         return context.get_dummy_value()
 
-    return types.void(sc, mn, src, off), codegen
+    return types.void(sc, mn, to, src, off), codegen
 
 
 @intrinsic
-def widen_scales(typingctx, sc, src, off, n):
+def widen_scales(typingctx, sc, to, src, off, n):
     """Q6_K, IQ4_XS: the n (a literal int: 16, 8) int8 sub-block scales of 16 rows, byte-major
-    (scale j of lane l at src[off + 16 j + l], uint8 holding the int8 bits) -> sc[16 j + l]
+    (scale j of lane l at src[off + 16 j + l], uint8 holding the int8 bits) -> sc[to + 16 j + l]
     int32, sign-extended."""
     if not _arrays(sc, src) or not isinstance(n, types.IntegerLiteral):
         return None
     count = n.literal_value
 
     def codegen(context, builder, signature, args):
-        base = _ptr(context, builder, signature, args, 1, 2, ir.IntType(8))
-        sa = context.make_array(signature.args[0])(context, builder, value=args[0])
+        base = _ptr(context, builder, signature, args, 2, 3, ir.IntType(8))
+        sp = _dst(context, builder, signature, args, 0, 1, _V16I32)
         for j in range(count):
             at = ir.Constant(ir.IntType(64), 16 * j)
             v = builder.load(builder.bitcast(builder.gep(base, [at]), _V16I8.as_pointer()), align=1)
-            builder.store(builder.sext(v, _V16I32), builder.bitcast(builder.gep(sa.data, [at]), _V16I32.as_pointer()),
-                          align=4)
+            builder.store(builder.sext(v, _V16I32), _at(builder, sp, j), align=4)
         return context.get_dummy_value()
 
-    return types.void(sc, src, off, n), codegen
+    return types.void(sc, to, src, off, n), codegen
 
 
 @intrinsic
-def widen_odd_nibbles(typingctx, sc, src, off, n):
+def widen_odd_nibbles(typingctx, sc, to, src, off, n):
     """The grid types: n (a literal int: 8, 16) 4-bit sub-block scales s of 16 rows, two per
     byte (byte j of lane l at src[off + 16 j + l]: s of sub-block 2j low, 2j + 1 high) ->
-    sc[16 i + l] = 2 s + 1, int32."""
+    sc[to + 16 i + l] = 2 s + 1, int32."""
     if not _arrays(sc, src) or not isinstance(n, types.IntegerLiteral):
         return None
     count = n.literal_value
 
     def codegen(context, builder, signature, args):
-        base = _ptr(context, builder, signature, args, 1, 2, ir.IntType(8))
-        sa = context.make_array(signature.args[0])(context, builder, value=args[0])
+        base = _ptr(context, builder, signature, args, 2, 3, ir.IntType(8))
+        sp = _dst(context, builder, signature, args, 0, 1, _V16I32)
         for j in range(count // 2):
             v = builder.zext(builder.load(builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 16 * j)]),
                                                           _V16I8.as_pointer()), align=1), _V16I32)
             for h, s in enumerate((builder.and_(v, _const(15)), builder.lshr(v, _const(4)))):
-                at = ir.Constant(ir.IntType(64), 16 * (2 * j + h))
-                builder.store(builder.add(builder.shl(s, _const(1)), _const(1)),
-                              builder.bitcast(builder.gep(sa.data, [at]), _V16I32.as_pointer()), align=4)
+                builder.store(builder.add(builder.shl(s, _const(1)), _const(1)), _at(builder, sp, 2 * j + h), align=4)
         return context.get_dummy_value()
 
-    return types.void(sc, src, off, n), codegen
+    return types.void(sc, to, src, off, n), codegen
 
 
 @intrinsic
-def scale_rows(typingctx, dst, src, n, d, negate):
-    """dst[16 j + l] = float32(src[16 j + l]) * d[l] (negated when negate) for j < n (a
-    literal int), the 16 lanes l: a super-block's sub-block scales as float. dst, d float32;
-    src int32. With d an f16 value and src below 2^11 the product is exact."""
+def scale_rows(typingctx, dst, src, at, n, d, do, negate):
+    """dst[at + 16 j + l] = float32(src[at + 16 j + l]) * d[do + l] (negated when negate) for
+    j < n (a literal int), the 16 lanes l: a super-block's sub-block scales as float. dst, d
+    float32; src int32. With d an f16 value and src below 2^11 the product is exact."""
     if not _arrays(dst, src, d) or not isinstance(n, types.IntegerLiteral) or not isinstance(negate, types.BooleanLiteral):
         return None
     count, neg = n.literal_value, negate.literal_value
 
     def codegen(context, builder, signature, args):
-        da = context.make_array(signature.args[0])(context, builder, value=args[0])
-        sa = context.make_array(signature.args[1])(context, builder, value=args[1])
-        dv = builder.load(builder.bitcast(context.make_array(signature.args[3])(context, builder, value=args[3]).data,
-                                          _V16F.as_pointer()), align=4)
+        dp = _dst(context, builder, signature, args, 0, 2, _V16F)
+        sp = _dst(context, builder, signature, args, 1, 2, _V16I32)
+        dv = builder.load(_dst(context, builder, signature, args, 4, 5, _V16F), align=4)
         if neg:
             dv = builder.fneg(dv)
         for j in range(count):
-            at = ir.Constant(ir.IntType(64), 16 * j)
-            v = builder.sitofp(builder.load(builder.bitcast(builder.gep(sa.data, [at]), _V16I32.as_pointer()), align=4),
-                               _V16F)
-            builder.store(builder.fmul(v, dv), builder.bitcast(builder.gep(da.data, [at]), _V16F.as_pointer()), align=4)
+            v = builder.sitofp(builder.load(_at(builder, sp, j), align=4), _V16F)
+            builder.store(builder.fmul(v, dv), _at(builder, dp, j), align=4)
         return context.get_dummy_value()
 
-    return types.void(dst, src, n, d, negate), codegen
+    return types.void(dst, src, at, n, d, do, negate), codegen

@@ -109,8 +109,10 @@ _I32_1, _I32_2 = nt.Array(nt.int32, 1, "C"), nt.Array(nt.int32, 2, "C")
 _F32_1, _F32_2, _U16_3 = nt.Array(nt.float32, 1, "C"), nt.Array(nt.float32, 2, "C"), nt.Array(nt.uint16, 3, "C")
 I8_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), _U16_3, _U16_3, nt.int64, nt.int64, _F32_2,
                  nt.int64, nt.int64, _I32_1, _F32_2)
-K_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), nt.int64, nt.int64, nt.int64, _F32_2, nt.int64,
-                nt.int64, _I32_1, _I32_1, _F32_1, _F32_1, _F32_1, _F32_1, _F32_1, nt.Array(nt.uint8, 1, "C"))
+_I64 = nt.int64
+K_GROUPS_SIG = (_I32_1, _F32_1, _I32_1, _I64, _I64, _I64, nt.Array(nt.uint8, 1, "C"), nt.Array(nt.uint16, 1, "C"), _I64,
+                _I64, _I64, _I64, _I64, _F32_2, _I64, _I64, _I32_1, _I32_1, _F32_1, _F32_1, _F32_1, _F32_1, _F32_1,
+                nt.Array(nt.uint8, 1, "C"))
 
 
 @pytest.mark.skipif("+f16c" not in HOST, reason="no F16C")
@@ -144,7 +146,7 @@ def test_k_quant_matmul_uses_vpdpbusd() -> None:
     vpdpbusd, one and four tokens each (8 * 8 quads at least), the table as zmm vpshufb; the
     grids' words are zmm gathers (8 per block, staged as 8-bit codes) and the IQ2 / IQ3 signs
     masked vpsubb; scales are unpacked and applied as zmm vector code (conversions to float);
-    no other gathers."""
+    no other gathers; no reference counting."""
     from edge_infer.kernels_cpu import matmul_k as mk
 
     asm = asm_of(mk._k_groups, K_GROUPS_SIG)
@@ -160,6 +162,9 @@ def test_k_quant_matmul_uses_vpdpbusd() -> None:
     assert len(re.findall(r"vpsubb\s[^\n]*zmm[^\n]*\{%k", asm)) >= 4 * 8, "signs not applied under a mask"
     assert len(re.findall(r"gather", asm)) == dword + 4 * 8  # no other gathers
     assert uses(asm, "vcvtdq2ps", "zmm") and uses(asm, "vcvtph2ps", "zmm")
+    # compiled without reference counting: the increments around each call in a branch cost
+    # ~65-100 ns a super-block (kernel(refcount=False))
+    assert "NRT_incref" not in asm and "NRT_decref" not in asm
 
 
 @pytest.mark.skipif("+avx512vnni" in HOST or "+avx2" not in HOST or OVERRIDDEN, reason="not an AVX2 host without VNNI")

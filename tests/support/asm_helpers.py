@@ -12,9 +12,10 @@ from edge_infer.kernels_cpu._jit import NoAliasCompiler
 
 def asm_of(dispatcher, sig: tuple) -> str:  # type: ignore[no-untyped-def]
     """Assembly of a kernel compiled afresh (no cache) the way its decorator compiles it (its
-    fastmath flags included)."""
+    fastmath flags and reference counting included)."""
     fastmath = dispatcher.targetoptions.get("fastmath", False)
-    fn = numba.njit(nogil=True, error_model="numpy", fastmath=fastmath, pipeline_class=NoAliasCompiler)(
+    nrt = dispatcher.targetoptions.get("_nrt", True)  # kernel(refcount=False) compiles without it
+    fn = numba.njit(nogil=True, error_model="numpy", fastmath=fastmath, _nrt=nrt, pipeline_class=NoAliasCompiler)(
         dispatcher.py_func
     )
     fn.compile(sig)
