@@ -143,12 +143,18 @@ def _dq_iq1_s(b: np.ndarray, out: np.ndarray) -> None:
     out[:] = _iq1(np.repeat(dl, 4, axis=1), idx.reshape(n, 32), neg)
 
 
+def iq1m_scale(words: np.ndarray) -> np.ndarray:
+    """IQ1_M's f16 super-block scale, spread over the top 4 bits of its four u16 scale words
+    ([..., 4], word 0's the lowest): float16 [...]."""
+    w = words.astype(np.int64)
+    d16 = (w[..., 0] >> 12) | ((w[..., 1] >> 8) & 0x00F0) | ((w[..., 2] >> 4) & 0x0F00) | (w[..., 3] & 0xF000)
+    return d16.astype(np.uint16).view(np.float16)
+
+
 def _dq_iq1_m(b: np.ndarray, out: np.ndarray) -> None:
     n = len(b)
     sc = np.ascontiguousarray(b["scales"]).view(np.uint16).reshape(n, 4).astype(np.int64)
-    # the f16 super-block scale: the top 4 bits of each of the four u16 scale words
-    d16 = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0x00F0) | ((sc[:, 2] >> 4) & 0x0F00) | (sc[:, 3] & 0xF000)
-    d = d16.astype(np.uint16).view(np.float16)
+    d = iq1m_scale(sc)
     s = (sc[:, :, None] >> np.array([0, 3, 6, 9])) & 7  # (n, 4 words, 4): per 16 values
     dl = _f32(d)[:, None] * _f32(2 * s.reshape(n, 16) + 1)
     qs = b["qs"].reshape(n, 16, 2).astype(np.int64)

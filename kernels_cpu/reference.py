@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge_infer.formats.quants import dequantize_blocks
-from edge_infer.formats.quants_iq import e8m0_half, grid, sign_patterns
+from edge_infer.formats.quants_iq import e8m0_half, grid, iq1m_scale, sign_patterns
 from edge_infer.formats.weight_types import weight_type
 
 
@@ -249,9 +249,7 @@ def k_codes(w: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
         if "d" in (t.dtype.names or ()):
             d = f16("d")
         else:  # IQ1_M: the f16 in the top 4 bits of each of its 4 scale words
-            sw = field("scales", 8).copy().view("<u2").astype(np.int64)
-            d16 = (sw[..., 0] >> 12) | ((sw[..., 1] >> 8) & 0xF0) | ((sw[..., 2] >> 4) & 0xF00) | (sw[..., 3] & 0xF000)
-            d = d16.astype(np.uint16).view(np.float16).astype(np.float32)
+            d = iq1m_scale(field("scales", 8).copy().view("<u2")).astype(np.float32)
         return values + 128, 2 * s + 1, None, d * np.float32(t.k.grid.d_factor), None
     if t.k.bits == 2:  # TQ1_0, TQ2_0: the ternary digits t (weight d * (t - 1)), sc = 1
         if "qh" in (t.dtype.names or ()):  # TQ1_0: digit n of byte v = ((v * 3^n) & 255) * 3 >> 8
