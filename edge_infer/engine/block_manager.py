@@ -339,9 +339,13 @@ class BlockManager(DiskBlocks):
         """Forget every cached block that no sequence uses (e.g. after weights change: nothing
         of it is worth saving)."""
         recording, self.record_evictions = self.record_evictions, False
+        if self.states is not None:
+            self.states.record_evictions = False
         for bid in self.free_queue:
             self._uncache(self.blocks[bid])
         self.record_evictions = recording
+        if self.states is not None:
+            self.states.record_evictions = recording
 
     # -- internals -----------------------------------------------------------------------------
     def _pop_free(self) -> int:

@@ -8,6 +8,10 @@ blocks go to disk and when, and how a prompt's blocks come back.
 - Loading: `fill(prompt ids)` before the request is queued: past the run of its full blocks
   cached in memory, each block found and verified on disk is put into a free block the block
   manager registers as cached (`adopt`); the scheduler's ordinary prefix hit then claims them.
+- Hybrid models: a block's state snapshot (the recurrent state after it, state_slots.py) is
+  saved when it is let go (with its block, or for a newer snapshot) and at shutdown, and loaded
+  into a snapshot slot beside its block, also for a block still in memory whose snapshot went;
+  a prefix hit of a hybrid ends at the last block with a snapshot, as in memory.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 from edge_infer.config import EngineConfig, RuntimePlan
 from edge_infer.engine.block_manager import ROOT_HASH, BlockManager
-from edge_infer.engine.disk_prefix_cache import DiskPrefixCache, file_identity, model_fingerprint
+from edge_infer.engine.disk_prefix_cache import STATE, DiskPrefixCache, file_identity, model_fingerprint
 from edge_infer.engine.model_runner import ModelRunner
 from edge_infer.engine.prefill import Prefill
 from edge_infer.engine.sequence import Sequence
@@ -35,15 +39,35 @@ class DiskPrefix:
     def __init__(self, cache: DiskPrefixCache, bm: BlockManager, runner: ModelRunner) -> None:
         self.cache, self.bm, self.runner = cache, bm, runner
         self._like = runner.read_block(0)  # the arrays' shapes and dtypes a file must have
+        self.states = bm.states  # a hybrid model's state slots, else None
+        self._like_state = runner.read_state(0) if self.states is not None else []
         bm.record_evictions = True
+        if self.states is not None:
+            self.states.record_evictions = True
         runner.before_forward = self.save_evicted
 
     def save_evicted(self) -> None:
+        keys = {}
         for bid, h, parent, tokens in self.bm.take_evictions():
+            keys[h] = (parent, tokens)
             self.cache.save(h, ROOT_HASH if parent is None else parent, tokens, self.runner.read_block(bid))
+        for h, slot in self.states.take_evictions() if self.states is not None else ():
+            key = keys.get(h) or self._cached_key(h)
+            if key is not None:  # its block is in memory, or was let go with it
+                self._save_state(h, *key, slot)
+
+    def _cached_key(self, h: int) -> tuple[int | None, tuple[int, ...]] | None:
+        bid = self.bm.cached.get(h)
+        key = self.bm.block_key(bid) if bid is not None else None
+        return None if key is None else key[1:]
+
+    def _save_state(self, h: int, parent: int | None, tokens: tuple[int, ...], slot: int) -> None:
+        self.cache.save(h, ROOT_HASH if parent is None else parent, tokens, self.runner.read_state(slot), STATE)
 
     def fill(self, ids: list[int]) -> int:
-        """Load the prompt's blocks found on disk after those in memory; returns how many."""
+        """Load the prompt's blocks found on disk after those in memory; returns how many. A
+        hybrid's: then the state after the last block of the run that has one on disk, where no
+        later block of the run has a snapshot in memory (a prefix hit ends at the last snapshot)."""
         bs = self.bm.block_size
         n_mem, parent = self.bm.memory_prefix(ids)
         room = self.bm.num_free_blocks - n_mem - 1  # never evict the run in memory (now the most recent)
@@ -62,7 +86,31 @@ class DiskPrefix:
             self.save_evicted()  # the adopted block may have held a cached block: saved before it is overwritten
             self.runner.write_block(bid, arrays)
             parent, loaded = h, loaded + 1
+        if self.states is not None:
+            self._fill_state(ids, n_mem + loaded)
         return loaded
+
+    def _fill_state(self, ids: list[int], n_blocks: int) -> None:
+        bs, st = self.bm.block_size, self.states
+        chain: list[tuple[int, int | None, tuple[int, ...]]] = []
+        up: int | None = None
+        assert st is not None
+        for i in range(n_blocks):  # (hash, parent, tokens) of the run's blocks, first to last
+            chunk = tuple(ids[i * bs : (i + 1) * bs])
+            chain.append((self.bm.hash_block(up, chunk), up, chunk))
+            up = chain[-1][0]
+        for h, parent, chunk in reversed(chain):
+            if h in st.snapshot_of:  # the hit reaches this far already
+                return
+            if not self.cache.has(h, STATE):
+                continue
+            arrays = self.cache.load(h, ROOT_HASH if parent is None else parent, chunk, self._like_state, STATE)
+            slot = st.reserve_snapshot() if arrays is not None else None
+            if arrays is not None and slot is not None:
+                self.save_evicted()  # the slot may have held another block's snapshot: saved before it is overwritten
+                self.runner.write_state(slot, arrays)
+                st.link(h, slot)
+                return
 
     # -- named prefixes: the server's /slots/{name}?action=save|restore|erase -------------------
     def _named(self, name: str) -> Path:
@@ -83,6 +131,7 @@ class DiskPrefix:
                         break
                     h, parent, tokens = key
                     self.cache.save(h, ROOT_HASH if parent is None else parent, tokens, self.runner.read_block(bid))
+                    self._save_snapshot(h, parent, tokens)
                     saved += 1
         self.cache.flush()
         path = self._named(name)
@@ -121,7 +170,13 @@ class DiskPrefix:
         self.save_evicted()
         for bid, h, parent, tokens in self.bm.cached_blocks():
             self.cache.save(h, ROOT_HASH if parent is None else parent, tokens, self.runner.read_block(bid))
+            self._save_snapshot(h, parent, tokens)
         self.cache.close()
+
+    def _save_snapshot(self, h: int, parent: int | None, tokens: tuple[int, ...]) -> None:
+        slot = self.states.snapshot_of.get(h) if self.states is not None else None
+        if slot is not None:
+            self._save_state(h, parent, tokens, slot)
 
 
 def open_disk_prefix(config: EngineConfig, plan: RuntimePlan, cfg: ModelConfig, bm: BlockManager,
@@ -129,12 +184,9 @@ def open_disk_prefix(config: EngineConfig, plan: RuntimePlan, cfg: ModelConfig, 
     """The engine's disk prefix cache when prefix_cache_dir is set and the model can use one."""
     if config.prefix_cache_dir is None:
         return None
-    if cfg.recurrent:
-        log.warning("prefix_cache_dir: %s is a hybrid model, whose recurrent states are not saved to disk yet; "
-                    "its prefix cache stays in memory", cfg.arch)
-        return None
-    if not config.enable_prefix_caching:
-        log.warning("prefix_cache_dir has no effect with enable_prefix_caching=False")
+    if not bm.enable_prefix_caching:
+        log.warning("prefix_cache_dir has no effect with enable_prefix_caching=False%s",
+                    " (or a hybrid model without state snapshots)" if cfg.recurrent else "")
         return None
     rope = tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if "rope" in f.name)
     kv = (plan.kv_cache_dtype, plan.kv_cache_dtype_v or plan.kv_cache_dtype)

@@ -10,6 +10,9 @@ the scheduler's ordinary prefix hit claims it.
 Files: DIR/<model fingerprint>/<2 hex>/<block hash as 16 hex>.kv, each
     MAGIC, header (block hash, parent hash, token count, array count) int64, the block's token
     ids int32, each array's byte count int64, the arrays' bytes, sha256 of all before.
+A hybrid model's recurrent state after a block (its snapshot) is a file of the same form beside
+it, named <block hash>.st (STATE), written and read on its own: a block may be on disk without
+its state, and a prefix hit of a hybrid ends at the last block with one.
 The fingerprint (model_fingerprint) covers the model file's identity, the KV types, the block
 size, the RoPE settings and the Python hash the chain of block hashes is made of, so another
 model's or another layout's blocks are never looked at. A file whose digest, sizes, hashes or
@@ -41,6 +44,7 @@ log = logging.getLogger("edge_infer.engine")
 MAGIC = b"EIKVBLK1"
 _DIGEST = 32
 _QUEUE_BLOCKS = 4096  # blocks waiting for the writer; past it a save is dropped (the cache is best effort)
+BLOCK, STATE = ".kv", ".st"  # a block's K/V; a hybrid model's recurrent state after the block
 
 
 def model_fingerprint(model_path: str, identity: str, kv_types: tuple[str, str], block_size: int,
@@ -75,20 +79,22 @@ class DiskPrefixCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self._lock_path = Path(root) / ".lock"
-        self._queue: queue.Queue[tuple[int, int, tuple[int, ...], list[np.ndarray]] | None] = queue.Queue(_QUEUE_BLOCKS)
-        self._known: set[int] = set()  # hashes written by this process (no second write)
+        self._queue: queue.Queue[tuple[int, int, tuple[int, ...], list[np.ndarray], str] | None] = queue.Queue(
+            _QUEUE_BLOCKS)
+        self._known: set[tuple[str, int]] = set()  # (kind, hash) written by this process (no second write)
         self._added = 0  # bytes written since the last pruning
         self.stats = {"disk_hits": 0, "disk_misses": 0, "disk_writes": 0, "disk_corrupt": 0, "disk_dropped": 0}
         self._writer = threading.Thread(target=self._write_loop, name="edge-infer-prefix-disk", daemon=True)
         self._writer.start()
 
     # -- paths and format ------------------------------------------------------------------------
-    def _path(self, block_hash: int) -> Path:
+    def _path(self, block_hash: int, kind: str = BLOCK) -> Path:
         name = f"{block_hash & 0xFFFFFFFFFFFFFFFF:016x}"
-        return self.dir / name[:2] / f"{name}.kv"
+        return self.dir / name[:2] / f"{name}{kind}"
 
-    def has(self, block_hash: int) -> bool:
-        return block_hash in self._known or self._path(block_hash).is_file()
+    def has(self, block_hash: int, kind: str = BLOCK) -> bool:
+        """Whether a file of this kind (BLOCK or STATE) exists for the block, or is queued."""
+        return (kind, block_hash) in self._known or self._path(block_hash, kind).is_file()
 
     @staticmethod
     def _encode(block_hash: int, parent: int, tokens: tuple[int, ...], arrays: list[np.ndarray]) -> bytes:
@@ -128,9 +134,10 @@ class DiskPrefixCache:
         return out
 
     # -- reads (engine thread) ---------------------------------------------------------------------
-    def load(self, block_hash: int, parent: int, tokens: tuple[int, ...], like: list[np.ndarray]) -> list[np.ndarray] | None:
-        """The block's arrays (shaped as `like`) when a verified file holds them, else None."""
-        path = self._path(block_hash)
+    def load(self, block_hash: int, parent: int, tokens: tuple[int, ...], like: list[np.ndarray],
+             kind: str = BLOCK) -> list[np.ndarray] | None:
+        """The block's arrays of this kind (shaped as `like`) when a verified file holds them, else None."""
+        path = self._path(block_hash, kind)
         try:
             data = path.read_bytes()
         except OSError:
@@ -153,13 +160,14 @@ class DiskPrefixCache:
         return arrays
 
     # -- writes (a background thread) --------------------------------------------------------------
-    def save(self, block_hash: int, parent: int, tokens: tuple[int, ...], arrays: list[np.ndarray]) -> None:
-        """Queue the block (arrays: copies the caller will not touch again) for writing."""
-        if self.has(block_hash):
+    def save(self, block_hash: int, parent: int, tokens: tuple[int, ...], arrays: list[np.ndarray],
+             kind: str = BLOCK) -> None:
+        """Queue the block's arrays of this kind (copies the caller will not touch again) for writing."""
+        if self.has(block_hash, kind):
             return
         try:
-            self._queue.put_nowait((block_hash, parent, tokens, arrays))
-            self._known.add(block_hash)
+            self._queue.put_nowait((block_hash, parent, tokens, arrays, kind))
+            self._known.add((kind, block_hash))
         except queue.Full:
             self.stats["disk_dropped"] += 1
 
@@ -182,8 +190,9 @@ class DiskPrefixCache:
             finally:
                 self._queue.task_done()
 
-    def _write(self, block_hash: int, parent: int, tokens: tuple[int, ...], arrays: list[np.ndarray]) -> None:
-        path = self._path(block_hash)
+    def _write(self, block_hash: int, parent: int, tokens: tuple[int, ...], arrays: list[np.ndarray],
+               kind: str) -> None:
+        path = self._path(block_hash, kind)
         if path.is_file():  # another process wrote it
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +214,7 @@ class DiskPrefixCache:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 files = []
-                for p in self.dir.parent.glob("*/*/*.kv"):
+                for p in (p for kind in (BLOCK, STATE) for p in self.dir.parent.glob(f"*/*/*{kind}")):
                     with contextlib.suppress(OSError):
                         st = p.stat()
                         files.append((st.st_mtime_ns, st.st_size, p))

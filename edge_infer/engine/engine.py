@@ -336,7 +336,7 @@ class LLMEngine:
         (its blocks into the pool) or erase (the name) a conversation's prefix."""
         if self.disk is None:
             raise InvalidRequest("saving and restoring prefixes needs the disk prefix cache: start with "
-                                 "--prefix-cache-dir DIR (a hybrid model keeps its prefix cache in memory)")
+                                 "--prefix-cache-dir DIR")
         if action == "save":
             ids = self._check_prompt(list(ids or []), SamplingParams(max_tokens=None), generates=False)
             return self.disk.save_named(name, ids, self.prefill, self.config.max_num_batched_tokens)

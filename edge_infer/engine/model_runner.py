@@ -167,6 +167,17 @@ class ModelRunner:
             for j in (0, 2):
                 layer[j][block] = next(it)
 
+    def read_state(self, slot: int) -> list[np.ndarray]:
+        """Copies of one state slot's arrays in every recurrent layer (a hybrid model's; CPU)."""
+        return [np.array(a[slot]) for layer in self.states for a in layer]
+
+    def write_state(self, slot: int, arrays: list[np.ndarray]) -> None:
+        """Put read_state's arrays into one state slot."""
+        it = iter(arrays)
+        for layer in self.states:
+            for a in layer:
+                a[slot] = next(it)
+
     def shift_kv(self, moves: np.ndarray) -> None:
         """A context shift's row moves (int64 [m, 3]: src slot, dst slot, position delta) in every
         attention layer with K/V of its own; keys re-rotated by each layer's RoPE."""

@@ -10,6 +10,10 @@ cached block their hash names. The last ids are for speculative decoding: a veri
 keeps the state after each of its positions in one, so rejected proposals roll the state back
 to the one after the last accepted token. Copies between slots (a fork, a restored snapshot) are queued
 and done by the runner before the next forward, as block copies are.
+
+With the disk prefix cache (engine/disk_prefix.py) on, every snapshot let go (dropped with its
+block, or its slot taken for a newer one) is recorded (`take_evictions`), for the engine to save
+before the next forward can write its slot.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class StateSlots:
         self.free_spec = list(range(first_spec + num_spec - 1, first_spec - 1, -1))
         self.snapshot_of: OrderedDict[int, int] = OrderedDict()  # block hash -> slot, least recent first
         self._copies: list[tuple[int, int]] = []
+        self.record_evictions = False  # the disk prefix cache's: (block hash, slot) of snapshots let go
+        self._evicted: list[tuple[int, int]] = []
 
     @property
     def total(self) -> int:
@@ -65,7 +71,8 @@ class StateSlots:
         if self.free_snapshots:
             return self.free_snapshots.pop()
         if self.snapshot_of:
-            _, slot = self.snapshot_of.popitem(last=False)
+            h, slot = self.snapshot_of.popitem(last=False)
+            self._let_go(h, slot)
             return slot
         return None
 
@@ -85,7 +92,18 @@ class StateSlots:
         """The block `block_hash` names left the prefix cache: its snapshot is of no use."""
         slot = self.snapshot_of.pop(block_hash, None)
         if slot is not None:
+            self._let_go(block_hash, slot)
             self.release_snapshot(slot)
+
+    def _let_go(self, block_hash: int, slot: int) -> None:
+        if self.record_evictions:
+            self._evicted.append((block_hash, slot))
+
+    def take_evictions(self) -> list[tuple[int, int]]:
+        """(block hash, slot) of the snapshots let go since the last call (record_evictions on);
+        each slot still holds its state until the next forward."""
+        out, self._evicted = self._evicted, []
+        return out
 
     def restore(self, block_hash: int, dst: int) -> None:
         """Queue the snapshot after `block_hash` into a sequence's slot (a prefix hit)."""

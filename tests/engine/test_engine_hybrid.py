@@ -154,3 +154,38 @@ def test_evicted_snapshots_fall_back_to_an_earlier_one(hybrid: Path) -> None:
     assert eng.block_manager.prefix_hits - before < 12 * 16  # not the whole prompt: its snapshots went
     off = engine(hybrid, state_snapshots=0)
     assert not off.block_manager.enable_prefix_caching and off.plan.num_state_snapshots == 0
+
+
+def test_states_on_disk_resume_a_prompt(hybrid: Path, tmp_path: Path) -> None:
+    """The disk prefix cache keeps a hybrid's state snapshots beside their blocks. One snapshot
+    slot, taken at the prompt's last full block (12 blocks of 16): other prompts take the slot, the
+    prompt's snapshot is saved as it is let go, and the prompt again resumes from it (its blocks
+    are still in memory); a later engine loads the blocks and that state from disk. Each time the
+    whole prompt is a hit and the tokens are a cold run's; a damaged state file is a miss."""
+    p = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompt = _ids(200, 5)
+    cold = run(engine(hybrid, enable_prefix_caching=False), {"c": (prompt, p)})["c"].outputs[0].token_ids
+    cache = tmp_path / "cache"
+    opts: dict[str, Any] = {"prefix_cache_dir": str(cache), "state_snapshots": 1, "state_snapshot_interval": 100}
+    eng = engine(hybrid, **opts)
+    run(eng, {"first": (prompt, p)})
+    for i in range(2):
+        run(eng, {f"other{i}": (_ids(40, 30 + i), p)})
+    assert eng.metrics()["state_snapshots"] == 1
+    before = eng.block_manager.prefix_hits
+    assert run(eng, {"again": (prompt, p)})["again"].outputs[0].token_ids == cold
+    assert eng.block_manager.prefix_hits - before == 12 * 16
+    assert eng.metrics()["disk_hits"] == 1  # the state alone: the blocks were in memory
+    eng.close()
+    assert len(list(cache.glob("*/*/*.st"))) == 3  # the prompt's and the others' last blocks
+    later = engine(hybrid, **opts)
+    assert run(later, {"b": (prompt, p)})["b"].outputs[0].token_ids == cold
+    assert later.block_manager.prefix_hits == 12 * 16
+    assert later.metrics()["disk_hits"] == 12 + 1
+    later.close()
+    for f in cache.glob("*/*/*.st"):  # a damaged state is a miss: no hit without one, same tokens
+        f.write_bytes(f.read_bytes()[:-5] + b"xxxxx")
+    damaged = engine(hybrid, **opts)
+    assert run(damaged, {"d": (prompt, p)})["d"].outputs[0].token_ids == cold
+    assert damaged.block_manager.prefix_hits == 0 and damaged.metrics()["disk_corrupt"] == 1
+    damaged.close()
