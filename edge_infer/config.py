@@ -121,10 +121,11 @@ class EngineConfig:
     # a prefix cache on disk (engine/disk_prefix_cache.py): full KV blocks kept across processes
     prefix_cache_dir: str | None = None
     prefix_cache_disk_size: int | str = "8GiB"
-    # llama.cpp's context shift (engine/context_shift.py): a full context drops half its tokens
-    # after the first context_keep (and BOS) instead of finishing with "length"
+    # context shift (engine/context_shift.py): a full context drops tokens instead of finishing
+    # with "length": llama.cpp's half after the first context_keep (and BOS), or with None a
+    # chat's oldest whole messages after its first one
     context_shift: bool = False
-    context_keep: int = 0
+    context_keep: int | None = None
     # hybrid models: states kept at cached prefix blocks (None: 4 per max_num_seqs; 0 turns their
     # prefix cache off), one every state_snapshot_interval blocks and at each prompt's last full block
     state_snapshots: int | None = None
@@ -158,8 +159,10 @@ class EngineConfig:
         object.__setattr__(self, "adapters", adapter_specs(self.adapters))
         if not isinstance(self.context_shift, bool):
             raise InvalidRequest(f"context_shift must be True or False, got {self.context_shift!r}")
-        if not isinstance(self.context_keep, int) or isinstance(self.context_keep, bool) or self.context_keep < 0:
-            raise InvalidRequest(f"context_keep must be an integer >= 0 (tokens after BOS), got {self.context_keep!r}")
+        keep = self.context_keep
+        if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 0):
+            raise InvalidRequest(f"context_keep must be None (a chat's first message) or an integer >= 0 (tokens "
+                                 f"after BOS), got {keep!r}")
         for name in ("kv_cache_dtype", "kv_cache_dtype_v"):
             v = getattr(self, name)
             if (v is not None or name == "kv_cache_dtype") and v not in KV_CACHE_DTYPES:

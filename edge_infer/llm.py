@@ -13,7 +13,7 @@ from edge_infer.config import EngineConfig, RuntimePlan
 from edge_infer.engine.embedding import cosine_scores
 from edge_infer.engine.encoder_engine import EncoderEngine
 from edge_infer.engine.image_prompt import MultimodalPrompt
-from edge_infer.engine.lora import AdapterInfo, adapter_request
+from edge_infer.engine.lora import AdapterInfo, AdapterRequest, adapter_request
 from edge_infer.engine.worker import EngineWorker, RequestHandle
 from edge_infer.errors import InvalidRequest
 from edge_infer.hub import DEFAULT_MODEL
@@ -55,12 +55,14 @@ class LLM:
         ids; params is one SamplingParams for all prompts or one per prompt. adapter: a loaded
         LoRA adapter's name (None: the base model), at adapter_scale (None: its default)."""
         plist = _as_prompt_list(prompts)
-        pars = _as_params_list(params, len(plist))
-        lora = adapter_request(adapter, adapter_scale)
+        return self._run(plist, _as_params_list(params, len(plist)), adapter_request(adapter, adapter_scale))
+
+    def _run(self, prompts: list[str | list[int] | MultimodalPrompt], params: list[SamplingParams], lora: AdapterRequest,
+             starts: list[tuple[int, ...]] | None = None) -> list[RequestOutput]:
         handles = []
         try:
-            for p, sp in zip(plist, pars, strict=False):
-                handles.append(self._worker.submit(p, sp, lora=lora))
+            for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+                handles.append(self._worker.submit(p, sp, lora=lora, message_starts=starts[i] if starts else ()))
             return [self._wait(h) for h in handles]
         except BaseException:
             for h in handles:
@@ -103,7 +105,12 @@ class LLM:
         if not convs:
             raise InvalidRequest("chat() needs at least one conversation")
         prompts = [self.chat_prompt(c, add_generation_prompt=add_generation_prompt) for c in convs]  # type: ignore[arg-type]
-        return self.generate(prompts, params, adapter=adapter, adapter_scale=adapter_scale)
+        # a context shift without context_keep keeps each chat's first message, drops whole ones
+        shifts = self.config.context_shift and self.config.context_keep is None
+        starts = [self._chat_template.message_starts(split_parts(c, media_marker())[0], self.tokenizer, p)  # type: ignore[arg-type]
+                  if shifts and isinstance(p, list) else () for c, p in zip(convs, prompts)]
+        return self._run(list(prompts), _as_params_list(params, len(prompts)), adapter_request(adapter, adapter_scale),
+                         starts)
 
     def chat_prompt(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int] | MultimodalPrompt:
         """Token ids of a conversation rendered with the model's template (special tokens come

@@ -38,6 +38,7 @@ class RequestMetrics:
     finished_time: float | None = None
     num_generated_tokens: int = 0
     token_times: list[float] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served when it was first scheduled
 
     @property
     def queue_time(self) -> float | None:

@@ -178,6 +178,23 @@ class ChatTemplate:
         out[0] = _with_bos(out[0], tokenizer)
         return out
 
+    def message_starts(self, messages: Sequence[Mapping[str, Any]], tokenizer: Tokenizer, ids: list[int],
+                       **kwargs: Any) -> tuple[int, ...]:
+        """Offsets in ids (encode's of the whole conversation) where messages[1:] begin, and
+        where the reply begins after the last one: for each, the conversation up to there is
+        rendered and tokenized, and the offset kept only where those ids are a prefix of `ids`
+        (a template may render an earlier turn differently once later ones follow). For a context
+        shift that keeps the first message and drops whole ones (engine/context_shift.py)."""
+        starts: list[int] = []
+        for i in range(1, len(messages) + 1):
+            try:
+                head = self.encode(messages[:i], tokenizer, add_generation_prompt=False, **kwargs)
+            except ChatTemplateError:  # e.g. a template that wants the conversation to end with a user turn
+                continue
+            if 0 < len(head) < len(ids) and ids[: len(head)] == head and (not starts or len(head) > starts[-1]):
+                starts.append(len(head))
+        return tuple(starts)
+
     def _segments(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
                   kwargs: dict[str, Any]) -> list[tuple[str, bool]]:
         """The rendered prompt as (text, parse_special) pieces (spans.py)."""

@@ -61,10 +61,12 @@ def add_model_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     p.add_argument("--mmproj", metavar="FILE", default=None,
                    help="the model's multimodal projector .gguf (llama.cpp's --mmproj): images in chat messages")
     p.add_argument("--context-shift", action="store_true",
-                   help="when a generation fills the context, drop half of it after the first --keep tokens and "
-                   "go on (llama.cpp's --context-shift; default: finish with 'length')")
+                   help="when a generation fills the context, drop its oldest messages after the first one (a chat) "
+                   "or half of it after --keep tokens, and go on (llama.cpp's --context-shift; default: finish "
+                   "with 'length')")
     p.add_argument("--keep", metavar="N", default=None,
-                   help="with --context-shift: the tokens after BOS never dropped (llama.cpp's --keep; default 0)")
+                   help="with --context-shift: the tokens after BOS never dropped, and llama.cpp's rule of "
+                   "dropping half (llama.cpp's --keep; default: a chat's first message, whole messages dropped)")
 
 
 def add_kv_type_args(p: argparse.ArgumentParser) -> None:

@@ -68,7 +68,7 @@ class RemoteWorker:
         self.tasks: dict[str, Future[None]] = {}
 
     def submit(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams, request_id: str, *,
-               on_output: OnOutput, lora: AdapterRequest = ()) -> None:
+               on_output: OnOutput, lora: AdapterRequest = (), message_starts: tuple[int, ...] = ()) -> None:
         if lora:
             raise InvalidRequest("LoRA adapters are not served by Ray Serve replicas yet: serve the model without "
                                  "--replicas")
@@ -76,7 +76,7 @@ class RemoteWorker:
             raise InvalidRequest("images are not served by Ray Serve replicas yet: serve the model without --replicas")
         if not isinstance(prompt, list):
             raise EdgeInferError("the cluster ingress sends token ids (a text prompt reached the worker)")
-        request = EngineRequest(prompt, params, request_id)
+        request = EngineRequest(prompt, params, request_id, message_starts)
         fut = asyncio.run_coroutine_threadsafe(self._pump(request, on_output), self.loop)
         self.tasks[request_id] = fut
         # dropped when it ends (at once if it already has: the loop may finish it before this line)

@@ -59,7 +59,8 @@ class EngineReplica:
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput | OutputDelta]:
         """The request's first output, then deltas until it finishes; a
         cancelled stream (client gone) aborts the request and frees its KV blocks."""
-        (stream,) = await self.engine.submit([request.prompt], request.params, request.request_id)
+        (stream,) = await self.engine.submit([request.prompt], request.params, request.request_id,
+                                             message_starts=request.message_starts)
         try:
             prev = await stream.next()
             yield prev  # whole, once; then what the steps since added

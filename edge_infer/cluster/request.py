@@ -15,3 +15,4 @@ class EngineRequest:
     prompt: list[int]
     params: SamplingParams
     request_id: str
+    message_starts: tuple[int, ...] = ()  # a chat prompt's (ChatTemplate.message_starts)

@@ -115,12 +115,13 @@ class LLMEngine:
                     *, prompt_token_ids: list[int] | None = None, prompt_text: str | None = None,
                     priority: int = 0, arrival_time: float | None = None,
                     constraints: list[LogitsProcessor] | None = None, images: tuple[ImageSpan, ...] = (),
-                    lora: AdapterRequest = ()) -> None:
+                    lora: AdapterRequest = (), message_starts: tuple[int, ...] = ()) -> None:
         """Queue a request; `prompt` is text (tokenized with BOS per the model) or token ids, or
         pass prompt_token_ids already checked by prepare_prompt (and prompt_text to echo), and
         constraints from compile_constraints (compiled here when not given); images: the spans of
         a MultimodalPrompt whose ids are prompt_token_ids; lora: the LoRA adapters by name and
-        scale (None: the adapter's default)."""
+        scale (None: the adapter's default); message_starts: a chat prompt's, where its messages
+        after the first begin (ChatTemplate.message_starts: the context shift's whole messages)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
@@ -140,7 +141,7 @@ class LLMEngine:
         keys = self.loras.keyed(choice, ids, keys)
         for i in range(params.n):
             seq = Sequence(request_id, ids, params, index=i, priority=priority, images=images, prompt_keys=keys,
-                           lora=choice)
+                           lora=choice, message_starts=tuple(message_starts))
             seq.rng = self._seq_rng(params, i)
             seq.detok = self.tokenizer.detokenizer(skip_special=params.skip_special_tokens)
             seq.logits_processors = processors + [constrained[i]] if constrained else processors
@@ -226,8 +227,8 @@ class LLMEngine:
         if self.model_config.recurrent:
             raise InvalidRequest(f"context_shift: {self.model_config.arch} is a hybrid model; a recurrent state "
                                  "cannot drop tokens from its past")
-        keep = config.context_keep + int(self.tokenizer.add_bos)
-        return ContextShift(keep, self.plan.max_model_len, self.scheduler, self.runner)
+        return ContextShift(config.context_keep, int(self.tokenizer.add_bos), self.plan.max_model_len, self.scheduler,
+                            self.runner)
 
     def _finish_length(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.FINISHED_LENGTH

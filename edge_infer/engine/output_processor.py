@@ -27,12 +27,14 @@ class OutputProcessor:
         self._now: float | None = None  # read at a step's first token, shared by all its tokens
 
     def mark_scheduled(self, scheduled: SchedulerOutput) -> None:
-        """Start of a step: record when each request was first scheduled."""
+        """Start of a step: record when each request was first scheduled, and how many of its
+        prompt tokens the prefix cache served then."""
         now = time.monotonic()
         for c in scheduled.chunks:
             req = self.requests.get(c.seq.request_id)
             if req is not None and req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = now
+                req.metrics.num_cached_tokens = c.seq.num_cached_tokens
 
     def check_stop(self, seq: Sequence, tok: int) -> Stop | None:
         """seq has just got token tok: detokenize it and say whether seq is finished."""

@@ -82,6 +82,9 @@ class Sequence:
     ctx_keep: int = 0
     ctx_dropped: int = 0
     no_cache_from: int | None = None
+    # a chat's prompt: where its messages after the first begin, and its reply (prompt offsets;
+    # ChatTemplate.message_starts), for a shift that keeps the first message and drops whole ones
+    message_starts: tuple[int, ...] = ()
     # images (engine/image_prompt.py): the spans of prompt positions their embeddings fill, and
     # the prompt's ids as block keys (each span's positions keyed by its image; None: no images)
     images: tuple[ImageSpan, ...] = ()

@@ -83,6 +83,7 @@ class AddRequest:
     constraints: list[LogitsProcessor] | None  # structured output: one processor per sequence
     images: tuple[ImageSpan, ...] = ()  # a MultimodalPrompt's spans (its ids are `ids`)
     lora: AdapterRequest = ()  # LoRA adapters by name and scale (engine/lora.py)
+    message_starts: tuple[int, ...] = ()  # a chat prompt's (ChatTemplate.message_starts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,7 @@ class EngineWorker:
     def submit(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams, request_id: str | None = None,
                priority: int = 0,
                on_output: Callable[[RequestOutput | BaseException], None] | None = None,
-               lora: AdapterRequest = ()) -> RequestHandle:
+               lora: AdapterRequest = (), message_starts: tuple[int, ...] = ()) -> RequestHandle:
         """Queue a request. Tokenizing, validation and compiling a structured-output constraint
         happen here, on the caller's thread, and raise at once (InvalidRequest, ...); the engine
         thread only queues the request (and resolves its LoRA adapters: an unknown name fails
@@ -147,7 +148,7 @@ class EngineWorker:
             if loras is None:
                 raise InvalidRequest("this model takes no LoRA adapters (an encoder)")
             loras.choose(lora)
-        self._commands.put(AddRequest(handle, text, ids, params, priority, constraints, images, lora))
+        self._commands.put(AddRequest(handle, text, ids, params, priority, constraints, images, lora, message_starts))
         return handle
 
     def abort(self, request_id: str) -> None:
@@ -243,7 +244,7 @@ class EngineWorker:
                 try:
                     engine.add_request(rid, None, cmd.params, prompt_token_ids=cmd.ids, prompt_text=cmd.text,
                                        priority=cmd.priority, constraints=cmd.constraints, images=cmd.images,
-                                       lora=cmd.lora)
+                                       lora=cmd.lora, message_starts=cmd.message_starts)
                     self._handles[rid] = cmd.handle
                 except Exception as e:  # e.g. a duplicate request id: the caller learns from its handle
                     cmd.handle.put(e)

@@ -39,10 +39,12 @@ class Worker(Protocol):
         ...
 
     def submit(self, prompt: str | list[int] | MultimodalPrompt, params: SamplingParams, request_id: str, *,
-               on_output: OnOutput, lora: AdapterRequest = ()) -> RequestHandle | None:
+               on_output: OnOutput, lora: AdapterRequest = (), message_starts: tuple[int, ...] = ()
+               ) -> RequestHandle | None:
         """Queue one request; its outputs go to `on_output`. Raises at once what can be refused
         before it runs (InvalidRequest, ...). The local worker also returns its handle. lora: the
-        LoRA adapters by name and scale (engine/lora.py)."""
+        LoRA adapters by name and scale (engine/lora.py); message_starts: a chat prompt's
+        (ChatTemplate.message_starts, for the context shift)."""
         ...
 
     def abort(self, request_id: str) -> None:

@@ -18,6 +18,7 @@ from starlette.types import Receive
 
 from edge_infer.sampling_params import SamplingParams
 from edge_infer.server.chat_run import ChatRun
+from edge_infer.server.completions import cached_tokens
 from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.reasoning import CLOSE, OPEN
 from edge_infer.server.replies import ReplyShaper
@@ -40,6 +41,7 @@ class Reply:
     finished: bool = False
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache served (known once finished)
 
 
 def or_server_budget(budget: int | None, engine: AsyncEngine) -> int | None:
@@ -58,7 +60,7 @@ async def start_reply(engine: AsyncEngine, run: ChatRun, rid: str, budget: int |
     params, limit = run.params, run.params.max_tokens
     first = params if budget is None or (limit is not None and budget >= limit) else dataclasses.replace(params, max_tokens=budget)
     # submitted now, so a refusal (context length, a full queue) is the response's status
-    streams = await engine.submit([run.prompt], first, rid, run.lora)
+    streams = await engine.submit([run.prompt], first, rid, run.lora, run.message_starts)
     return run, Replies(_generate(engine, run, rid, first, streams), streams)
 
 
@@ -107,7 +109,7 @@ async def _generate(engine: AsyncEngine, run: ChatRun, rid: str, first: Sampling
     async for _, out in merge(streams):
         c = out.outputs[0]
         ids = c.token_ids
-        reply = Reply(c.text, len(ids), len(prompt), out.finished, c.finish_reason, c.stop_reason)
+        reply = Reply(c.text, len(ids), len(prompt), out.finished, c.finish_reason, c.stop_reason, cached_tokens(out))
         if not (out.finished and first is not params and c.finish_reason == "length"):
             yield reply  # (a budget's first part that ran out goes on below)
     if first is params or reply.finish_reason != "length":
@@ -124,10 +126,11 @@ async def _generate(engine: AsyncEngine, run: ChatRun, rid: str, first: Sampling
         yield dataclasses.replace(reply, text=text, tokens=len(added))
         return
     rest = dataclasses.replace(params, max_tokens=left)
-    async for _, out in merge(await engine.submit([prompt + added], rest, rid + "-rest", run.lora)):
+    async for _, out in merge(await engine.submit([prompt + added], rest, rid + "-rest", run.lora, run.message_starts)):
         c = out.outputs[0]
+        # the first part's prompt is this one's prefix: what the cache served of the original prompt
         yield Reply(text + c.text, len(added) + len(c.token_ids), len(prompt), out.finished, c.finish_reason,
-                    c.stop_reason)
+                    c.stop_reason, min(reply.cached_tokens, len(prompt)))
 
 
 def _thinking(text: str, opened: bool) -> bool:

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from edge_infer.outputs import RequestOutput
 from edge_infer.server.budgeted import EFFORT_BUDGETS, Replies, start_reply, whole_reply
 from edge_infer.server.chat_run import ChatRun, prepare_chat
-from edge_infer.server.completions import final_outputs, usage
+from edge_infer.server.completions import final_outputs, token_usage, usage
 from edge_infer.server.engine_client import AsyncEngine, Stream, merge
 from edge_infer.server.errors import APIError
 from edge_infer.server.logprobs import chat_logprobs
@@ -50,7 +50,7 @@ async def create_chat_completion(req: ChatCompletionRequest, engine: AsyncEngine
     fits = run.params.n == 1 and run.k is None
     if engine.thinks and (req.reasoning_effort is not None or (budget is not None and fits)):
         return await _with_budget(req, run, engine, base, receive, budget)
-    streams = await engine.submit([run.prompt], run.params, rid, run.lora)
+    streams = await engine.submit([run.prompt], run.params, rid, run.lora, run.message_starts)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         chunks = _chunks(streams, base, n, k, include_usage, engine, shaper)
@@ -91,12 +91,9 @@ async def _with_budget(req: ChatCompletionRequest, run: ChatRun, engine: AsyncEn
         return Response(status_code=499)  # nobody is left to read it
     message, finish = run.shaper.message(last.text, last.finish_reason)
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish, "stop_reason": last.stop_reason}
-    return JSONResponse({**base, "object": "chat.completion", "choices": [choice], "usage": _usage(last.prompt_tokens, last.tokens),
+    return JSONResponse({**base, "object": "chat.completion", "choices": [choice],
+                         "usage": token_usage(last.prompt_tokens, last.tokens, last.cached_tokens),
                          "system_fingerprint": engine.fingerprint})
-
-
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 async def _budget_chunks(replies: Replies, base: dict[str, Any], include_usage: bool,
@@ -113,7 +110,7 @@ async def _budget_chunks(replies: Replies, base: dict[str, Any], include_usage: 
                     choice["stop_reason"] = r.stop_reason
                 yield {**base, "choices": [choice]}
             if r.finished and include_usage:
-                yield {**base, "choices": [], "usage": _usage(r.prompt_tokens, r.tokens)}
+                yield {**base, "choices": [], "usage": token_usage(r.prompt_tokens, r.tokens, r.cached_tokens)}
     finally:
         await replies.aclose()
 

@@ -31,6 +31,7 @@ class ChatRun:
     shaper: ReplyShaper
     k: int | None
     lora: AdapterRequest = ()  # the LoRA adapters it runs with (routes_lora.py)
+    message_starts: tuple[int, ...] = ()  # where its messages begin (AsyncEngine.chat_starts)
 
 
 async def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine, lora: AdapterRequest = ()) -> ChatRun:
@@ -61,5 +62,6 @@ async def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine, lora: Ad
         params = dataclasses.replace(params, skip_special_tokens=False)
     engine.check_ready()
     prompt = await engine.chat_prompt(messages, tools=plan.tools if plan else None)
+    starts = await engine.chat_starts(messages, prompt, tools=plan.tools if plan else None)
     return ChatRun(prompt, params, ReplyShaper(plan, engine.thinks, engine.thinking_opened(prompt), engine.harmony), k,
-                   lora)
+                   lora, starts)

@@ -24,10 +24,22 @@ if TYPE_CHECKING:
     from edge_infer.engine.lora import AdapterRequest
 
 
-def usage(outs: list[RequestOutput | None]) -> dict[str, int]:
+def usage(outs: list[RequestOutput | None]) -> dict[str, Any]:
+    """OpenAI's usage of finished outputs: token counts, and the prompt tokens the prefix cache
+    served (prompt_tokens_details.cached_tokens)."""
     prompt = sum(len(o.prompt_token_ids) for o in outs if o is not None)
     completion = sum(len(c.token_ids) for o in outs if o is not None for c in o.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return token_usage(prompt, completion, sum(cached_tokens(o) for o in outs if o is not None))
+
+
+def token_usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def cached_tokens(out: RequestOutput) -> int:
+    """Prompt tokens of out the prefix cache served (0 before the engine's last output)."""
+    return out.metrics.num_cached_tokens if out.metrics is not None else 0
 
 
 async def _finals(streams: list[Stream]) -> list[RequestOutput]:

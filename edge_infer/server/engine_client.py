@@ -223,11 +223,12 @@ class AsyncEngine:
     # -- requests --------------------------------------------------------------------------------
     async def submit(
         self, prompts: list[str | list[int] | MultimodalPrompt], params: SamplingParams, request_id: str,
-        lora: AdapterRequest = (),
+        lora: AdapterRequest = (), message_starts: tuple[int, ...] = (),
     ) -> list[Stream]:
         """Queue one engine request per prompt (ids `request_id`, or `request_id-i` for several);
         all or none (an error aborts the others). lora: the LoRA adapters by name and scale (None:
-        the adapter's default; routes_lora.py builds it from a request's model and `lora`)."""
+        the adapter's default; routes_lora.py builds it from a request's model and `lora`);
+        message_starts: a chat prompt's (chat_starts)."""
         self.check_ready()
         self.admit(len(prompts) * params.n, params.n)
         streams = [Stream(self, f"{request_id}-{i}" if len(prompts) > 1 else request_id, params.n)
@@ -238,7 +239,7 @@ class AsyncEngine:
         assert worker is not None
         loop = asyncio.get_running_loop()
         calls = [loop.run_in_executor(self._pool, partial(worker.submit, p, params, s.request_id, on_output=s.on_output,
-                                                         lora=lora))
+                                                         lora=lora, message_starts=message_starts))
                  for p, s in zip(prompts, streams)]
         results = await asyncio.gather(*calls, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -327,6 +328,18 @@ class AsyncEngine:
                                                                  tools))
         except EdgeInferError as e:
             raise from_engine_error(e) from None
+
+    async def chat_starts(self, messages: list[dict[str, Any]], prompt: list[int] | MultimodalPrompt,
+                          tools: list[Any] | None = None) -> tuple[int, ...]:
+        """Where the chat prompt's messages after the first begin (ChatTemplate.message_starts),
+        for a context shift that keeps the first message; () unless the server shifts that way
+        (--context-shift without --keep) and the prompt has no images."""
+        template, tok = self.chat_template, self.tokenizer
+        if not self.config.context_shift or self.config.context_keep is not None or not isinstance(prompt, list):
+            return ()
+        assert template is not None and tok is not None
+        plain, _ = split_parts(messages, media_marker())
+        return await _RENDERS.run(lambda: template.message_starts(plain, tok, prompt, tools=tools or None))
 
     def _image_prompt(self, template: Any, messages: list[dict[str, Any]], refs: list[Any], marker: str,
                       add_generation_prompt: bool, tools: list[Any] | None) -> MultimodalPrompt:

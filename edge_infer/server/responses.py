@@ -72,7 +72,7 @@ async def _finished(base: dict[str, Any], items: list[dict[str, Any]], last: Rep
     thought = len(await engine.run(lambda: tok.encode(reasoning, add_special=False, parse_special=False))) if reasoning else 0
     done = {**base, "status": "incomplete" if finish == "length" else "completed", "output": items,
             "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None}
-    done["usage"] = {"input_tokens": last.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+    done["usage"] = {"input_tokens": last.prompt_tokens, "input_tokens_details": {"cached_tokens": last.cached_tokens},
                      "output_tokens": last.tokens, "output_tokens_details": {"reasoning_tokens": min(thought, last.tokens)},
                      "total_tokens": last.prompt_tokens + last.tokens}
     return done

@@ -9,6 +9,7 @@ the flag a full context finishes with "length", as before."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,26 @@ def test_shifted_sequences_batch_and_sample_as_alone(smollm2_path: Path) -> None
         assert both == alone
         two = llm.generate([prompts[0]], SamplingParams(n=2, max_tokens=150, temperature=0.0, ignore_eos=True))[0]
         assert [o.token_ids for o in two.outputs] == [alone[0], alone[0]]
+
+
+def test_a_chat_keeps_its_system_prompt_and_drops_whole_messages(smollm2_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Without --keep a chat's first shift keeps its system prompt and cuts where a message
+    begins (the template's starts of its messages); the reply goes on past the context."""
+    from edge_infer.chat import ChatTemplate
+
+    text = Path("/usr/share/common-licenses/GPL-3").read_text()
+    msgs = [{"role": "system", "content": "You are a pirate. Answer like one."}]
+    msgs += [{"role": "user" if i % 2 == 0 else "assistant", "content": text[i * 160 : (i + 1) * 160]}
+             for i in range(5)]
+    caplog.set_level(logging.DEBUG, logger="edge_infer.engine")
+    with LLM(str(smollm2_path), context_shift=True, max_model_len=256, kv_cache_memory="16MiB") as llm:
+        ids = llm.chat_prompt(msgs)
+        assert isinstance(ids, list) and 150 < len(ids) < 240
+        starts = ChatTemplate.from_gguf(str(smollm2_path)).message_starts(msgs, llm.tokenizer, ids)
+        assert len(starts) == len(msgs)  # the 5 messages after the system prompt, and the reply
+        out = llm.chat(msgs, SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 200 and out.finish_reason == "length"
+    shifts = [tuple(map(int, r.getMessage().rsplit("kept ", 1)[1].split(", dropped "))) for r in caplog.records
+              if "context shift of request" in r.getMessage()]
+    assert shifts and shifts[0][0] == starts[0] and shifts[0][0] + shifts[0][1] in starts[1:]

@@ -5,6 +5,7 @@ and answers as before); --context-shift past max_model_len; the errors name what
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -53,3 +54,45 @@ def test_slots_need_the_disk_cache_and_context_shift_runs_past_the_context(start
     assert r.status_code == 400 and "--prefix-cache-dir" in r.json()["error"]["message"]
     out = _complete(srv.url, "Once upon a time", max_tokens=150, ignore_eos=True).json()
     assert out["usage"]["completion_tokens"] == 150 and out["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_chat_past_the_context_keeps_its_system_prompt(start_server, smollm2_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """--context-shift without --keep: a chat's shift keeps its system prompt and cuts where one
+    of its messages begins (the server's log at -v names each shift)."""
+    from edge_infer.chat import ChatTemplate
+    from edge_infer.formats.gguf import GGUFFile
+    from edge_infer.tokenizer import Tokenizer
+
+    msgs = [{"role": "system", "content": "You are a pirate. Answer like one."}]
+    msgs += [{"role": "user" if i % 2 == 0 else "assistant", "content": TEXT[i * 160 : (i + 1) * 160]} for i in range(5)]
+    with GGUFFile(smollm2_path) as f:
+        tok = Tokenizer.from_gguf(f)
+    template = ChatTemplate.from_gguf(str(smollm2_path))
+    ids = template.encode(msgs, tok)
+    starts = template.message_starts(msgs, tok, ids)
+    srv = start_server(smollm2_path, "--context-shift", "--max-model-len", "256", "-v")
+    body = {"messages": msgs, "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=600)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 200, r.text
+    line = next(ln for ln in srv.log().splitlines() if "context shift of request chatcmpl-" in ln)
+    kept, dropped = map(int, line.rsplit("kept ", 1)[1].split(", dropped "))
+    assert kept == starts[0] and kept + dropped in starts[1:], (line, starts)
+
+
+def test_usage_counts_the_prompt_tokens_the_prefix_cache_served(start_server, smollm2_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """OpenAI's usage.prompt_tokens_details.cached_tokens (completions, chat, streamed chat) and
+    the Responses API's input_tokens_details: 0 for a new prompt, its full blocks again."""
+    srv = start_server(smollm2_path)
+    first = _complete(srv.url, TEXT[:1200]).json()["usage"]
+    again = _complete(srv.url, TEXT[:1200]).json()["usage"]
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    n = again["prompt_tokens"]
+    assert again["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16
+    chat = {"messages": [{"role": "user", "content": TEXT[:1200]}], "max_tokens": 4, "temperature": 0}
+    httpx.post(srv.url + "/v1/chat/completions", json=chat, timeout=600)
+    for extra in ({}, {"stream": True, "stream_options": {"include_usage": True}}):
+        r = httpx.post(srv.url + "/v1/chat/completions", json={**chat, **extra}, timeout=600)
+        body = r.json() if not extra else json.loads(r.text.split("data: ")[-2])
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= body["usage"]["prompt_tokens"] - 16, body
+    resp = httpx.post(srv.url + "/v1/responses", json={"input": TEXT[:1200], "max_output_tokens": 4}, timeout=600).json()
+    assert resp["usage"]["input_tokens_details"]["cached_tokens"] >= resp["usage"]["input_tokens"] - 16, resp["usage"]
