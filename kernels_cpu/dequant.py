@@ -89,7 +89,7 @@ def decode_bf16(w, r, out, i):
         out[i, k] = bf16_to_f32(v[k])
 
 
-@kernel
+@kernel(inline=True)  # also inlined in kernels_cpu.kv_read's loop over a chunk's rows
 def decode_q4_0(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 18
@@ -100,7 +100,7 @@ def decode_q4_0(w, r, out, i):
             out[i, b * 32 + 16 + j] = d * np.float32(np.int32((q >> 4) - 8))
 
 
-@kernel
+@kernel(inline=True)  # also inlined in kernels_cpu.kv_read's loop over a chunk's rows
 def decode_q4_1(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 20
@@ -118,7 +118,7 @@ def _qh32(w, r, o):
             | (np.uint32(w[r, o + 2]) << np.uint32(16)) | (np.uint32(w[r, o + 3]) << np.uint32(24)))
 
 
-@kernel
+@kernel(inline=True)  # also inlined in kernels_cpu.kv_read's loop over a chunk's rows
 def decode_q5_0(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 22
@@ -132,7 +132,7 @@ def decode_q5_0(w, r, out, i):
             out[i, b * 32 + 16 + j] = d * np.float32(np.int32(hi - 16))
 
 
-@kernel
+@kernel(inline=True)  # also inlined in kernels_cpu.kv_read's loop over a chunk's rows
 def decode_q5_1(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 24
@@ -147,7 +147,7 @@ def decode_q5_1(w, r, out, i):
             out[i, b * 32 + 16 + j] = d * np.float32(hi) + m
 
 
-@kernel
+@kernel(inline=True)  # also inlined in kernels_cpu.kv_read's loop over a chunk's rows
 def decode_q8_0(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 34

@@ -164,7 +164,7 @@ def decode_iq1_m(w, r, out, i):
                         out[i, b * 256 + 32 * g + 16 * half + 8 * gr + j] = dl * (GRID_IQ1_S[row, j] + delta)
 
 
-@kernel
+@kernel(inline=True)  # also inlined in kernels_cpu.kv_read's loop over a chunk's rows
 def decode_iq4_nl(w, r, out, i):
     for b in range(out.shape[1] // 32):
         o = b * 18

@@ -1,7 +1,8 @@
 """The attention tiles' reads of the KV pool (kernels_cpu.attention's layouts) as float32,
 one form per pool kind, chosen at compile time by the type of the scale place: an empty float32
 array for f16 / f32 pools (K transposed: a dimension's 16 keys are one run), an int64 [1] GGML
-type id for llama.cpp's block types (kernels_cpu.kv_quant; rows decoded by kernels_cpu.dequant).
+type id for llama.cpp's block types (kernels_cpu.kv_quant; a chunk's rows decoded by
+decode_kv_rows, keys then transposed in registers by simd_attn.transpose16).
 
     key_chunk(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv)
         kt[16 d + l] = key c0 + l of block blk, kv-head g, dimension d, as float32 (l < cw);
@@ -16,10 +17,13 @@ from __future__ import annotations
 from numba.core import types
 from numba.extending import overload
 
+from edge_infer.formats.weight_types import IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+
 from ._jit import HAS_F16C, kernel
 from .attention import value_at1
-from .dequant import decode_rows
-from .simd_attn import widen16
+from .dequant import decode_q4_0, decode_q4_1, decode_q5_0, decode_q5_1, decode_q8_0
+from .dequant_iq import decode_iq4_nl
+from .simd_attn import transpose16, widen16
 
 LANES = 16  # keys per score vector
 
@@ -34,6 +38,33 @@ def _widen(dst, do, src, so, n):
         b[j] = value_at1(a, j)
 
 
+@kernel
+def decode_kv_rows(qtype, rows, r0, stride, n, out):
+    """out[u] = rows[r0 + u * stride] as float32 for u < n: a chunk's (token, head) rows of a KV
+    block type (kv_quant.KV_BLOCK_TYPES), the type dispatched once per chunk and each row's
+    decoder (kernels_cpu.dequant's, the same bits) inlined in the loop over them."""
+    if qtype == Q8_0:
+        for u in range(n):
+            decode_q8_0(rows, r0 + u * stride, out, u)
+    elif qtype == Q4_0:
+        for u in range(n):
+            decode_q4_0(rows, r0 + u * stride, out, u)
+    elif qtype == Q4_1:
+        for u in range(n):
+            decode_q4_1(rows, r0 + u * stride, out, u)
+    elif qtype == Q5_0:
+        for u in range(n):
+            decode_q5_0(rows, r0 + u * stride, out, u)
+    elif qtype == Q5_1:
+        for u in range(n):
+            decode_q5_1(rows, r0 + u * stride, out, u)
+    elif qtype == IQ4_NL:
+        for u in range(n):
+            decode_iq4_nl(rows, r0 + u * stride, out, u)
+    else:
+        raise ValueError("decode_kv_rows: not a KV block type")
+
+
 def key_chunk(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv):
     """See the module docstring (overloaded by pool kind)."""
     raise NotImplementedError
@@ -46,11 +77,15 @@ def _ov_key_chunk(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv):
             nb, bs, n_kv, rb = k_cache.shape
             rows = k_cache.reshape(nb * bs * n_kv, rb)
             hd = kv.shape[1]
+            decode_kv_rows(k_aux[0], rows, (blk * bs + c0) * n_kv + g, n_kv, cw, kv)
+            if cw == LANES and hd % LANES == 0:  # transposed: dimension d's keys side by side
+                transpose16(kt, kv.reshape(-1), hd, hd // LANES)
+            else:
+                for u in range(cw):
+                    src = kv[u]
+                    for d in range(hd):
+                        kt[LANES * d + u] = src[d]
             for u in range(cw):
-                decode_rows(k_aux[0], rows, (blk * bs + c0 + u) * n_kv + g, kv, u)
-                src = kv[u]
-                for d in range(hd):  # transposed: dimension d's keys side by side
-                    kt[LANES * d + u] = src[d]
                 ks[u] = scale
         return blocks
 
@@ -79,8 +114,7 @@ def _ov_value_rows(v_cache, v_aux, blk, off, m, g, kv):
         def blocks(v_cache, v_aux, blk, off, m, g, kv):
             nb, bs, n_kv, rb = v_cache.shape
             rows = v_cache.reshape(nb * bs * n_kv, rb)
-            for u in range(m):
-                decode_rows(v_aux[0], rows, (blk * bs + off + u) * n_kv + g, kv, u)
+            decode_kv_rows(v_aux[0], rows, (blk * bs + off) * n_kv + g, n_kv, m, kv)
         return blocks
 
     def plain(v_cache, v_aux, blk, off, m, g, kv):

@@ -6,6 +6,9 @@ FMA, as kernels_cpu._jit.fmadd), so a score is the same bits whichever rows or k
 call: no horizontal sum, no reassociation. Up to eight query rows share each kt load (eight
 independent chains keep both FMA ports busy; four leave them waiting on the FMA latency).
 
+A block-type K pool's decoded rows become that layout through transpose16 (16 x 16 floats in
+registers, four rounds of lane swaps).
+
 The weighted value sums (pv_lanes) hold a tile of up to 4 rows x 4 16-lane slices of the head
 dimension in registers across a run of keys, each lane the sequential fmuladd chain in key
 order: the accumulators go through memory once per run instead of once per key.
@@ -189,6 +192,39 @@ def widen16(typingctx, dst, do, src, so, count):
             elif kind == types.int8:
                 v = builder.sitofp(v, _VF)
             builder.store(v, builder.bitcast(builder.gep(dp, [builder.add(do64, at)]), _VF.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def transpose16(typingctx, dst, src, sstride, count):
+    """dst[256 i + 16 d + u] = src[u * sstride + 16 i + d] for i < count and d, u < 16: 16 rows
+    (keys) of 16-float slices made 16 vectors of one dimension's 16 keys, in registers (the
+    off-diagonal 8, 4, 2 and 1 blocks swapped in turn). dst, src: float32 (flat)."""
+    if not isinstance(dst, types.Array) or not isinstance(src, types.Array):
+        return None
+    sig = types.void(dst, src, sstride, count)
+
+    def codegen(context, builder, signature, args):
+        dp = context.make_array(signature.args[0])(context, builder, value=args[0]).data
+        sp = context.make_array(signature.args[1])(context, builder, value=args[1]).data
+        ss64, n64 = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (2, 3))
+        vi = ir.VectorType(_I32, 16)
+        with cgutils.for_range(builder, n64) as loop:
+            col = builder.mul(loop.index, ir.Constant(_I64, 16))
+            v = [builder.load(_vptr(builder, sp, builder.add(builder.mul(ir.Constant(_I64, u), ss64), col)), align=4)
+                 for u in range(16)]
+            for k in (8, 4, 2, 1):  # swap the off-diagonal k x k blocks of every 2k x 2k block
+                lo = ir.Constant(vi, [j if j & k == 0 else 16 + j - k for j in range(16)])
+                hi = ir.Constant(vi, [j + k if j & k == 0 else 16 + j for j in range(16)])
+                for i in range(16):
+                    if i & k == 0:
+                        a, b = v[i], v[i + k]
+                        v[i], v[i + k] = builder.shuffle_vector(a, b, lo), builder.shuffle_vector(a, b, hi)
+            base = builder.mul(loop.index, ir.Constant(_I64, 256))
+            for d in range(16):
+                builder.store(v[d], _vptr(builder, dp, builder.add(base, ir.Constant(_I64, 16 * d))), align=4)
         return context.get_dummy_value()
 
     return sig, codegen

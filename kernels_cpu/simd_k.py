@@ -21,14 +21,10 @@ def _arrays(*ts) -> bool:
 
 
 def _ptr(context, builder, signature, args, k, off_arg, vt):
+    """The vector pointer of array args[k] at element args[off_arg]."""
     a = context.make_array(signature.args[k])(context, builder, value=args[k])
     off = context.cast(builder, args[off_arg], signature.args[off_arg], types.int64)
     return builder.bitcast(builder.gep(a.data, [off]), vt.as_pointer())
-
-
-def _dst(context, builder, signature, args, k, to_arg, vt):
-    """The vector pointer of array args[k] at element args[to_arg] (a destination offset)."""
-    return _ptr(context, builder, signature, args, k, to_arg, vt)
 
 
 def _at(builder, ptr, j: int):
@@ -53,7 +49,7 @@ def unpack_scales_q4k(typingctx, sc, mn, to, src, off):
         base = _ptr(context, builder, signature, args, 3, 4, ir.IntType(8))
         b = [builder.zext(builder.load(builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 16 * i)]),
                                                        _V16I8.as_pointer()), align=1), _V16I32) for i in range(12)]
-        sp, mp = (_dst(context, builder, signature, args, k, 2, _V16I32) for k in (0, 1))
+        sp, mp = (_ptr(context, builder, signature, args, k, 2, _V16I32) for k in (0, 1))
         for j in range(8):
             if j < 4:
                 s = builder.and_(b[j], _const(63))
@@ -79,7 +75,7 @@ def widen_scales(typingctx, sc, to, src, off, n):
 
     def codegen(context, builder, signature, args):
         base = _ptr(context, builder, signature, args, 2, 3, ir.IntType(8))
-        sp = _dst(context, builder, signature, args, 0, 1, _V16I32)
+        sp = _ptr(context, builder, signature, args, 0, 1, _V16I32)
         for j in range(count):
             at = ir.Constant(ir.IntType(64), 16 * j)
             v = builder.load(builder.bitcast(builder.gep(base, [at]), _V16I8.as_pointer()), align=1)
@@ -100,7 +96,7 @@ def widen_odd_nibbles(typingctx, sc, to, src, off, n):
 
     def codegen(context, builder, signature, args):
         base = _ptr(context, builder, signature, args, 2, 3, ir.IntType(8))
-        sp = _dst(context, builder, signature, args, 0, 1, _V16I32)
+        sp = _ptr(context, builder, signature, args, 0, 1, _V16I32)
         for j in range(count // 2):
             v = builder.zext(builder.load(builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 16 * j)]),
                                                           _V16I8.as_pointer()), align=1), _V16I32)
@@ -121,9 +117,9 @@ def scale_rows(typingctx, dst, src, at, n, d, do, negate):
     count, neg = n.literal_value, negate.literal_value
 
     def codegen(context, builder, signature, args):
-        dp = _dst(context, builder, signature, args, 0, 2, _V16F)
-        sp = _dst(context, builder, signature, args, 1, 2, _V16I32)
-        dv = builder.load(_dst(context, builder, signature, args, 4, 5, _V16F), align=4)
+        dp = _ptr(context, builder, signature, args, 0, 2, _V16F)
+        sp = _ptr(context, builder, signature, args, 1, 2, _V16I32)
+        dv = builder.load(_ptr(context, builder, signature, args, 4, 5, _V16F), align=4)
         if neg:
             dv = builder.fneg(dv)
         for j in range(count):
