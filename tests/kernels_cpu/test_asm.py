@@ -203,3 +203,18 @@ def test_attention_has_no_gathers() -> None:
     asm = asm_of(at._attend_tile, sig)
     assert uses(asm, "vfmadd", VREG) and uses(asm, "vcvtph2ps", VREG)
     assert "gather" not in asm
+
+
+def test_block_kv_keys_are_transposed_in_registers() -> None:
+    """A quantized K pool's chunk of 16 keys: its decoded rows made the scores' lanes by vector
+    shuffles (simd_attn.transpose16: 64 of them per 16 dimensions), not by gathers and scatters
+    of single floats (the tile before had 416 qword gathers and 294 scatters)."""
+    from edge_infer.kernels_cpu import attention_tiles as at
+
+    f2, rows, aux = nt.Array(nt.float32, 2, "C"), nt.Array(nt.uint8, 4, "C"), nt.Array(nt.int64, 1, "C")
+    tables, vec, i32, i64 = nt.Array(nt.int32, 2, "C"), nt.Array(nt.float32, 1, "C"), nt.Array(nt.int32, 1, "C"), nt.int64
+    sig = (f2, i64, i64, i64, i64, i64, nt.int32, tables, rows, aux, rows, aux, i32, nt.float32, i64,
+           nt.float32, vec, f2, vec, vec, vec, f2, f2, vec, f2)
+    asm = asm_of(at._attend_tile, sig)
+    assert len(re.findall(r"^\s*v(?:perm|unpck|shuf)\w*\s", asm, re.MULTILINE)) >= 64
+    assert "vgatherqps" not in asm and "decode_kv_rows" in asm  # the chunk's rows: one call
