@@ -6,7 +6,7 @@
 (a) Decode at a long context: a --context-token prompt, then --n-gen greedy tokens; decode
     tok/s and the KV pool's bytes per token and size for that context, per KV type, in the same
     run (ours; llama.cpp's llama-bench-style greedy decode with the same type_k / type_v and
-    flash attention on, beside it unless --no-llama-cpp).
+    flash attention on, in a child process, beside it unless --no-llama-cpp).
 (b) The disk prefix cache: a fresh process runs a --disk-prompt-token prompt (cold: nothing on
     disk, then it exits and saves its blocks); another fresh process runs the same prompt
     (warm: its blocks load from disk). Time to first token of each (median of --reps pairs),
@@ -60,7 +60,18 @@ def decode_at_context(path: str, kv: str, threads: int, context: int, n_gen: int
 
 
 def llama_cpp_decode(path: str, kv: str, threads: int, context: int, n_gen: int) -> float | None:
-    """llama.cpp's greedy decode tok/s after a --context prompt with the same KV types."""
+    """llama.cpp's greedy decode tok/s after a --context prompt with the same KV types, in a
+    child process (as edge-infer bench runs it: its OpenMP threads, still spinning after its
+    decode, would otherwise take the cores from our next measurement); None without llama-cpp-python."""
+    r = subprocess.run([sys.executable, __file__, "--llama-cpp-child", path, kv, str(threads), str(context), str(n_gen)],
+                       capture_output=True, text=True, timeout=3600, env={**os.environ, "NUMBA_NUM_THREADS": str(threads)})
+    if r.returncode != 0:
+        raise RuntimeError(f"llama.cpp's decode failed: {r.stderr[-2000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return None if out is None else float(out)
+
+
+def _llama_cpp_decode_here(path: str, kv: str, threads: int, context: int, n_gen: int) -> float | None:
     try:
         from edge_infer.bench.llamacpp import LlamaCppGreedy
     except ImportError:
@@ -102,6 +113,11 @@ def disk_ttft(path: str, threads: int, n: int, reps: int) -> dict[str, Any]:
 
 def main() -> int:
     from edge_infer import hub
+
+    if len(sys.argv) == 7 and sys.argv[1] == "--llama-cpp-child":  # llama_cpp_decode's child process
+        path, kv, threads, context, n_gen = sys.argv[2], sys.argv[3], *map(int, sys.argv[4:])
+        print(json.dumps(_llama_cpp_decode_here(path, kv, threads, context, n_gen)))
+        return 0
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-m", "--model", default="qwen2.5-coder-0.5b")
