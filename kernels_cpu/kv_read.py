@@ -41,28 +41,24 @@ def _widen(dst, do, src, so, n):
 @kernel
 def decode_kv_rows(qtype, rows, r0, stride, n, out):
     """out[u] = rows[r0 + u * stride] as float32 for u < n: a chunk's (token, head) rows of a KV
-    block type (kv_quant.KV_BLOCK_TYPES), the type dispatched once per chunk and each row's
-    decoder (kernels_cpu.dequant's, the same bits) inlined in the loop over them."""
-    if qtype == Q8_0:
-        for u in range(n):
-            decode_q8_0(rows, r0 + u * stride, out, u)
-    elif qtype == Q4_0:
-        for u in range(n):
-            decode_q4_0(rows, r0 + u * stride, out, u)
-    elif qtype == Q4_1:
-        for u in range(n):
-            decode_q4_1(rows, r0 + u * stride, out, u)
-    elif qtype == Q5_0:
-        for u in range(n):
-            decode_q5_0(rows, r0 + u * stride, out, u)
-    elif qtype == Q5_1:
-        for u in range(n):
-            decode_q5_1(rows, r0 + u * stride, out, u)
-    elif qtype == IQ4_NL:
-        for u in range(n):
-            decode_iq4_nl(rows, r0 + u * stride, out, u)
-    else:
-        raise ValueError("decode_kv_rows: not a KV block type")
+    block type (kv_quant.KV_BLOCK_TYPES) in one call, each row's decoder (kernels_cpu.dequant's,
+    the same bits) inlined in the loop over them."""
+    for u in range(n):
+        r = r0 + u * stride
+        if qtype == Q8_0:
+            decode_q8_0(rows, r, out, u)
+        elif qtype == Q4_0:
+            decode_q4_0(rows, r, out, u)
+        elif qtype == Q4_1:
+            decode_q4_1(rows, r, out, u)
+        elif qtype == Q5_0:
+            decode_q5_0(rows, r, out, u)
+        elif qtype == Q5_1:
+            decode_q5_1(rows, r, out, u)
+        elif qtype == IQ4_NL:
+            decode_iq4_nl(rows, r, out, u)
+        else:
+            raise ValueError("decode_kv_rows: not a KV block type")
 
 
 def key_chunk(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv):
