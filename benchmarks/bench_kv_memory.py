@@ -125,7 +125,7 @@ def main() -> int:
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--n-gen", type=int, default=64)
     p.add_argument("--types", default="f16,q8_0,q4_0")
-    p.add_argument("--disk-prompt", type=int, default=1500)
+    p.add_argument("--disk-prompt", type=int, default=1500, help="0: no disk prefix cache part")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-llama-cpp", action="store_true")
     p.add_argument("--json", action="store_true")
@@ -137,7 +137,7 @@ def main() -> int:
         if not a.no_llama_cpp:
             row["llama_cpp_tg_tps"] = llama_cpp_decode(path, kv, a.threads, a.context, a.n_gen)
         rows.append(row)
-    disk = disk_ttft(path, a.threads, a.disk_prompt, a.reps)
+    disk = disk_ttft(path, a.threads, a.disk_prompt, a.reps) if a.disk_prompt > 0 else None
     res = {"model": a.model, "threads": a.threads, "context": a.context, "decode": rows, "disk": disk,
            "llama_cpp_build": None if a.no_llama_cpp else baseline_info()}
     if a.json:
@@ -149,8 +149,10 @@ def main() -> int:
         ref = r.get("llama_cpp_tg_tps")
         print(f"{r['kv']:10}{r['bytes_per_token']:>13}{r['pool_mib_at_context']:>10.1f}{r['tg_tps']:>10.2f}"
               f"{(f'{ref:.2f}' if ref else '-'):>11}")
-    print(f"disk prefix cache, {disk['prompt_tokens']}-token prompt, fresh processes: TTFT cold {disk['cold_ttft_s']:.3f}s, "
-          f"warm {disk['warm_ttft_s']:.3f}s ({disk['speedup']:.1f}x), identical greedy tokens: {disk['identical_tokens']}")
+    if disk is not None:
+        print(f"disk prefix cache, {disk['prompt_tokens']}-token prompt, fresh processes: TTFT cold "
+              f"{disk['cold_ttft_s']:.3f}s, warm {disk['warm_ttft_s']:.3f}s ({disk['speedup']:.1f}x), identical greedy "
+              f"tokens: {disk['identical_tokens']}")
     if res["llama_cpp_build"]:
         print(format_baseline(res["llama_cpp_build"]))
     return 0
