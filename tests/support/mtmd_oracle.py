@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +44,20 @@ import json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from mtmd_oracle import MtmdOracle
-text, mm, opts, prompt, images, out = sys.argv[2:8]
+mode, text, mm, opts, prompt, images, out = sys.argv[2:9]
 with np.load(images) as z:
     imgs = [z[f"arr_{i}"] for i in range(len(z.files))]
 with MtmdOracle(text, mm, capture=False, **json.loads(opts)) as o:
-    np.save(out, o.logits_after(prompt, imgs))
+    if mode == "logits":
+        np.savez(out, o.logits_after(prompt, imgs))
+    else:
+        np.savez(out, *[c.embeddings for c in o.chunks(prompt, imgs) if c.kind == "image"])
 """
 
 
-def _logits_in_child(args: tuple[str, str, dict[str, Any]], prompt: str, images: list[np.ndarray]) -> np.ndarray:
-    """MtmdOracle(*args).logits_after(prompt, images) in a fresh Python process."""
+def _in_child(mode: str, args: tuple[str, str, dict[str, Any]], prompt: str, images: list[np.ndarray]) -> list[np.ndarray]:
+    """MtmdOracle(*args)'s logits_after (mode "logits": one array) or its image chunks'
+    embeddings (mode "embeddings") for prompt and images, in a fresh Python process."""
     import json
     import subprocess
     import sys
@@ -61,13 +65,15 @@ def _logits_in_child(args: tuple[str, str, dict[str, Any]], prompt: str, images:
 
     text, mm, opts = args
     with tempfile.TemporaryDirectory() as tmp:
-        imgs, out = os.path.join(tmp, "images.npz"), os.path.join(tmp, "logits.npy")
+        imgs, out = os.path.join(tmp, "images.npz"), os.path.join(tmp, "out.npz")
         np.savez(imgs, *images)
-        r = subprocess.run([sys.executable, "-c", _CHILD, str(Path(__file__).parent), text, mm, json.dumps(opts), prompt,
-                            imgs, out], capture_output=True, text=True, timeout=600, env={**os.environ, _IN_CHILD: "1"})
+        r = subprocess.run([sys.executable, "-c", _CHILD, str(Path(__file__).parent), mode, text, mm, json.dumps(opts),
+                            prompt, imgs, out], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, _IN_CHILD: "1"})
         if r.returncode != 0:
             raise _fail(f"libmtmd in a fresh process failed: {r.stderr[-2000:]}")
-        return np.load(out)
+        with np.load(out) as z:
+            return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
 def _fail(message: str) -> AssertionError:
@@ -217,7 +223,21 @@ class MtmdOracle:
 
     def chunks(self, prompt: str, images: list[np.ndarray]) -> list[Chunk]:
         """The prompt's chunks; every image chunk encoded (mtmd_encode_chunk), its embeddings
-        and the pixel planes its encoder saw copied out."""
+        and the pixel planes its encoder saw copied out. An image encoded to NaN (logits_after
+        says when) is encoded again in a fresh context, up to four tries, then its embeddings
+        come from a fresh process (its pixels stay this process's)."""
+        for _ in range(4):
+            out = self._chunks_once(prompt, images)
+            if all(c.embeddings is None or np.isfinite(c.embeddings).all() for c in out):
+                return out
+            self.nan_retries += 1
+            self._open_mtmd()
+        if not os.environ.get(_IN_CHILD):
+            embs = list(_in_child("embeddings", self._args, prompt, images))
+            out = [replace(c, embeddings=embs.pop(0)) if c.kind == "image" else c for c in out]
+        return out
+
+    def _chunks_once(self, prompt: str, images: list[np.ndarray]) -> list[Chunk]:
         m, out = self.mtmd, []
         handle = self._tokenize(prompt, images)
         self.ops.clear()
@@ -303,7 +323,7 @@ class MtmdOracle:
         context is opened again (`self.nan_retries` counts it), and after four such tries a
         fresh process computes them (a CI run saw four in a row); a NaN is never compared."""
         for _ in range(4):
-            chunks = self.chunks(prompt, images)
+            chunks = self._chunks_once(prompt, images)
             if all(c.embeddings is None or np.isfinite(c.embeddings).all() for c in chunks):
                 out = self._eval(chunks, every=False)[-1][-1]
                 if np.isfinite(out).all():
@@ -312,7 +332,7 @@ class MtmdOracle:
             self._open_mtmd()  # the NaN stays with the context: a fresh one
         bad = [c.kind for c in chunks if c.embeddings is not None and not np.isfinite(c.embeddings).all()]
         if not os.environ.get(_IN_CHILD):
-            out = _logits_in_child(self._args, prompt, images)
+            (out,) = _in_child("logits", self._args, prompt, images)
             if np.isfinite(out).all():
                 return out
         raise _fail(f"libmtmd gave non-finite embeddings or logits four times (non-finite embeddings: {bad}), "
