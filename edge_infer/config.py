@@ -198,6 +198,12 @@ class EngineConfig:
             raise InvalidRequest(f"unknown option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(model=model, **options)
 
+    @property
+    def shifts_whole_messages(self) -> bool:
+        """A context shift that keeps a chat's first message and drops whole ones (context_keep
+        None): a chat's requests then carry ChatTemplate.message_starts."""
+        return self.context_shift and self.context_keep is None
+
 
 def finite_scale(value: object, what: str) -> float:
     """A LoRA adapter's scale, checked: a finite number (InvalidRequest naming `what` otherwise)."""

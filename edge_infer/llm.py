@@ -105,10 +105,8 @@ class LLM:
         if not convs:
             raise InvalidRequest("chat() needs at least one conversation")
         prompts = [self.chat_prompt(c, add_generation_prompt=add_generation_prompt) for c in convs]  # type: ignore[arg-type]
-        # a context shift without context_keep keeps each chat's first message, drops whole ones
-        shifts = self.config.context_shift and self.config.context_keep is None
         starts = [self._chat_template.message_starts(split_parts(c, media_marker())[0], self.tokenizer, p)  # type: ignore[arg-type]
-                  if shifts and isinstance(p, list) else () for c, p in zip(convs, prompts)]
+                  if self.config.shifts_whole_messages and isinstance(p, list) else () for c, p in zip(convs, prompts)]
         return self._run(list(prompts), _as_params_list(params, len(prompts)), adapter_request(adapter, adapter_scale),
                          starts)
 

@@ -339,13 +339,21 @@ class BlockManager(DiskBlocks):
         """Forget every cached block that no sequence uses (e.g. after weights change: nothing
         of it is worth saving)."""
         recording, self.record_evictions = self.record_evictions, False
-        if self.states is not None:
-            self.states.record_evictions = False
         for bid in self.free_queue:
             self._uncache(self.blocks[bid])
         self.record_evictions = recording
+
+    @property
+    def record_evictions(self) -> bool:
+        """Whether evicted cached blocks, and a hybrid's state snapshots let go, are recorded
+        (the disk prefix cache's take_evictions)."""
+        return self._record_evictions
+
+    @record_evictions.setter
+    def record_evictions(self, on: bool) -> None:
+        self._record_evictions = on
         if self.states is not None:
-            self.states.record_evictions = recording
+            self.states.record_evictions = on
 
     # -- internals -----------------------------------------------------------------------------
     def _pop_free(self) -> int:

@@ -41,9 +41,7 @@ class DiskPrefix:
         self._like = runner.read_block(0)  # the arrays' shapes and dtypes a file must have
         self.states = bm.states  # a hybrid model's state slots, else None
         self._like_state = runner.read_state(0) if self.states is not None else []
-        bm.record_evictions = True
-        if self.states is not None:
-            self.states.record_evictions = True
+        bm.record_evictions = True  # the state slots' too
         runner.before_forward = self.save_evicted
 
     def save_evicted(self) -> None:

@@ -335,7 +335,7 @@ class AsyncEngine:
         for a context shift that keeps the first message; () unless the server shifts that way
         (--context-shift without --keep) and the prompt has no images."""
         template, tok = self.chat_template, self.tokenizer
-        if not self.config.context_shift or self.config.context_keep is not None or not isinstance(prompt, list):
+        if not self.config.shifts_whole_messages or not isinstance(prompt, list):
             return ()
         assert template is not None and tok is not None
         plain, _ = split_parts(messages, media_marker())
