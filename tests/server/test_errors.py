@@ -22,7 +22,7 @@ C, CHAT = "/v1/completions", "/v1/chat/completions"
 @pytest.fixture(scope="module")
 def server(start_server, smollm2_path: Path):  # type: ignore[no-untyped-def]
     # One running sequence and no waiting room: a second concurrent request gets 429.
-    return start_server(smollm2_path, "-t", "2", "--kv-cache-memory", "32MiB", "--max-model-len", "256",
+    return start_server(smollm2_path, "-t", "2", "--kv-cache-memory", "64MiB", "--max-model-len", "2048",
                         "--max-num-seqs", "1", "--max-queue", "0", "--api-key", KEY,
                         "--cors-origin", "http://ui.example", "--max-n", "4", "--max-messages", "8",
                         "--max-body", "65536")
@@ -62,7 +62,7 @@ BAD = [
     (C, {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
     (C, {"prompt": "x", "logit_bias": {"99999999": 1}}, 400, None),
     (C, {"prompt": [10**9]}, 400, None),  # token id outside the vocabulary
-    (C, {"prompt": "word " * 400, "max_tokens": 4}, 400, "prompt"),  # beyond --max-model-len 256
+    (C, {"prompt": "word " * 2100, "max_tokens": 4}, 400, "prompt"),  # beyond --max-model-len 2048
     (C, {"prompt": "x", "model": "gpt-4o"}, 404, "model"),
     (CHAT, {"messages": []}, 400, "messages"),
     (CHAT, {"messages": "hello"}, 400, "messages"),
@@ -143,7 +143,7 @@ def _wait_for(cond, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-d
 
 
 def test_queue_full_429(server, get_metrics) -> None:  # type: ignore[no-untyped-def]
-    with httpx.Client() as client, _stream_lines(server, client, 200) as r:
+    with httpx.Client() as client, _stream_lines(server, client, 2000) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
         busy = post(server, C, {"prompt": "x", "max_tokens": 2})
@@ -159,9 +159,10 @@ def test_disconnect_aborts_and_frees_kv(server, get_metrics) -> None:  # type: i
         before["edge_infer_requests_aborted_total"],
         before["edge_infer_generation_tokens_total"],
     )
-    # as long a generation as --max-model-len 256 holds, so that a loaded machine (the
-    # client's close noticed late) cannot let it finish first
-    with httpx.Client() as client, _stream_lines(server, client, 240) as r:
+    # a generation of 2,000 tokens (seconds even on an idle machine), so that a loaded one, where
+    # the metrics query and the client's close take a while, cannot let it run to its end first
+    # (240 tokens did, once, on CI: the request finished, so nothing was aborted)
+    with httpx.Client() as client, _stream_lines(server, client, 2000) as r:
         lines = r.iter_lines()
         got = [line for _, line in zip(range(6), lines)]
         assert sum(line.startswith("data: {") for line in got) >= 3
@@ -176,7 +177,7 @@ def test_disconnect_aborts_and_frees_kv(server, get_metrics) -> None:  # type: i
     assert _wait_for(freed, 10)
     m = get_metrics(server.url)
     assert m["edge_infer_requests_aborted_total"] == aborted + 1
-    assert m["edge_infer_generation_tokens_total"] - generated < 240  # stopped early, not run to the end
+    assert m["edge_infer_generation_tokens_total"] - generated < 2000  # stopped early, not run to the end
     assert post(server, C, {"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
