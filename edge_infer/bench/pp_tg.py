@@ -9,6 +9,7 @@ its thread pool never shares a process with numba's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -128,7 +129,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         vocab = config_from_gguf(f).vocab_size
     # llama.cpp before and after ours: a machine that drifts shows as two different baselines
     before = run_llama_cpp(cfg, path, vocab) if cfg.llama_cpp else None
-    edge = run_edge(_with_model(cfg, path))
+    edge = run_edge(dataclasses.replace(cfg, model=path))
     after = run_llama_cpp(cfg, path, vocab) if before is not None and "pp_tps" in before else None
     ref = combine_baseline(before, after)
     out: dict[str, Any] = {"model": cfg.model, "threads": cfg.threads, "n_prompt": cfg.n_prompt, "n_gen": cfg.n_gen,
@@ -161,11 +162,6 @@ def combine_baseline(before: dict[str, Any] | None, after: dict[str, Any] | None
             "before": {"pp_tps": before["pp_tps"], "tg_tps": before["tg_tps"]},
             "after": {"pp_tps": after["pp_tps"], "tg_tps": after["tg_tps"]},
             "extra_buffers": before.get("extra_buffers") and after.get("extra_buffers")}
-
-
-def _with_model(cfg: BenchConfig, path: str) -> BenchConfig:
-    return BenchConfig(path, cfg.threads, cfg.n_prompt, cfg.n_gen, cfg.repetitions, cfg.llama_cpp, cfg.seed,
-                       cfg.ik_llama_bench)
 
 
 def format_table(res: dict[str, Any]) -> str:

@@ -16,12 +16,16 @@ import numpy as np
 
 from edge_infer.engine.scheduler import ScheduledChunk, SchedulerOutput
 from edge_infer.engine.sequence import Sequence
+from edge_infer.errors import UnsupportedModelError
 from edge_infer.models.backend import Backend
 from edge_infer.models.config import ModelConfig
 from edge_infer.models.lora_set import LoraChoice, LoraRows
 from edge_infer.models.step_logits import StepLogits
 from edge_infer.models.transformer import StepInputs, Transformer
 from edge_infer.models.weights import ModelWeights
+
+FLOAT_KV_DTYPES = ("f16", "f32")  # every other KV type is a GGML block type
+KV_BLOCK_ELEMENTS = 32  # the elements of one block of each of them (q8_0 ... iq4_nl)
 
 if TYPE_CHECKING:
     from edge_infer.engine.image_prompt import ImageSpan
@@ -30,7 +34,14 @@ if TYPE_CHECKING:
 def kv_block_bytes(backend: Backend, cfg: ModelConfig, block_size: int, kv_dtype: str,
                    kv_dtype_v: str | None = None) -> int:
     """Bytes of K (kv_dtype) and V (kv_dtype_v, default the same) for one block across the attention layers, in
-    the backend's KV layout."""
+    the backend's KV layout. A block type (q8_0, q4_0, ...) needs head sizes that are multiples
+    of its 32-element blocks, as llama.cpp's does."""
+    for t in (kv_dtype, kv_dtype_v or kv_dtype):
+        odd = sorted({dim for _, dim in _kv_shapes(cfg) if t not in FLOAT_KV_DTYPES and dim % KV_BLOCK_ELEMENTS})
+        if odd:
+            raise UnsupportedModelError(f"KV cache type {t} stores blocks of {KV_BLOCK_ELEMENTS} elements along the head "
+                                        f"dimension, and this {cfg.arch} model's head size {odd[0]} is not a multiple "
+                                        "of it: use f16 or f32")
     return sum(backend.kv_block_bytes(len(layers), heads, dim, block_size, kv_dtype, kv_dtype_v)
                for (heads, dim), layers in _kv_shapes(cfg).items())
 

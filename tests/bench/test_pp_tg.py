@@ -78,3 +78,12 @@ def test_ik_llama_bench_path_is_checked(tmp_path: Path) -> None:
     plain.write_text("not a program")
     with pytest.raises(InvalidRequest, match="not executable"):
         check_llama_bench(str(plain))
+
+
+def test_the_kv_types_asked_for_are_the_ones_we_run(tmp_path: Path) -> None:
+    # the model path resolved, every other field kept: q4_0 KV was once run as f16 against
+    # llama.cpp's q4_0
+    path = write_tiny_llama(tmp_path / "tiny.gguf", qtype="Q8_0", d_model=128, n_heads=4)  # head size 32
+    res = run(BenchConfig(str(path), threads=1, n_prompt=16, n_gen=4, repetitions=1, llama_cpp=False,
+                          kv_cache_dtype="q4_0", kv_cache_dtype_v="q8_0"))
+    assert res["kv"]["types"] == "q4_0/q8_0", res["kv"]

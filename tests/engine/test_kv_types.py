@@ -48,3 +48,16 @@ def test_bad_kv_types_are_clear_errors(smollm2_path: Path) -> None:
         EngineConfig(model="m.gguf", kv_cache_dtype="q4_k")
     with pytest.raises(InvalidRequest, match="kv_cache_dtype_v must be one of"):
         EngineConfig(model="m.gguf", kv_cache_dtype_v="int4")
+
+
+def test_a_head_size_off_the_kv_blocks_is_a_clear_error(tmp_path: Path) -> None:
+    # head size 16 cannot hold 32-element blocks: named, not a ZeroDivisionError while sizing the pool
+    from tiny_models import write_tiny_llama
+
+    from edge_infer.errors import UnsupportedModelError
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", d_model=64, n_heads=4)
+    with pytest.raises(UnsupportedModelError, match="KV cache type q4_0 .* head size 16 is not a multiple"):
+        LLM(str(path), kv_cache_dtype="f16", kv_cache_dtype_v="q4_0")
+    with LLM(str(path), kv_cache_dtype="f32") as llm:  # the float types take any head size
+        assert llm.generate(["hi"], SamplingParams(max_tokens=2, temperature=0.0))[0].outputs[0].token_ids
