@@ -358,6 +358,9 @@ class CpuBackend:
     add_layernorm = staticmethod(encoder.add_layernorm_kernel)
     input_layernorm = staticmethod(encoder.input_layernorm_kernel)
     bias_gelu = staticmethod(encoder.bias_gelu_kernel)
+    softmax_rows = staticmethod(encoder.softmax_rows_kernel)
+    kernel_threads = staticmethod(encoder.kernel_threads)
+    widen_rows = staticmethod(encoder.widen_rows_kernel)
 
     def encoder_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, seq_start: np.ndarray,
                           seq_end: np.ndarray, head_dim: int, scale: np.float32, slopes: np.ndarray, window: int,

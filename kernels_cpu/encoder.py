@@ -7,12 +7,15 @@ never depends on what else is in the batch. Twins: reference_encoder.py."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numba
 import numpy as np
 
 from . import _jit
-from ._jit import kernel
+from ._jit import REORDER, kernel
+from .dequant import decode_rows
 from .fastmath import fast_exp, gelu_tanh
 from .ops import SERIAL_VALUES
 
@@ -105,6 +108,56 @@ def bias_gelu_kernel(x, bias, out):
     else:
         for t in numba.prange(x.shape[0]):
             _bias_gelu_row(x, bias, out, t)
+
+
+@contextmanager
+def kernel_threads(n: int) -> Iterator[None]:
+    """The calling thread's parallel kernels run on n threads for the block (numba's thread
+    count is the calling thread's own), then on as many as before."""
+    prev = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        numba.set_num_threads(prev)
+
+
+@kernel
+def widen_rows_kernel(qtype, w, r0, r1, out):
+    """Rows r0 .. r1 - 1 of w (uint8 [rows, row bytes] of a float type: F16, BF16, F32) as
+    float32 into out [r1 - r0, cols], on the calling thread (vcvtph2ps where F16C is: ~17x
+    NumPy's float16 cast). For the vision towers' float matrices before a BLAS product."""
+    for r in range(r0, r1):
+        decode_rows(qtype, w, r, out, r - r0)
+
+
+@kernel(fastmath=REORDER)
+def softmax_rows_kernel(x, inv):
+    """x [T, N] float32 in place: exp(x[t, j] - max_j x[t, j]) (fastmath.fast_exp); inv [T]
+    float32: 1 / each row's sum of them (the caller scales after its product with V). On the
+    calling thread (the vision towers run one head per pool thread: models/vision_blas.py),
+    the row's reductions vectorized (REORDER): a row's bits do not depend on the other rows.
+    For the vision towers' [patches, patches] scores."""
+    n = x.shape[1]
+    for t in range(x.shape[0]):
+        # the max in 16 lanes: a single running max (max() or a select) stayed scalar, 6x slower
+        # than the exp pass; any order gives the same maximum
+        lanes = np.full(16, x[t, 0], np.float32)
+        for j0 in range(0, n - 15, 16):
+            for k in range(16):
+                v = x[t, j0 + k]
+                lanes[k] = v if v > lanes[k] else lanes[k]
+        best = lanes[0]
+        for k in range(16):
+            best = lanes[k] if lanes[k] > best else best
+        for j in range(n - n % 16, n):
+            best = x[t, j] if x[t, j] > best else best
+        total = np.float32(0.0)
+        for j in range(x.shape[1]):
+            e = fast_exp(x[t, j] - best)
+            x[t, j] = e
+            total += e
+        inv[t] = np.float32(1.0) / total
 
 
 @kernel(inline=True)

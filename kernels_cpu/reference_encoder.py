@@ -34,6 +34,12 @@ def bias_gelu(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return gelu_tanh(x.astype(np.float64) + (bias if bias.size else 0.0)).astype(np.float32)
 
 
+def softmax_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """softmax_rows_kernel's twin in float64: (exp(x - each row's max), 1 / each row's sum)."""
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    return e, 1.0 / e.sum(axis=1)
+
+
 def encoder_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seq_start: np.ndarray, seq_end: np.ndarray,
                       head_dim: int, scale: float, slopes: np.ndarray, window: int = 0) -> np.ndarray:
     """Each query over its own input's rows (within window // 2 of it when window > 0), every

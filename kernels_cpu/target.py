@@ -74,3 +74,30 @@ def matmul_paths() -> dict[str, str]:
     """GGUF weight type name -> the path a layer matrix of it takes here (rows a multiple of
     256 wide), e.g. {"Q4_K": "int8 AVX-512 VNNI (K-quant kernel)", "F16": "float (...)"}."""
     return {t.name: matrix_path(t.id, 256) for t in TYPES}
+
+
+def numpy_blas() -> dict[str, object] | None:
+    """NumPy's BLAS as threadpoolctl sees it (library, version, the kernels it runs with, its
+    threads) and OPENBLAS_CORETYPE when the environment sets it: the vision towers' float
+    products run on it (OpenBLAS's own choice on an AVX-512 CPU is SkylakeX; a forced Haswell
+    halves their speed). None when threadpoolctl finds no BLAS."""
+    import os
+
+    import numpy  # noqa: F401  (loads its BLAS)
+    from threadpoolctl import threadpool_info
+
+    for lib in threadpool_info():
+        if lib.get("user_api") == "blas":
+            return {"api": lib.get("internal_api"), "version": lib.get("version"),
+                    "kernels": lib.get("architecture"), "threads": lib.get("num_threads"),
+                    "coretype_env": os.environ.get("OPENBLAS_CORETYPE")}
+    return None
+
+
+def format_numpy_blas(info: dict[str, object] | None) -> str:
+    """One line: 'openblas 0.3.31, Haswell kernels (OPENBLAS_CORETYPE=Haswell), 2 threads'."""
+    if info is None:
+        return "not found"
+    env = f" (OPENBLAS_CORETYPE={info['coretype_env']} in the environment)" if info["coretype_env"] else ""
+    kern = f", {info['kernels']} kernels" if info["kernels"] else ""
+    return f"{info['api']} {info['version']}{kern}{env}, {info['threads']} threads"

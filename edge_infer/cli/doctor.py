@@ -136,6 +136,7 @@ def gather(bandwidth: bool = True, model: str | None = None) -> dict[str, Any]:
                 "features": target.features()},
         "int8_isa": target.int8_isa(),
         "matmul_paths": target.matmul_paths(),
+        "numpy_blas": target.numpy_blas(),
         "numba": {"numba": numba.__version__, "llvmlite": llvmlite.__version__,
                   "llvm": ".".join(map(str, llvm.llvm_version_info)),
                   "cpu_name_env": os.environ.get("NUMBA_CPU_NAME"), **_threading(threads)},
@@ -190,6 +191,9 @@ def _print_report(r: dict[str, Any]) -> None:
         row("weight types" if i == 0 else "", f"{' '.join(types)}: {path}")
     row("numba", f"{nb['numba']}, llvmlite {nb['llvmlite']} (LLVM {nb['llvm']}), threading layer {nb['layer']}"
                  f" ({nb['numba_threads']} threads)" + (f", NUMBA_CPU_NAME={nb['cpu_name_env']}" if nb["cpu_name_env"] else ""))
+    from edge_infer.kernels_cpu.target import format_numpy_blas
+
+    row("NumPy BLAS", format_numpy_blas(r["numpy_blas"]) + " (the vision towers' float products)")
     state = jc["state"]
     if jc["error"]:
         state += f" ({jc['error']})"

@@ -53,6 +53,7 @@ class Vision:
         return build_prompt(self.layout, runs, images)
 
     def close(self) -> None:
+        self.tower.close()
         self.file.close()
 
 

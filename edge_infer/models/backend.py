@@ -6,6 +6,7 @@ Shapes and semantics of each method are those of the kernels in kernels_cpu/__in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
@@ -218,6 +219,19 @@ class EncoderBackend(Backend, Protocol):
         ...
 
     def bias_gelu(self, x: Array, bias: Array, out: Array) -> None: ...
+
+    def softmax_rows(self, x: Array, inv: Array) -> None:
+        """x [T, N] in place: exp(x - each row's max); inv [T]: 1 / each row's sum of them."""
+        ...
+
+    def widen_rows(self, qtype: int, w: Array, r0: int, r1: int, out: Array) -> None:
+        """Rows r0 .. r1 - 1 of a float-type matrix's bytes w [rows, row bytes] as float32 into
+        out [r1 - r0, cols], on the calling thread."""
+        ...
+
+    def kernel_threads(self, n: int) -> AbstractContextManager[None]:
+        """The calling thread's kernels on n threads for a with-block, then as before."""
+        ...
 
     def encoder_attention(self, q: Array, k: Array, v: Array, seq_start: Array, seq_end: Array, head_dim: int,
                           scale: Any, slopes: Array, window: int, out: Array) -> None:

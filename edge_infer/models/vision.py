@@ -12,8 +12,8 @@ patches to text-model tokens:
     lfm2: pixel unshuffle (a partial block padded), LayerNorm, mm.1 + bias, GELU, mm.2 + bias,
           over SigLIP2 run at the tile's own size (its position embeddings resized to the grid).
 A tile runs alone through the tower: its result never depends on the other tiles or images.
-Float weights multiply through NumPy's BLAS and attention is batched matrix products per head
-(see _mm and _attention); norms, activations and quantized matmuls are the backend's kernels."""
+Float weights multiply through NumPy's BLAS and attention is matrix products per head, split
+over a pool of threads (see _mm, _attention and vision_blas.py); norms, activations and quantized matmuls are the backend's kernels."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import numpy as np
 
 from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.models.backend import EncoderBackend
+from edge_infer.models.vision_blas import VisionBlas
 from edge_infer.models.vision_config import VisionConfig
 from edge_infer.models.vision_rope2d import rope_2d
 from edge_infer.models.vision_weights import VisionWeights
@@ -67,6 +68,10 @@ class VisionTower:
 
     def __init__(self, cfg: VisionConfig, weights: VisionWeights, backend: EncoderBackend) -> None:
         self.cfg, self.w, self.b = cfg, weights, backend
+        self.blas = VisionBlas(backend, backend.n_threads)
+        self._float_layers = all(m.packed is None and m.qtype in _FLOAT_VIEWS for lw in weights.layers
+                                 for m in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_up, lw.w_down, lw.w_gate)
+                                 if m is not None)
         self.eps = np.float32(cfg.norm_eps)
         self.scale = np.float32(1.0 / math.sqrt(cfg.head_dim))
         self.capacity = 0
@@ -92,7 +97,7 @@ class VisionTower:
         for m, o in zip(ms, outs):
             if m.packed is None and m.qtype in _FLOAT_VIEWS:
                 w = m.data.view(_FLOAT_VIEWS[m.qtype]).reshape(m.rows, m.cols)
-                np.matmul(x, (w if w.dtype == np.float32 else _widen(w)).T, out=o)
+                self.blas.matmul(x, (w if w.dtype == np.float32 else self.blas.widened(m)).T, o)
         if rest:
             work = self.ws if x.shape[1] <= max(self.cfg.d_model, self.cfg.ffn_dim) else self._head_workspace(x.shape[0])
             self.b.matmuls(x, tuple(m for m, _ in rest), tuple(o for _, o in rest), work)
@@ -100,19 +105,9 @@ class VisionTower:
     def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
         """Every patch of the tile over every patch, per head: softmax(q k^T * scale) v as float32
         matrix products (BLAS, through NumPy: the backend's per-query attention kernel is sized
-        for short texts, and a tile is a thousand patches)."""
-        hd, n = self.cfg.head_dim, q.shape[0]
-        scores = np.empty((n, n), np.float32)  # one head at a time: it stays in cache
-        scaled = q * self.scale  # (q * scale) . k: a pass over [n, hd], not over [n, n]
-        for h in range(self.cfg.n_heads):
-            cols = slice(h * hd, (h + 1) * hd)
-            np.matmul(scaled[:, cols], k[:, cols].T, out=scores)
-            scores -= scores.max(axis=1, keepdims=True)
-            np.exp(scores, out=scores)
-            total = scores.sum(axis=1, keepdims=True)
-            head = scores @ v[:, cols]
-            head /= total
-            out[:, cols] = head
+        for short texts, and a tile is a thousand patches), the heads over the pool's threads."""
+        # (q * scale) . k: a pass over [n, hd], not over [n, n]
+        self.blas.attention(q * self.scale, k, v, out, self.cfg.n_heads, self.cfg.head_dim)
 
     def _head_workspace(self, n: int) -> Any:
         if n > self.head_cap:  # the head's inputs are wider than the tower's: a workspace of their own
@@ -124,7 +119,16 @@ class VisionTower:
         """Each tile float32 [3, H, W] -> its embeddings float32 [tile_tokens(H, W), text_dim], one
         tile per forward: its BLAS shapes, so its bits, never depend on the other tiles."""
         p = self.cfg.patch_size
-        return [self._head(self._tower(t), t.shape[1] // p, t.shape[2] // p) for t in tiles]
+        # the pool's threads split the products (vision_blas); a tower whose matrices are all
+        # BLAS's runs the backend's kernels (norms, GELU) on this thread alone, as numba's
+        # threads spinning after them took the cores from the pool's products
+        kernel_threads = 1 if self._float_layers else self.b.n_threads
+        with self.blas.one_thread_each(), self.b.kernel_threads(kernel_threads):
+            return [self._head(self._tower(t), t.shape[1] // p, t.shape[2] // p) for t in tiles]
+
+    def close(self) -> None:
+        """Stop the products' pool threads."""
+        self.blas.close()
 
     def _positions(self, hp: int, wp: int) -> np.ndarray:
         """The position embeddings of an hp x wp patch grid: the file's table (its own size),
@@ -266,13 +270,6 @@ class VisionTower:
 
 
 _FLOAT_VIEWS: dict[int, Any] = {0: np.float32, 1: np.float16, 30: np.uint16}  # F32, F16, BF16 (as uint16)
-
-
-def _widen(w: np.ndarray) -> np.ndarray:
-    """F16 or BF16 (as uint16) weights as float32 (exact)."""
-    if w.dtype == np.float16:
-        return w.astype(np.float32)
-    return (w.astype(np.uint32) << 16).view(np.float32)
 
 
 def _arr(a: Any) -> np.ndarray:

@@ -166,10 +166,12 @@ def test_doctor_reports_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["cuda"]["usable"] is False and r["cuda"]["reason"]  # this machine has no GPU
     lc = r["llama_cpp"]
     assert lc["installed"] is False or ("system_info" in lc and isinstance(lc["amx"], bool))
+    blas = r["numpy_blas"]  # NumPy's wheels ship OpenBLAS: its kernels and threads named
+    assert blas is None or (blas["api"] and blas["threads"] >= 1)
 
     rc, out, _ = run(capsys, "doctor", "--no-bandwidth")
     assert rc == 0
-    for label in ("CPU", "features", "weight types", "numba", "JIT cache", "memory", "models", "CUDA", "llama.cpp"):
+    for label in ("CPU", "features", "weight types", "numba", "NumPy BLAS", "JIT cache", "memory", "models", "CUDA", "llama.cpp"):
         assert any(line.startswith(label) for line in out.splitlines()), (label, out)
 
 

@@ -101,3 +101,19 @@ def test_alibi_slopes_follow_ggml() -> None:
     np.testing.assert_allclose(s6[:4], [2**-2, 2**-4, 2**-6, 2**-8])
     np.testing.assert_allclose(s6[4:], [2**-1, 2**-3])
     assert alibi_slopes(4, 0.0).size == 0
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (64, 1024)])
+def test_softmax_rows_match_twin_and_each_row_stands_alone(shape: tuple[int, int]) -> None:
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    x[0, -1] = 60.0  # a dominant score: every other exp of that row underflows toward 0
+    want_e, want_inv = reference_encoder.softmax_rows(x)
+    got, inv = x.copy(), np.empty(shape[0], np.float32)
+    encoder.softmax_rows_kernel(got, inv)
+    np.testing.assert_allclose(got, want_e, rtol=2e-6, atol=1e-30)
+    np.testing.assert_allclose(inv, want_inv, rtol=2e-6)
+    for t in (0, shape[0] - 1):  # a row alone gives the same bits as in the batch
+        one, one_inv = x[t:t + 1].copy(), np.empty(1, np.float32)
+        encoder.softmax_rows_kernel(one, one_inv)
+        assert one.tobytes() == got[t:t + 1].tobytes() and one_inv[0] == inv[t]
