@@ -64,8 +64,17 @@ async def create_message(req: MessagesRequest, engine: AsyncEngine, model: str, 
     body = _message_start(mid, model, last.prompt_tokens)
     body["content"] = _blocks(message, omit)
     body["stop_reason"], body["stop_sequence"] = _stop_reason(finish, last.stop_reason, stops)
-    body["usage"] = {"input_tokens": last.prompt_tokens, "output_tokens": last.tokens}
+    body["usage"] = {**_input_usage(last.prompt_tokens, last.cached_tokens), "output_tokens": last.tokens}
     return JSONResponse(body)
+
+
+def _input_usage(prompt_tokens: int, cached: int) -> dict[str, int]:
+    """Anthropic's split of the prompt: input_tokens the ones computed, cache_read_input_tokens
+    those the prefix cache served (their sum is the prompt, as clients such as Claude Code add
+    them up for the context used); nothing is written on a client's request, so no creation."""
+    cached = min(cached, prompt_tokens)
+    return {"input_tokens": prompt_tokens - cached, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached}
 
 
 def _within_context(run: ChatRun, engine: AsyncEngine) -> ChatRun:
@@ -81,7 +90,7 @@ def _within_context(run: ChatRun, engine: AsyncEngine) -> ChatRun:
 
 def _message_start(mid: str, model: str, prompt_tokens: int) -> dict[str, Any]:
     return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
-            "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+            "stop_sequence": None, "usage": {**_input_usage(prompt_tokens, 0), "output_tokens": 0}}
 
 
 def _stop_reason(finish: str | None, stop: str | int | None, stops: tuple[str, ...]) -> tuple[str, str | None]:
@@ -129,8 +138,10 @@ async def _events(replies: Replies, shaper: ReplyShaper, mid: str, model: str, p
                 for event in blocks.close():
                     yield event
                 reason, sequence = _stop_reason(finish, r.stop_reason, stops)
+                # the final split of the prompt (the prefix cache's share is known now), as
+                # Anthropic's own message_delta carries it
                 yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                       "usage": {"output_tokens": r.tokens}}
+                       "usage": {**_input_usage(prompt_tokens, r.cached_tokens), "output_tokens": r.tokens}}
                 yield {"type": "message_stop"}
     finally:
         await replies.aclose()
