@@ -44,12 +44,17 @@ def write_files(folder: Path, longest_edge: int, linear_type: str = "F32") -> tu
     return text, mm
 
 
+def warm_up_image(img: Any) -> Any:
+    """Another image of img's size: both sides warm up on it before the measures."""
+    from tiny_vlm import test_image
+
+    return test_image(img.shape[1], img.shape[0], seed=11)
+
+
 def ours(text: Path, mm: Path, img: Any, threads: int, reps: int) -> dict[str, Any]:
     """One engine, as a server holds it (libmtmd's context is loaded once too): warmed up on
     another image (the weights paged in, the kernels loaded), then per repetition the image's
     embeddings and prefix blocks dropped before the cold measures."""
-    from tiny_vlm import test_image
-
     from edge_infer import LLM, SamplingParams
 
     enc, cold, warm, tokens = [], [], [], 0
@@ -61,7 +66,7 @@ def ours(text: Path, mm: Path, img: Any, threads: int, reps: int) -> dict[str, A
 
     with LLM(str(text), mmproj=str(mm), n_threads=threads, kv_cache_memory="256MiB",
              max_num_batched_tokens=512) as llm:
-        llm.generate([llm.image_prompt(PROMPT, [test_image(img.shape[1], img.shape[0], seed=11)])], params)
+        llm.generate([llm.image_prompt(PROMPT, [warm_up_image(img)])], params)
         for _ in range(reps):
             llm.worker.call(forget)
             t0 = time.perf_counter()
@@ -85,11 +90,9 @@ def llama_cpp(text: Path, mm: Path, img: Any, threads: int, reps: int) -> dict[s
     from mtmd_oracle import MtmdOracle
 
     enc, ttft = [], []
-    from tiny_vlm import test_image
-
     with MtmdOracle(text, mm, n_threads=threads, n_ctx=4096, capture=False) as o:
         prompt = PROMPT.replace("<__media__>", o.marker)
-        o.helper_logits_after(prompt, [test_image(img.shape[1], img.shape[0], seed=11)])  # warm, as ours
+        o.helper_logits_after(prompt, [warm_up_image(img)])  # warm, as ours
         for _ in range(reps):
             t0 = time.perf_counter()
             o.chunks(prompt, [img])

@@ -36,14 +36,15 @@ def kv_block_bytes(backend: Backend, cfg: ModelConfig, block_size: int, kv_dtype
     """Bytes of K (kv_dtype) and V (kv_dtype_v, default the same) for one block across the attention layers, in
     the backend's KV layout. A block type (q8_0, q4_0, ...) needs head sizes that are multiples
     of its 32-element blocks, as llama.cpp's does."""
-    for t in (kv_dtype, kv_dtype_v or kv_dtype):
-        odd = sorted({dim for _, dim in _kv_shapes(cfg) if t not in FLOAT_KV_DTYPES and dim % KV_BLOCK_ELEMENTS})
-        if odd:
-            raise UnsupportedModelError(f"KV cache type {t} stores blocks of {KV_BLOCK_ELEMENTS} elements along the head "
-                                        f"dimension, and this {cfg.arch} model's head size {odd[0]} is not a multiple "
-                                        "of it: use f16 or f32")
+    shapes = _kv_shapes(cfg)
+    blocked = [t for t in (kv_dtype, kv_dtype_v or kv_dtype) if t not in FLOAT_KV_DTYPES]
+    odd = sorted(dim for _, dim in shapes if dim % KV_BLOCK_ELEMENTS)
+    if blocked and odd:
+        raise UnsupportedModelError(f"KV cache type {blocked[0]} stores blocks of {KV_BLOCK_ELEMENTS} elements along the "
+                                    f"head dimension, and this {cfg.arch} model's head size {odd[0]} is not a multiple "
+                                    "of it: use f16 or f32")
     return sum(backend.kv_block_bytes(len(layers), heads, dim, block_size, kv_dtype, kv_dtype_v)
-               for (heads, dim), layers in _kv_shapes(cfg).items())
+               for (heads, dim), layers in shapes.items())
 
 
 def _kv_shapes(cfg: ModelConfig) -> dict[tuple[int, int], list[int]]:

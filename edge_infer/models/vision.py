@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from edge_infer.formats.qmatrix import QMatrix
+from edge_infer.formats.weight_types import BF16, F16, F32
 from edge_infer.models.backend import EncoderBackend
 from edge_infer.models.vision_blas import VisionBlas
 from edge_infer.models.vision_config import VisionConfig
@@ -69,9 +70,8 @@ class VisionTower:
     def __init__(self, cfg: VisionConfig, weights: VisionWeights, backend: EncoderBackend) -> None:
         self.cfg, self.w, self.b = cfg, weights, backend
         self.blas = VisionBlas(backend, backend.n_threads)
-        self._float_layers = all(m.packed is None and m.qtype in _FLOAT_VIEWS for lw in weights.layers
-                                 for m in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_up, lw.w_down, lw.w_gate)
-                                 if m is not None)
+        self._float_layers = all(_on_blas(m) for lw in weights.layers
+                                 for m in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_up, lw.w_down, lw.w_gate) if m is not None)
         self.eps = np.float32(cfg.norm_eps)
         self.scale = np.float32(1.0 / math.sqrt(cfg.head_dim))
         self.capacity = 0
@@ -93,11 +93,11 @@ class VisionTower:
         """outs[i] = x @ ms[i].T: float matrices (F32, F16, BF16) through NumPy's BLAS (sgemm on
         a tile's thousand rows runs about twice the backend's float kernel here), quantized
         ones through the backend's int8 / K-quant kernels."""
-        rest = [(m, o) for m, o in zip(ms, outs) if m.packed is not None or m.qtype not in _FLOAT_VIEWS]
+        rest = [(m, o) for m, o in zip(ms, outs) if not _on_blas(m)]
         for m, o in zip(ms, outs):
-            if m.packed is None and m.qtype in _FLOAT_VIEWS:
-                w = m.data.view(_FLOAT_VIEWS[m.qtype]).reshape(m.rows, m.cols)
-                self.blas.matmul(x, (w if w.dtype == np.float32 else self.blas.widened(m)).T, o)
+            if _on_blas(m):  # F16 / BF16 widened to float32 first
+                w = m.data.view(np.float32).reshape(m.rows, m.cols) if m.qtype == F32 else self.blas.widened(m)
+                self.blas.matmul(x, w.T, o)
         if rest:
             work = self.ws if x.shape[1] <= max(self.cfg.d_model, self.cfg.ffn_dim) else self._head_workspace(x.shape[0])
             self.b.matmuls(x, tuple(m for m, _ in rest), tuple(o for _, o in rest), work)
@@ -269,7 +269,9 @@ class VisionTower:
         return out
 
 
-_FLOAT_VIEWS: dict[int, Any] = {0: np.float32, 1: np.float16, 30: np.uint16}  # F32, F16, BF16 (as uint16)
+def _on_blas(m: QMatrix) -> bool:
+    """A float matrix (F32, F16, BF16) not repacked by the backend: NumPy's BLAS multiplies it."""
+    return m.packed is None and m.qtype in (F32, F16, BF16)
 
 
 def _arr(a: Any) -> np.ndarray:

@@ -46,6 +46,11 @@ class VisionBlas:
         with self._controller.limit(limits=1, user_api="blas"):
             yield
 
+    def _spans(self, total: int) -> list[tuple[int, int]]:
+        """0 .. total cut into (start, end) runs, one per thread, empty ones left out."""
+        cuts = [total * i // self.n for i in range(self.n + 1)]
+        return [(a, z) for a, z in zip(cuts, cuts[1:]) if z > a]
+
     def _run(self, parts: list[Callable[[], object]]) -> None:
         if len(parts) == 1:
             parts[0]()
@@ -57,9 +62,7 @@ class VisionBlas:
 
     def matmul(self, x: np.ndarray, wt: np.ndarray, out: np.ndarray) -> None:
         """out [M, N] = x [M, K] @ wt [K, N], rows split evenly over the threads."""
-        m = x.shape[0]
-        cuts = [m * i // self.n for i in range(self.n + 1)]
-        self._run([partial(np.matmul, x[a:z], wt, out=out[a:z]) for a, z in zip(cuts, cuts[1:]) if z > a])
+        self._run([partial(np.matmul, x[a:z], wt, out=out[a:z]) for a, z in self._spans(x.shape[0])])
 
     def widened(self, m: QMatrix) -> np.ndarray:
         """A float matrix (F16, BF16) as float32 [rows, cols] (exact) in a buffer reused by the
@@ -69,8 +72,7 @@ class VisionBlas:
         if self._wide.size < size:
             self._wide = np.empty(size, np.float32)
         out, data = self._wide[:size].reshape(m.rows, m.cols), m.data.reshape(m.rows, -1)
-        cuts = [m.rows * i // self.n for i in range(self.n + 1)]
-        self._run([partial(self.b.widen_rows, m.qtype, data, a, z, out[a:z]) for a, z in zip(cuts, cuts[1:]) if z > a])
+        self._run([partial(self.b.widen_rows, m.qtype, data, a, z, out[a:z]) for a, z in self._spans(m.rows)])
         return out
 
     def attention(self, scaled: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, n_heads: int,
@@ -78,9 +80,7 @@ class VisionBlas:
         """out[:, h] = softmax(scaled[:, h] k[:, h]^T) v[:, h] per head h (scaled: q times the
         scale; all float32 [n, n_heads * head_dim]), the heads split over the threads, each with
         its own [n, n] scores."""
-        cuts = [n_heads * i // self.n for i in range(self.n + 1)]
-        self._run([partial(self._heads, scaled, k, v, out, range(a, z), head_dim) for a, z in zip(cuts, cuts[1:])
-                   if z > a])
+        self._run([partial(self._heads, scaled, k, v, out, range(a, z), head_dim) for a, z in self._spans(n_heads)])
 
     def _heads(self, scaled: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, heads: range,
                hd: int) -> None:
