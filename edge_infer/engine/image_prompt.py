@@ -3,6 +3,7 @@ ids), and the spans naming which tile's embeddings fill which positions.
 
 The layout around a tile is libmtmd's (tools/mtmd/mtmd.cpp's add_media) per projector:
     gemma3:   <start_of_image> [tile] <end_of_image>
+    qwen2.5vl: <|vision_start|> [tile] <|vision_end|> (the tile's grid kept for M-RoPE positions)
     pixtral:  [tile] [IMG_END] (the tile's rows end in [IMG_BREAK] embeddings of the projector's)
     lfm2:     <|image_start|> [tile] <|image_end|>, or when tiled <|image_start|> then per tile
               <|img_row_y_col_x|> [tile], then <|img_thumbnail|> [thumbnail] <|image_end|>
@@ -27,20 +28,23 @@ import numpy as np
 from edge_infer.errors import InvalidRequest
 from edge_infer.images.preprocess import ImageTiles, preprocess
 from edge_infer.images.source import Image
-from edge_infer.models.vision_config import VisionConfig
+from edge_infer.models.vision_config import QWEN25VL, VisionConfig
 from edge_infer.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ImageSpan:
     """Positions start .. start + length - 1 of a prompt hold tile `tile` of an image (`digest`:
-    its bytes' sha256); `tiles` all that image's tiles (encoded together, cached by digest)."""
+    its bytes' sha256); `tiles` all that image's tiles (encoded together, cached by digest);
+    grid: (columns, rows) of its tokens where the text model places them in 2-D (M-RoPE:
+    qwen2.5vl), else (0, 0)."""
 
     start: int
     length: int
     digest: str
     tile: int
     tiles: tuple[np.ndarray, ...]
+    grid: tuple[int, int] = (0, 0)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -115,7 +119,7 @@ class ImageLayout:
 
     def _placeholder(self) -> int:
         """The id placeholders carry (what a prompt's text shows where an image is)."""
-        for text in ("<image_soft_token>", "<image>", "[IMG]"):
+        for text in ("<image_soft_token>", "<image>", "[IMG]", "<|image_pad|>"):
             ids = self.tok.encode(text, add_special=False, parse_special=True)
             if len(ids) == 1:
                 return ids[0]
@@ -129,15 +133,21 @@ class ImageLayout:
         """Append one image's markers and placeholders to ids, its spans to spans."""
         all_tiles = tiles.tiles + ((tiles.overview,) if tiles.overview is not None else ())
 
-        def tile(i: int) -> None:
+        def tile(i: int, grid: tuple[int, int] = (0, 0)) -> None:
             n = self.cfg.tile_tokens(all_tiles[i].shape[1], all_tiles[i].shape[2])
-            spans.append(ImageSpan(len(ids), n, digest, i, all_tiles))
+            spans.append(ImageSpan(len(ids), n, digest, i, all_tiles, grid))
             ids.extend([self.placeholder] * n)
 
         if self.cfg.projector == "gemma3":
             ids += self.special("<start_of_image>")
             tile(0)
             ids += self.special("<end_of_image>")
+            return
+        if self.cfg.projector == QWEN25VL:
+            side = self.cfg.patch_size * self.cfg.n_merge
+            ids += self.special("<|vision_start|>")
+            tile(0, (all_tiles[0].shape[2] // side, all_tiles[0].shape[1] // side))
+            ids += self.special("<|vision_end|>")
             return
         if self.cfg.projector == "pixtral":  # the rows' [IMG_BREAK]s come from the projector
             tile(0)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_infer.engine.mrope import mrope_positions
 from edge_infer.engine.scheduler import ScheduledChunk, SchedulerOutput
 from edge_infer.engine.sequence import Sequence
 from edge_infer.errors import UnsupportedModelError
@@ -73,6 +74,7 @@ class ModelRunner:
         # an image span's embeddings float32 [length, d_model] (engine/image_encoder.py; None: no images)
         self.image_rows: Callable[[ImageSpan], np.ndarray] | None = None
         self.image_noncausal = False  # gemma3: an image's tokens attend to the whole image (mtmd's non-causal decode)
+        self.mrope = False  # qwen2vl with a projector: every row rotates by its M-RoPE components (engine/mrope.py)
         self.states = backend.make_state_pool(cfg.state_shapes, num_state_slots) if cfg.recurrent else []
         # what each layer's forward reads and writes: its KV pair, its recurrent state pool, both
         # (falcon-h1: (KV, states)), or None (nemotron_h's FFN layers)
@@ -102,6 +104,7 @@ class ModelRunner:
         images: list[tuple[int, np.ndarray]] = []
         masked: list[tuple[int, int, int]] = []  # (first row, end row, position attention masks them at)
         lora: list[tuple[int, int, LoraChoice]] = []  # (first row, rows, adapters) of sequences with adapters
+        mrope = np.empty((n if self.mrope else 0, 3), np.int32)
         at = 0
         for si, c in enumerate(chunks):
             seq, toks = c.seq, c.token_ids
@@ -111,6 +114,8 @@ class ModelRunner:
             bt = np.asarray(seq.block_table, dtype=np.int64)
             tokens[at : at + m] = toks
             positions[at : at + m] = pos
+            if self.mrope:
+                mrope[at : at + m] = mrope_positions(seq.images, start, m) if seq.images else pos[:, None]
             slots[at : at + m] = bt[pos // bs] * bs + pos % bs
             token_seq[at : at + m] = si
             tables[si, : len(seq.block_table)] = seq.block_table
@@ -138,7 +143,7 @@ class ModelRunner:
                 mask_pos[r0:r1] = p
         return StepInputs(tokens, positions, slots, token_seq, tables, np.asarray(logit_rows, dtype=np.int64), seq_slots,
                           np.asarray(snap_rows, np.int32), np.asarray(snap_slots, np.int32), tuple(images),
-                          mask_pos, LoraRows.build(n, lora) if lora else None)
+                          mask_pos, LoraRows.build(n, lora) if lora else None, mrope)
 
     def _image_inputs(self, seq: Sequence, start: int, m: int, at: int) -> list[tuple[int, np.ndarray]]:
         """(step row, embedding rows) of the image positions among seq's tokens start .. start + m - 1

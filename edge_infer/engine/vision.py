@@ -15,8 +15,8 @@ from edge_infer.errors import InvalidRequest, UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.images.source import Image
 from edge_infer.models.config import ModelConfig
-from edge_infer.models.vision import VisionTower
-from edge_infer.models.vision_config import VisionConfig, vision_config_from_gguf
+from edge_infer.models.vision_config import QWEN25VL, VisionConfig, vision_config_from_gguf
+from edge_infer.models.vision_qwen import vision_tower
 from edge_infer.models.vision_weights import load_vision_weights
 from edge_infer.tokenizer import Tokenizer
 
@@ -39,12 +39,18 @@ class Vision:
             raise UnsupportedModelError(
                 f"{path}: the projector gives embeddings of width {self.config.text_dim}, but the text model "
                 f"({model_config.arch}) is {model_config.d_model} wide: this mmproj belongs to another model")
+        mrope = bool(model_config.rope_sections)
+        if mrope != (self.config.projector == QWEN25VL):  # libmtmd places qwen2.5vl's images in 2-D, no others
+            raise UnsupportedModelError(f"{path}: a {self.config.projector} projector beside a {model_config.arch} text "
+                                        f"model {'with' if mrope else 'without'} M-RoPE: this mmproj belongs to "
+                                        "another model")
         weights = load_vision_weights(self.file, self.config, backend)
-        self.tower = VisionTower(self.config, weights, backend)  # type: ignore[arg-type]
+        self.tower = vision_tower(self.config, weights, backend)  # type: ignore[arg-type]
         self.layout = ImageLayout(self.config, tokenizer)
         self.embeddings = ImageEmbeddings(self.tower)
         runner.image_rows = self.embeddings.rows
         runner.image_noncausal = self.config.projector == "gemma3"  # mtmd_decode_use_non_causal
+        runner.mrope = mrope  # qwen2vl: every row rotates by its M-RoPE positions (engine/mrope.py)
         log.info("loaded projector %s (%s, %d layers at %d px) in %.2fs", path, self.config.projector,
                  self.config.n_layers, self.config.image_size, time.perf_counter() - t0)
 

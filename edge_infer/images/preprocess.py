@@ -3,8 +3,8 @@
 
 - gemma3 (fixed size): the image fitted into image_size x image_size keeping its aspect ratio
   (the scaled sides rounded up), centred on black, bilinear;
-- pixtral: each side a multiple of patch_size * n_merge, scaled (aspect kept) to 8 .. 1024
-  tokens, bicubic;
+- pixtral, qwen2.5vl: each side a multiple of patch_size * n_merge, scaled (aspect kept) to
+  8 .. 1024 tokens (qwen2.5vl: 8 .. 4096), bicubic;
 - idefics3 (SmolVLM): resized so its longer side is the preprocessor's longest edge (the other
   side made even), then both sides up to multiples of image_size, cut into image_size tiles,
   plus the whole image at image_size (the overview), Lanczos.
@@ -21,6 +21,9 @@ import numpy as np
 from edge_infer.errors import InvalidRequest
 from edge_infer.images.pixels import ImageTiles, PixelParams, fit_padded, normalize, resize
 from edge_infer.images.preprocess_lfm2 import lfm2_tiles, smart_size
+
+# libmtmd's dyn_size projectors: (fewest, most) tokens an image becomes (clip.cpp's set_limit_image_tokens)
+DYN_SIZE_TOKENS = {"pixtral": (8, 1024), "qwen2.5vl_merger": (8, 4096)}
 
 __all__ = ["ImageTiles", "PixelParams", "fit_padded", "normalize", "preprocess", "resize"]
 
@@ -49,9 +52,9 @@ def preprocess(pixels: np.ndarray, p: PixelParams) -> ImageTiles:
         tiles = tuple(normalize(refined[y * tile : (y + 1) * tile, x * tile : (x + 1) * tile], p)
                       for y in range(gy) for x in range(gx))
         return ImageTiles(tiles, (gx, gy), overview)
-    if p.projector == "pixtral":  # dyn_size: aligned, 8 .. 1024 tokens, aspect kept, bicubic
-        align = p.patch_size * p.n_merge
-        w, h = smart_size(pixels.shape[1], pixels.shape[0], align, 8 * align * align, 1024 * align * align)
+    if p.projector in DYN_SIZE_TOKENS:  # dyn_size: aligned, a token range, aspect kept, bicubic
+        align, (lo, hi) = p.patch_size * p.n_merge, DYN_SIZE_TOKENS[p.projector]
+        w, h = smart_size(pixels.shape[1], pixels.shape[0], align, lo * align * align, hi * align * align)
         return ImageTiles((normalize(fit_padded(pixels, w, h, "bicubic"), p),))
     if p.projector == "lfm2":
         return lfm2_tiles(pixels, p.image_size, p.patch_size, p.n_merge, p.image_mean, p.image_std)

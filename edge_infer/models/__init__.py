@@ -32,6 +32,7 @@ from edge_infer.models import (
     phi3,
     qwen2,
     qwen2moe,
+    qwen2vl,
     qwen3,
     qwen3moe,
     qwen3next,
@@ -49,7 +50,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     for m in (llama, qwen2, qwen3, phi3, gemma2, gemma3, olmo2, granite, smollm3, qwen2moe, qwen3moe, olmoe, lfm2,
               lfm2moe, granitehybrid, nemotron_h, falcon_h1, qwen35, qwen35moe,
               qwen3next, granitemoe, ernie4_5, ernie4_5_moe, exaone4, glm4, seed_oss,
-              hunyuan_dense, apertus, smallthinker, gpt_oss, gemma4, gemma3n)
+              hunyuan_dense, apertus, smallthinker, gpt_oss, gemma4, gemma3n, qwen2vl)
 }
 
 

@@ -42,6 +42,7 @@ class ModelConfig:
     rope_factors_long: tuple[float, ...] = ()
     rope_factors_short: tuple[float, ...] = ()
     nope_layers: tuple[bool, ...] = ()  # layers without RoPE (smollm3: every 4th); () = none
+    rope_sections: tuple[int, ...] = ()  # M-RoPE (qwen2vl): rotated pairs per position component t, h, w, e
     n_rot: int = 0
     rope_neox: bool = False
     rope_base_swa: float = 10000.0
@@ -151,6 +152,10 @@ class ModelConfig:
             v = getattr(self, name)
             if v and (len(v) != self.n_rot // 2 or min(v) <= 0):
                 raise UnsupportedModelError(f"{self.arch}: {name} must hold {self.n_rot // 2} positive factors, got {len(v)}")
+        if self.rope_sections and (len(self.rope_sections) != 4 or min(self.rope_sections) < 0
+                                   or not 0 < sum(self.rope_sections) <= self.n_rot // 2):
+            raise UnsupportedModelError(f"{self.arch}: rope.dimension_sections must be 4 counts of rotated pairs "
+                                        f"summing to 1..{self.n_rot // 2}, got {self.rope_sections}")
         if bool(self.rope_factors_long) != bool(self.rope_factors_short):
             raise UnsupportedModelError(f"{self.arch}: rope_factors_long and rope_factors_short come together")
         if self.n_experts and not (0 < self.n_experts_used <= self.n_experts and self.expert_ffn_dim > 0):

@@ -66,3 +66,32 @@ def layer_rope(cfg: ModelConfig, layer: int, n_ctx: int) -> tuple[np.ndarray, fl
     else:
         inv = inv * cfg.rope_scale
     return inv, mscale
+
+
+def mrope_components(sections: tuple[int, ...], n_pairs: int) -> np.ndarray:
+    """int64 [n_pairs]: the position component each rotated pair takes in ggml's M-RoPE, its
+    sections contiguous and repeating every sum(sections) pairs: 0 t, 1 h (an image token's
+    row), 2 w (its column), 3 e (always position 0: llama.cpp gives text and image tokens 0)."""
+    sector = np.arange(n_pairs) % max(1, sum(sections))
+    return np.searchsorted(np.cumsum(sections[:3]), sector, side="right").astype(np.int64)
+
+
+def mrope_rotate(xs: tuple[np.ndarray, ...], head_dim: int, n_rot: int, inv_freq: np.ndarray, mscale: float,
+                 sections: tuple[int, ...], pos3: np.ndarray) -> None:
+    """Each x float32 [N, heads * head_dim] (C-contiguous: Q, K) rotated in place in NEOX pairs
+    (i, i + n_rot / 2): pair i by the angle pos3[:, c] * inv_freq[i], c its section's component
+    (mrope_components; pos3 int [N, 3]: t, h, w), cos and sin times mscale, as the qkv_finish
+    kernel rotates (float64 angles, float32 products)."""
+    n, half = pos3.shape[0], n_rot // 2
+    pos = np.zeros((n, 4), np.float64)
+    pos[:, :3] = pos3
+    ang = pos[:, mrope_components(sections, half)] * inv_freq
+    c = (np.cos(ang) * mscale).astype(np.float32)[:, None, :]
+    s = (np.sin(ang) * mscale).astype(np.float32)[:, None, :]
+    for x in xs:
+        if not x.flags.c_contiguous:
+            raise ValueError("mrope_rotate rotates C-contiguous arrays in place")
+        v = x.reshape(n, -1, head_dim)
+        x0, x1 = v[..., :half].copy(), v[..., half:n_rot].copy()
+        v[..., :half] = x0 * c - x1 * s
+        v[..., half:n_rot] = x0 * s + x1 * c

@@ -18,7 +18,7 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.lora_set import LoraRows, LoraSet
 from edge_infer.models.moe import moe_beside_dense, moe_ffn
 from edge_infer.models.per_layer_input import PerLayerInput
-from edge_infer.models.rope import layer_rope
+from edge_infer.models.rope import layer_rope, mrope_rotate
 from edge_infer.models.step_logits import StepLogits
 from edge_infer.models.weights import ModelWeights, float_matrix
 
@@ -53,7 +53,9 @@ class StepInputs:
     [r, d_model]) runs of rows whose input is an image's embeddings instead of their token's;
     attn_positions: int32 [N] the positions attention masks by, where they differ from positions
     (gemma3's image tokens see their whole image: the image's last position; [0]: positions);
-    lora: each row's LoRA adapters (None: no row uses one).
+    lora: each row's LoRA adapters (None: no row uses one); mrope: int32 [N, 3] each row's M-RoPE
+    position components (t, h, w; engine/mrope.py) where an M-RoPE model runs with a projector
+    ([0]: none, rotate by positions).
     """
 
     tokens: np.ndarray
@@ -68,6 +70,7 @@ class StepInputs:
     images: tuple[tuple[int, np.ndarray], ...] = ()
     attn_positions: np.ndarray = field(default_factory=lambda: _NO_SLOTS)
     lora: LoraRows | None = None
+    mrope: np.ndarray = field(default_factory=lambda: np.empty((0, 3), np.int32))
 
 
 class Transformer:
@@ -300,7 +303,14 @@ class Transformer:
             heads, normed = n * cfg.layer_kv_heads(li), _rows(ws.attn, n, kv_dim)  # attn is free until attention
             b.rmsnorm((k if lw.wv is None else v).reshape(heads, hd), self._ones[:hd], eps, normed.reshape(heads, hd))
             v = normed
-        if cfg.qk_norm_after_rope:  # hunyuan-dense: biases and RoPE, then the norms and the K/V store
+        if inp.mrope.shape[0]:  # M-RoPE with images: biases and norms, the rotation on the host, the K/V store
+            b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
+                         _or_empty(lw.k_norm), n_rot, inp.positions, self._no_rotation, 1.0, cfg.rope_neox, eps,
+                         self._no_store[:n], layer_kv)
+            mrope_rotate((q, k), hd, n_rot, inv_freq, mscale, cfg.rope_sections, inp.mrope)
+            b.qkv_finish(q, k, v, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, n_rot, inp.positions, self._no_rotation,
+                         1.0, cfg.rope_neox, eps, store, layer_kv)
+        elif cfg.qk_norm_after_rope:  # hunyuan-dense: biases and RoPE, then the norms and the K/V store
             b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _EMPTY, _EMPTY,
                          n_rot, inp.positions, inv_freq, mscale, cfg.rope_neox, eps, self._no_store[:n], layer_kv)
             b.qkv_finish(q, k, v, _EMPTY, _EMPTY, _EMPTY, _or_empty(lw.q_norm), _or_empty(lw.k_norm), n_rot,

@@ -4,8 +4,10 @@ encoder and projector, as llama.cpp's clip.cpp (clip_model_loader::load_hparams)
 Supported projectors run the SigLIP / CLIP vision transformer (models/siglip.cpp's build_vit)
 and then their own head: gemma3 (average pool, soft-embedding RMSNorm, projection), idefics3
 (SmolVLM: pixel shuffle, projection) and lfm2 (LFM2-VL: SigLIP2 at the image's own size, its
-position embeddings resized; pixel unshuffle, LayerNorm, a GELU MLP). Every other projector
-llama.cpp knows is refused by name."""
+position embeddings resized; pixel unshuffle, LayerNorm, a GELU MLP); pixtral and qwen2.5vl
+(Qwen2.5-VL: an RMS-norm SwiGLU ViT with 2-D RoPE, window attention in all but every
+n_wa_pattern-th block, 2 x 2 patches merged by an MLP) run their own blocks (vision.py,
+vision_qwen.py). Every other projector llama.cpp knows is refused by name."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from edge_infer.errors import UnsupportedModelError
 from edge_infer.formats.gguf import GGUFFile
 from edge_infer.images.preprocess import PixelParams
 
-SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "lfm2", "pixtral")
+QWEN25VL = "qwen2.5vl_merger"
+SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "lfm2", "pixtral", QWEN25VL)
+_RMS_SILU = ("pixtral", QWEN25VL)  # RMS-norm blocks with a SwiGLU MLP and 2-D RoPE
 # (clip.use_gelu, clip.use_silu) -> the vision FFN's activation (clip.cpp: neither is GELU-quick)
 _FFN = {(True, False): "gelu", (False, True): "silu", (False, False): "gelu_quick"}
 
@@ -39,7 +43,9 @@ class VisionConfig:
     ffn: str  # "gelu" (ggml's tanh GELU) or "silu" (pixtral: gated, SwiGLU)
     pixels: PixelParams
     norm: str = "layer"  # the blocks' norms: LayerNorm, or "rms" (pixtral)
-    rope_theta: float = 0.0  # pixtral's 2-D RoPE base (0: learned position embeddings instead)
+    rope_theta: float = 0.0  # pixtral's and qwen2.5vl's 2-D RoPE base (0: learned position embeddings instead)
+    n_wa_pattern: int = 0  # qwen2.5vl: every n-th block attends over the whole image, the rest within windows
+    window_size: int = 0  # qwen2.5vl: a window's side in pixels (clip.cpp: 112)
 
     def __post_init__(self) -> None:
         side = self.image_size // self.patch_size
@@ -49,6 +55,9 @@ class VisionConfig:
         if self.d_model % self.n_heads:
             raise UnsupportedModelError(f"{self.path}: embedding_length {self.d_model} is not a multiple of "
                                         f"head_count {self.n_heads}")
+        if self.projector == QWEN25VL and (self.head_dim % 4 or self.n_merge != 2):
+            raise UnsupportedModelError(f"{self.path}: a qwen2.5vl tower needs a head size divisible by 4 (its "
+                                        f"2-D RoPE) and 2 x 2 merging, got {self.head_dim} and {self.n_merge}")
         if self.n_merge < 1 or (self.projector == "gemma3" and side % self.n_merge):
             raise UnsupportedModelError(f"{self.path}: projector scale_factor {self.n_merge} does not divide the "
                                         f"{side} patches per side")
@@ -67,8 +76,8 @@ class VisionConfig:
 
     def tile_tokens(self, height: int, width: int) -> int:
         """Embeddings a height x width tile gives: its patch grid merged n_merge x n_merge (the
-        pixel shuffle pads a partial block; gemma3's pooling divides exactly); pixtral: one
-        [IMG_BREAK] after each row but the last."""
+        pixel shuffle pads a partial block; gemma3's pooling divides exactly; qwen2.5vl's sides
+        are multiples of 2 patches); pixtral: one [IMG_BREAK] after each row but the last."""
         s, p = self.n_merge, self.patch_size
         rows, cols = -(-(height // p) // s), -(-(width // p) // s)
         return rows * cols + (rows - 1 if self.projector == "pixtral" else 0)
@@ -121,7 +130,7 @@ def vision_config_from_gguf(f: GGUFFile) -> VisionConfig:
     if gelu and silu:
         raise UnsupportedModelError(f"{f.path}: both clip.use_gelu and clip.use_silu are set")
     ffn = _FFN[(gelu, silu)]
-    if ffn != ("silu" if proj == "pixtral" else "gelu"):
+    if ffn != ("silu" if proj in _RMS_SILU else "gelu"):
         raise UnsupportedModelError(f"{f.path}: the {proj} vision FFN activation {ffn!r} is not supported")
     image_size, patch = _int(f, "clip.vision.image_size"), _int(f, "clip.vision.patch_size")
     longest = 0
@@ -130,8 +139,8 @@ def vision_config_from_gguf(f: GGUFFile) -> VisionConfig:
         if not isinstance(longest, int) or isinstance(longest, bool) or longest <= 0:
             raise UnsupportedModelError(f"{f.path}: an idefics3 projector needs clip.vision.preproc_image_size "
                                         "(older conversions lack it: convert the model again)")
-    if proj == "pixtral":  # Mistral Small 3.1's patch merger sets spatial_merge_size; Pixtral-12B has none
-        n_merge = _int(f, "clip.vision.spatial_merge_size", 1)
+    if proj in _RMS_SILU:  # Mistral Small 3.1's patch merger sets spatial_merge_size; Pixtral-12B has none
+        n_merge = _int(f, "clip.vision.spatial_merge_size", 1 if proj == "pixtral" else 2)
     else:  # gemma3's files may omit it (4); idefics3's and lfm2's may not
         n_merge = _int(f, "clip.vision.projector.scale_factor", 4 if proj == "gemma3" else None)
     pixels = PixelParams(proj, image_size, patch, _triple(f, "clip.vision.image_mean"),
@@ -141,5 +150,8 @@ def vision_config_from_gguf(f: GGUFFile) -> VisionConfig:
         d_model=_int(f, "clip.vision.embedding_length"), ffn_dim=_int(f, "clip.vision.feed_forward_length"),
         n_layers=_int(f, "clip.vision.block_count"), n_heads=n_heads, text_dim=_int(f, "clip.vision.projection_dim"),
         norm_eps=_float(f, "clip.vision.attention.layer_norm_epsilon"),
-        n_merge=n_merge, ffn=ffn, pixels=pixels, norm="rms" if proj == "pixtral" else "layer",
-        rope_theta=10000.0 if proj == "pixtral" else 0.0)
+        n_merge=n_merge, ffn=ffn, pixels=pixels, norm="rms" if proj in _RMS_SILU else "layer",
+        rope_theta=10000.0 if proj in _RMS_SILU else 0.0,
+        # clip.cpp reads no window size (attn_window_size stays 0: 112 px); the converter requires the pattern
+        n_wa_pattern=_int(f, "clip.vision.n_wa_pattern") if proj == QWEN25VL else 0,
+        window_size=112 if proj == QWEN25VL else 0)

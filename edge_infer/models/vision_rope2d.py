@@ -1,4 +1,5 @@
-"""Pixtral's 2-D RoPE on a vision tower's Q and K (clip_graph::build_rope_2d with interleaved
+"""The vision towers' 2-D RoPE on Q and K, in NumPy on the host rows: Qwen2.5-VL's
+(rope_2d_halves) and Pixtral's (clip_graph::build_rope_2d with interleaved
 frequencies), in NumPy on the host rows: in every head, the first half of the dimensions is
 rotated by the patch's row and the second half by its column, each half in adjacent pairs
 (ggml's normal RoPE mode) with the even (rows) and odd (columns) frequencies of the whole head:
@@ -39,3 +40,21 @@ def rope_2d(x: np.ndarray, head_dim: int, rows: np.ndarray, cols: np.ndarray, th
     odd = np.float32(np.float32(theta) ** np.float32(-2.0 / head_dim))
     _rotate(v[..., :half], _angles(rows, half // 2, scale, np.float32(1.0)))
     _rotate(v[..., half:], _angles(cols, half // 2, scale, odd))
+
+
+def rope_2d_halves(x: np.ndarray, head_dim: int, rows: np.ndarray, cols: np.ndarray, theta: float) -> None:
+    """Qwen2.5-VL's 2-D RoPE (ggml_rope_multi in VISION mode, four sections of head_dim / 4
+    pairs, each restarting its angle): x float32 [N, n_heads * head_dim] rotated in place in
+    NEOX pairs (i, i + head_dim / 2), pair i < head_dim / 4 by the patch's row,
+        angle = row * theta^(-4i / hd),
+    and pair head_dim / 4 + i by its column, angle = col * theta^(-4i / hd)."""
+    n = x.shape[0]
+    v = x.reshape(n, -1, head_dim)
+    half, quarter = head_dim // 2, head_dim // 4
+    scale = np.float32(np.float32(theta) ** np.float32(-2.0 / half))  # ggml's theta_scale with n_dims = hd / 2
+    one = np.float32(1.0)
+    ang = np.concatenate([_angles(rows, quarter, scale, one), _angles(cols, quarter, scale, one)], axis=1)
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x0, x1 = v[..., :half].copy(), v[..., half:].copy()
+    v[..., :half] = x0 * c - x1 * s
+    v[..., half:] = x0 * s + x1 * c

@@ -4,7 +4,7 @@ tensor of the file is used or refused by name."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.formats.quants import dequantize
 from edge_infer.models.backend import Backend
 from edge_infer.models.encoder_weights import Norm
-from edge_infer.models.vision_config import VisionConfig
+from edge_infer.models.vision_config import QWEN25VL, VisionConfig
 from edge_infer.models.weights import Tensors, float_matrix
 
 _EMPTY = np.empty(0, np.float32)  # an absent bias: nothing added
@@ -38,7 +38,8 @@ class VisionLayer:
     bo: np.ndarray
     b_up: np.ndarray
     b_down: np.ndarray
-    w_gate: QMatrix | None = None  # pixtral's SwiGLU
+    w_gate: QMatrix | None = None  # pixtral's and qwen2.5vl's SwiGLU
+    b_gate: np.ndarray = field(default_factory=lambda: _EMPTY)  # qwen2.5vl's
 
 
 @dataclass(slots=True)
@@ -73,14 +74,14 @@ def _bias(t: Tensors, name: str, n: int) -> np.ndarray:
 
 
 def _rms_layer(t: Tensors, cfg: VisionConfig, i: int) -> VisionLayer:
-    """pixtral: RMSNorms (weights only), attention and a SwiGLU MLP without biases."""
+    """pixtral, qwen2.5vl: RMSNorms (weights only), attention and a SwiGLU MLP (biases: qwen2.5vl's)."""
     p, d, f = f"v.blk.{i}", cfg.d_model, cfg.ffn_dim
     return VisionLayer(
         ln1=Norm(t.vec(f"{p}.ln1.weight", d), _EMPTY), ln2=Norm(t.vec(f"{p}.ln2.weight", d), _EMPTY),
         wq=t.mat(f"{p}.attn_q.weight", d, d), wk=t.mat(f"{p}.attn_k.weight", d, d),
         wv=t.mat(f"{p}.attn_v.weight", d, d), wo=t.mat(f"{p}.attn_out.weight", d, d),
         w_up=t.mat(f"{p}.ffn_up.weight", f, d), w_down=t.mat(f"{p}.ffn_down.weight", d, f),
-        w_gate=t.mat(f"{p}.ffn_gate.weight", f, d),
+        w_gate=t.mat(f"{p}.ffn_gate.weight", f, d), b_gate=_bias(t, f"{p}.ffn_gate.bias", f),
         bq=_bias(t, f"{p}.attn_q.bias", d), bk=_bias(t, f"{p}.attn_k.bias", d), bv=_bias(t, f"{p}.attn_v.bias", d),
         bo=_bias(t, f"{p}.attn_out.bias", d), b_up=_bias(t, f"{p}.ffn_up.bias", f),
         b_down=_bias(t, f"{p}.ffn_down.bias", d))
@@ -99,20 +100,35 @@ def _layer(t: Tensors, cfg: VisionConfig, i: int) -> VisionLayer:
         bo=t.vec(f"{p}.attn_out.bias", d), b_up=t.vec(f"{p}.ffn_up.bias", f), b_down=t.vec(f"{p}.ffn_down.bias", d))
 
 
-def _patch_matrix(f: GGUFFile, t: Tensors, cfg: VisionConfig) -> QMatrix:
-    """v.patch_embd.weight, ggml's conv kernel [p, p, 3, d_model], as d_model rows of 3 * p * p."""
-    name, p, d = "v.patch_embd.weight", cfg.patch_size, cfg.d_model
+def _conv_kernel(f: GGUFFile, t: Tensors, cfg: VisionConfig, name: str) -> np.ndarray:
+    """A patch convolution kernel [p, p, 3, d_model] (ggml order) as float32 [d_model, 3 * p * p]."""
+    p, d = cfg.patch_size, cfg.d_model
     info = f.tensors.get(name)
     if info is None:
         raise UnsupportedModelError(f"{f.path}: missing tensor {name!r}")
     if tuple(info.shape) != (p, p, 3, d):
         raise UnsupportedModelError(f"{f.path}: tensor {name!r} has shape {info.shape}, expected {(p, p, 3, d)}")
     t.used.add(name)
-    return float_matrix(np.asarray(dequantize(info), np.float32).reshape(d, 3 * p * p), name)
+    return np.asarray(dequantize(info), np.float32).reshape(d, 3 * p * p)
+
+
+def _patch_matrix(f: GGUFFile, t: Tensors, cfg: VisionConfig) -> QMatrix:
+    """v.patch_embd.weight as d_model rows of 3 * p * p; qwen2.5vl's second temporal kernel
+    (v.patch_embd.weight.1: the converter splits the Conv3D over 2 frames, and a still image
+    is both frames) added in: one convolution by the sum."""
+    kernel = _conv_kernel(f, t, cfg, "v.patch_embd.weight")
+    if cfg.projector == QWEN25VL:
+        kernel = kernel + _conv_kernel(f, t, cfg, "v.patch_embd.weight.1")
+    return float_matrix(kernel, "v.patch_embd.weight")
 
 
 def _head(f: GGUFFile, t: Tensors, cfg: VisionConfig) -> dict[str, QMatrix | np.ndarray]:
     d, n = cfg.d_model, cfg.text_dim
+    if cfg.projector == QWEN25VL:  # the merger's MLP over each 2 x 2 patch group: mm.0 + bias, GELU, mm.2 + bias
+        shape = t.shape("mm.0.weight")
+        hidden = shape[1] if shape is not None and len(shape) == 2 else 0
+        return {"mm0": t.mat("mm.0.weight", hidden, 4 * d), "b0": t.vec("mm.0.bias", hidden),
+                "mm2": t.mat("mm.2.weight", n, hidden), "b2": t.vec("mm.2.bias", n)}
     if cfg.projector == "idefics3":  # the pixel-shuffled rows' projection
         return {"fc": t.mat("mm.model.fc.weight", n, d * cfg.n_merge**2)}
     if cfg.projector == "pixtral":  # (a patch merger,) then mm.1 + bias, GELU, mm.2 + bias; [IMG_BREAK]
@@ -162,7 +178,7 @@ def load_vision_weights(f: GGUFFile, cfg: VisionConfig, backend: Backend) -> Vis
     t.refuse_unused(f"{cfg.projector} projector")
     names = ("wq", "wk", "wv", "wo", "w_up", "w_down", "w_gate")
     flat = [(lw, n) for lw in w.layers for n in names if getattr(lw, n) is not None]
-    heads = [k for k in ("fc", "mm1", "mm2", "merger") if isinstance(w.head.get(k), QMatrix)]  # the file's own
+    heads = [k for k in ("fc", "mm0", "mm1", "mm2", "merger") if isinstance(w.head.get(k), QMatrix)]  # the file's own
     prepared = backend.prepare_weights(f, [("layer", getattr(lw, n)) for lw, n in flat]
                                        + [("layer", w.head[k]) for k in heads])
     for (lw, n), m in zip(flat, prepared):

@@ -167,7 +167,7 @@ def _unsupported_projector(path: Path) -> Path:
 
     w = GGUFWriter(str(path), "clip")
     w.add_string("general.type", "mmproj")
-    w.add_string("clip.projector_type", "qwen2.5vl")
+    w.add_string("clip.projector_type", "qwen2vl_merger")
     w.add_bool("clip.has_vision_encoder", True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -179,7 +179,7 @@ def _unsupported_projector(path: Path) -> Path:
 def test_refusals_name_the_problem(tmp_path: Path) -> None:
     text, mm = write_tiny_vlm(tmp_path / "i", "idefics3")
     img = test_image(40, 30)
-    with pytest.raises(UnsupportedModelError, match="projector type 'qwen2.5vl' is not supported"):
+    with pytest.raises(UnsupportedModelError, match="projector type 'qwen2vl_merger' is not supported"):
         LLM(str(text), mmproj=str(_unsupported_projector(tmp_path / "q.gguf")), n_threads=2, kv_cache_memory="16MiB")
     narrow = write_tiny_vlm_text(tmp_path / "narrow.gguf", "idefics3", d_model=32, n_heads=2, n_kv_heads=1)
     with pytest.raises(UnsupportedModelError, match="this mmproj belongs to another model"):
