@@ -1,9 +1,12 @@
 """Images: encode time and time to first token for one image on a SmolVLM-256M-shaped projector
 (random weights in llama.cpp's layout: a SigLIP-B/16 tower at 512 px, 12 layers x 768, pixel
 shuffle by 4, a SmolLM2-135M-shaped llama text model), ours and llama.cpp's libmtmd in the same
-run, same threads.
+run, same threads. `--projector qwen2.5vl`: Qwen2.5-VL-3B's vision tower shape (1280 wide, 16
+heads, SwiGLU 3420, 14 px patches, 112 px windows, a full-attention block every 8th) cut to
+--vision-layers blocks (32 in the real one), beside a 2-layer qwen2vl text model 2048 wide.
 
-    python benchmarks/bench_vision.py [--threads 2] [--size 512] [--longest-edge 512] [--reps 3] [--json]
+    python benchmarks/bench_vision.py [--projector smolvlm|qwen2.5vl] [--vision-layers 8] [--threads 2]
+        [--size 512] [--longest-edge 512] [--reps 3] [--json]
 
 Rows: preprocessing + encoding every tile of the image (ours: the engine thread's vision tower;
 llama.cpp: mtmd_tokenize + mtmd_encode_chunk per tile), and TTFT of "<image> Describe it."
@@ -35,8 +38,20 @@ TEXT = {"n_layers": 30, "d_model": 576, "n_heads": 9, "n_kv_heads": 3, "ffn": 15
 PROMPT = "<__media__> Describe it."
 
 
-def write_files(folder: Path, longest_edge: int, linear_type: str = "F32") -> tuple[Path, Path]:
+QWEN_SHAPE = {"n_embd": 1280, "n_head": 16, "n_ff": 3420, "text_embd": 2048, "mm_hidden": 5120, "n_wa_pattern": 8}
+QWEN_TEXT = {"n_layers": 2, "d_model": 2048, "n_heads": 16, "n_kv_heads": 2, "ffn": 4096, "sections": (16, 24, 24, 0)}
+
+
+def write_files(folder: Path, longest_edge: int, linear_type: str = "F32", projector: str = "smolvlm",
+                vision_layers: int = 8) -> tuple[Path, Path]:
     from tiny_vlm import write_tiny_mmproj, write_tiny_vlm_text
+
+    if projector == "qwen2.5vl":
+        from tiny_qwen_vl import write_tiny_qwen_vl_mmproj, write_tiny_qwen_vl_text
+
+        mm = write_tiny_qwen_vl_mmproj(folder / "qwen2.5vl-3b-shaped-mmproj.gguf", linear_type=linear_type,
+                                       n_layer=vision_layers, **QWEN_SHAPE)  # type: ignore[arg-type]
+        return write_tiny_qwen_vl_text(folder / "qwen2.5vl-shaped-text.gguf", **QWEN_TEXT), mm  # type: ignore[arg-type]
 
     mm = write_tiny_mmproj(folder / "smolvlm-256m-shaped-mmproj.gguf", "idefics3", preproc_image_size=longest_edge,
                            linear_type=linear_type, **SHAPE)
@@ -110,6 +125,8 @@ def main() -> int:
     from edge_infer.bench.baseline import baseline_info, format_baseline
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--projector", choices=("smolvlm", "qwen2.5vl"), default="smolvlm")
+    p.add_argument("--vision-layers", type=int, default=8, help="qwen2.5vl: the tower's blocks (32 in the 3B)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--size", type=int, default=512, help="the image's width and height (px)")
     p.add_argument("--longest-edge", type=int, default=512, help="the projector's preproc_image_size")
@@ -122,20 +139,23 @@ def main() -> int:
     rows = []
     for qtype in a.types.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            text, mm = write_files(Path(tmp), a.longest_edge, qtype)
+            text, mm = write_files(Path(tmp), a.longest_edge, qtype, a.projector, a.vision_layers)
             mine = ours(text, mm, img, a.threads, a.reps)
             ref = None if a.no_llama_cpp else llama_cpp(text, mm, img, a.threads, a.reps)
         rows.append({"type": qtype, "ours": mine, "llama_cpp": ref})
     from edge_infer.kernels_cpu.target import format_numpy_blas, numpy_blas
 
-    res = {"threads": a.threads, "image": f"{a.size}x{a.size}", "longest_edge": a.longest_edge, "rows": rows,
+    res = {"projector": a.projector, "vision_layers": a.vision_layers if a.projector == "qwen2.5vl" else None,
+           "threads": a.threads, "image": f"{a.size}x{a.size}", "longest_edge": a.longest_edge, "rows": rows,
            "numpy_blas": numpy_blas(),
            "llama_cpp_build": None if a.no_llama_cpp else baseline_info()}
     if a.json:
         print(json.dumps(res, indent=2))
         return 0
     first = rows[0]["ours"]
-    print(f"SmolVLM-256M-shaped projector, {a.size}x{a.size} image -> {first['tiles']} tiles, "
+    shape = ("SmolVLM-256M-shaped projector" if a.projector == "smolvlm" else
+             f"Qwen2.5-VL-3B-shaped projector ({a.vision_layers} of its 32 blocks)")
+    print(f"{shape}, {a.size}x{a.size} image -> {first['tiles']} tiles, "
           f"{first['prompt_tokens']} prompt tokens; {a.threads} threads, median of {a.reps}")
     print(f"{'type':6}{'':28}{'ours':>9}{'llama.cpp':>11}{'ratio':>8}")
     for row in rows:
