@@ -4,12 +4,14 @@ speculative verification (the pool's layout is kernels_cpu.attention's).
 A work item is a tile of up to QUERY_TILE consecutive tokens of one sequence and one kv-head
 group (or, with too few items for the threads, a share of the group's query heads). The
 tile's query rows (tokens x heads) share every key and value row the pool holds for them: a
-chunk of up to 16 keys is converted to float32 once, as 16 vector lanes per head dimension (the
-K pool stores each block transposed: [head dim][offset]), and up to eight rows that see one of
-the keys get 16 scores (two chunks: 32) from one fused multiply-add per dimension
-(kernels_cpu.simd_attn.qk_lanes); the chunk's value rows are converted once and added into the
-accumulators of every row that sees them, up to 4 rows x 64 dimensions held in registers over
-the chunk (pv_lanes).
+chunk of up to 16 keys is 16 vector lanes per head dimension (the K pool stores each block
+transposed: [head dim][offset]), and up to eight rows that see one of the keys get 16 scores
+(two chunks: 32) from one fused multiply-add per dimension (kernels_cpu.simd_attn.qk_lanes);
+the chunk's value rows are added into the accumulators of every row that sees them, up to 4
+rows x 64 dimensions held in registers over the chunk (pv_lanes). An f16 / f32 pool whose
+blocks hold whole chunks is read in place, halves widened in the registers (on x86 with F16C);
+a block type's chunk (and any other) is converted to float32 scratch once first
+(kernels_cpu.kv_read). Both give the same floats: the widening is exact.
 
 Per query row the arithmetic is fixed by the row alone: a score is the sequential chain of
 fused multiply-adds over the head dimension (times the key's scale), the softmax runs over the
@@ -26,7 +28,7 @@ import numpy as np
 from ._jit import REORDER, fmadd, kernel
 from .fastmath import fast_exp
 from .kv_quant import head_dim_of
-from .kv_read import LANES, key_chunk, value_rows
+from .kv_read import LANES, key_chunk, pool_flat, value_rows
 from .simd_attn import pv_lanes, qk_lanes, row_max
 
 QUERY_TILE = 16  # tokens per tile (fewer when the scores of a long context would not fit SCORE_BUDGET)
@@ -34,46 +36,48 @@ SCORE_BUDGET = 1 << 22  # float32 scores per thread's scratch (16 MB)
 
 
 @kernel(inline=True)
-def _value_slices(accf, a0, scf, w0, width, kvf, v0, hd, nk, nrow, nsl):
+def _value_slices(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, nrow, nsl):
     """pv_lanes over nrow rows (1, 2 or 4) and nsl 16-lane slices (1, 2 or 4), as literals."""
     if nrow == 4:
-        _value_slices_of(accf, a0, scf, w0, width, kvf, v0, hd, nk, 4, nsl)
+        _value_slices_of(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, 4, nsl)
     elif nrow == 2:
-        _value_slices_of(accf, a0, scf, w0, width, kvf, v0, hd, nk, 2, nsl)
+        _value_slices_of(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, 2, nsl)
     else:
-        _value_slices_of(accf, a0, scf, w0, width, kvf, v0, hd, nk, 1, nsl)
+        _value_slices_of(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, 1, nsl)
 
 
 @kernel(inline=True)
-def _value_slices_of(accf, a0, scf, w0, width, kvf, v0, hd, nk, nrow, nsl):
+def _value_slices_of(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, nrow, nsl):
     """_value_slices once nrow is a literal (inlined: it stays one)."""
     if nsl == 4:
-        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, nrow, 4)
+        pv_lanes(accf, a0, hd, scf, w0, width, vsrc, v0, vstride, nk, nrow, 4)
     elif nsl == 2:
-        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, nrow, 2)
+        pv_lanes(accf, a0, hd, scf, w0, width, vsrc, v0, vstride, nk, nrow, 2)
     else:
-        pv_lanes(accf, a0, hd, scf, w0, width, kvf, v0, hd, nk, nrow, 1)
+        pv_lanes(accf, a0, hd, scf, w0, width, vsrc, v0, vstride, nk, nrow, 1)
 
 
 @kernel(inline=True)
-def _score_rows(scf, width, col, qh, hd, kt, ks, row, rb, nch):
+def _score_rows(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, rb, nch):
     """qk_lanes for rows row..rb-1 from column col, 8, then 4, then 1 rows per call; nch: a
-    literal 1 or 2 chunks of 16 keys (inlined: it stays one)."""
+    literal 1 or 2 chunks of 16 keys (inlined: it stays one), at k0 and k1 of kt."""
     while row + 8 <= rb:
-        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 8, nch)
+        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, k0, k1, kds, hd, ks, 8, nch)
         row += 8
     while row + 4 <= rb:
-        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 4, nch)
+        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, k0, k1, kds, hd, ks, 4, nch)
         row += 4
     while row < rb:
-        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, hd, ks, 1, nch)
+        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, k0, k1, kds, hd, ks, 1, nch)
         row += 1
 
 
 @kernel(inline=True)
-def _weighted_values(accf, sc, scf, kv, kvf, ra, rb, col, ja, jb):
-    """acc[row] += sc[row, col + j] * kv[j] for rows ra..rb-1 and keys j = ja..jb-1, each (row,
-    dimension) a fused multiply-add chain in key order."""
+def _weighted_values(accf, sc, scf, kv, vsrc, vbase, vstride, ra, rb, col, ja, jb):
+    """acc[row] += sc[row, col + j] * V[j] for rows ra..rb-1 and keys j = ja..jb-1, each (row,
+    dimension) a fused multiply-add chain in key order; V[j]: vsrc[vbase + j * vstride:][:hd]
+    (the converted rows kv, or a plain pool's block read in place), its dimensions past the
+    last 16 from kv (a pool is read in place only when hd is a multiple of 16)."""
     hd, width = kv.shape[1], sc.shape[1]
     nk, whole = jb - ja, hd // LANES * LANES
     d0 = 0
@@ -83,7 +87,8 @@ def _weighted_values(accf, sc, scf, kv, kvf, ra, rb, col, ja, jb):
         row = ra
         while row < rb:
             nrow = 4 if rb - row >= 4 else 2 if rb - row >= 2 else 1
-            _value_slices(accf, row * hd + d0, scf, row * width + col + ja, width, kvf, ja * hd + d0, hd, nk, nrow, nsl)
+            _value_slices(accf, row * hd + d0, scf, row * width + col + ja, width, vsrc, vbase + ja * vstride + d0,
+                          vstride, hd, nk, nrow, nsl)
             row += nrow
         d0 += nsl * LANES
     for row in range(ra, rb):  # the dimensions past the last whole slice
@@ -111,6 +116,13 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
     nr = r1 - r0
     width = sc.shape[1]
     scf, kvf = sc.reshape(-1), kv.reshape(-1)
+    # a plain pool (f16 / f32) with whole 16-key chunks is read in place by the lanes, no copy
+    kflat, vflat = pool_flat(k_cache, k_scale), pool_flat(v_cache, v_scale)
+    whole = bs % LANES == 0 and hd % LANES == 0
+    direct, direct_v = whole and kflat.shape[0] > 0, whole and vflat.shape[0] > 0  # K's and V's pools apart
+    if direct:  # key_chunk fills the keys' scales per chunk; read in place, every key's is `scale`
+        for u in range(2 * LANES):
+            ks[u] = scale
     ptile = positions[t0:t1]  # a view indexed from 0: its loops read it contiguously (no gathers)
     kmin, kmax = positions[t0], -1
     for i in range(t0, t1):
@@ -129,19 +141,27 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
     c = kbase
     while c <= kmax:  # scores: chunks of cw keys (one block or 16 of it), two at a time where both are 16
         nch = 2 if cw == LANES and c + cw <= kmax else 1
-        key_chunk(k_cache, k_scale, block_tables[s, c // bs], g, c % bs, cw, scale, kt, ks, kv)
-        if nch == 2:
-            key_chunk(k_cache, k_scale, block_tables[s, (c + cw) // bs], g, (c + cw) % bs, cw, scale, kt2, ks2, kv)
+        if not direct:
+            key_chunk(k_cache, k_scale, block_tables[s, c // bs], g, c % bs, cw, scale, kt, ks, kv)
+            if nch == 2:
+                key_chunk(k_cache, k_scale, block_tables[s, (c + cw) // bs], g, (c + cw) % bs, cw, scale, kt2, ks2, kv)
         qa, qb = t1, t0  # the tokens that see a key of the chunks (contiguous: positions ascend)
         for i in range(t0, t1):
             lo, p = _visible(ptile, i - t0, window)
             if lo < c + nch * cw and p >= c:
                 qa, qb = min(qa, i), max(qb, i + 1)
         row, rb = (qa - t0) * nr, (qb - t0) * nr
-        if nch == 2:  # a row's scores of keys it does not see are computed, never read
-            _score_rows(scf, width, c - kbase, qh, hd, kt, ks, row, rb, 2)
+        if direct:  # the blocks' [dimension][offset] runs: chunk h's dimension d at k_h + bs d
+            k0 = (block_tables[s, c // bs] * n_kv + g) * hd * bs + c % bs
+            k1 = (block_tables[s, (c + cw) // bs] * n_kv + g) * hd * bs + (c + cw) % bs if nch == 2 else k0
+            if nch == 2:  # a row's scores of keys it does not see are computed, never read
+                _score_rows(scf, width, c - kbase, qh, hd, kflat, k0, k1, bs, ks, row, rb, 2)
+            else:
+                _score_rows(scf, width, c - kbase, qh, hd, kflat, k0, k1, bs, ks, row, rb, 1)
+        elif nch == 2:
+            _score_rows(scf, width, c - kbase, qh, hd, kt, 0, LANES * hd, LANES, ks, row, rb, 2)
         else:
-            _score_rows(scf, width, c - kbase, qh, hd, kt, ks, row, rb, 1)
+            _score_rows(scf, width, c - kbase, qh, hd, kt, 0, LANES * hd, LANES, ks, row, rb, 1)
         c += nch * cw
     inv_cap = np.float32(1.0) / softcap if softcap > 0 else np.float32(0.0)
     for i in range(t0, t1):  # softmax of each row over its own keys
@@ -167,21 +187,34 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
             inv_den[row] = np.float32(1.0) / den
             acc[row, :] = 0.0
     accf = acc.reshape(-1)
+    vstride, vbase = hd, 0  # the converted rows kv
+    if direct_v:
+        vstride = n_kv * hd  # a block's rows of kv-head g, read in place
     for c in range(kbase, kmax + 1, cw):  # values, the scores' chunks: converted once for the tile's rows
-        value_rows(v_cache, v_scale, block_tables[s, c // bs], c % bs, cw, g, kv)
+        if direct_v:
+            vbase = ((block_tables[s, c // bs] * bs + c % bs) * n_kv + g) * hd
+        else:
+            value_rows(v_cache, v_scale, block_tables[s, c // bs], c % bs, cw, g, kv)
         fa, fb = t1, t0  # the tokens that see every key of the chunk (contiguous: positions ascend)
         for i in range(t0, t1):
             lo, p = _visible(ptile, i - t0, window)
             if lo <= c and p >= c + cw - 1:
                 fa, fb = min(fa, i), max(fb, i + 1)
         if fa < fb:
-            _weighted_values(accf, sc, scf, kv, kvf, (fa - t0) * nr, (fb - t0) * nr, c - kbase, 0, cw)
+            if direct_v:
+                _weighted_values(accf, sc, scf, kv, vflat, vbase, vstride, (fa - t0) * nr, (fb - t0) * nr, c - kbase, 0, cw)
+            else:
+                _weighted_values(accf, sc, scf, kv, kvf, 0, hd, (fa - t0) * nr, (fb - t0) * nr, c - kbase, 0, cw)
         for i in range(t0, t1):  # the others see a run of it (the diagonal, a window's edge)
             lo, p = _visible(ptile, i - t0, window)
             ja, jb = max(lo, c) - c, min(p, c + cw - 1) - c + 1
             if (fa <= i < fb) or ja >= jb:
                 continue
-            _weighted_values(accf, sc, scf, kv, kvf, (i - t0) * nr, (i - t0 + 1) * nr, c - kbase, ja, jb)
+            if direct_v:
+                _weighted_values(accf, sc, scf, kv, vflat, vbase, vstride, (i - t0) * nr, (i - t0 + 1) * nr, c - kbase,
+                                 ja, jb)
+            else:
+                _weighted_values(accf, sc, scf, kv, kvf, 0, hd, (i - t0) * nr, (i - t0 + 1) * nr, c - kbase, ja, jb)
     for i in range(t0, t1):
         for r in range(nr):
             row = (i - t0) * nr + r

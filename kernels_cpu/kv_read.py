@@ -9,11 +9,14 @@ decode_kv_rows, keys then transposed in registers by simd_attn.transpose16).
         ks[l] = scale; kv [16, hd]: scratch (a block type's rows decode there first).
     value_rows(v_cache, v_aux, blk, off, m, g, kv)
         kv[u] = value row off + u of block blk, kv-head g, as float32 (u < m).
+    pool_flat(cache, aux)
+        a plain pool flat (the lanes read its blocks in place), a block type's empty.
 (head_dim_of, the head size of a V pool, is kv_quant's.)
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba.core import types
 from numba.extending import overload
 
@@ -96,6 +99,27 @@ def _ov_key_chunk(k_cache, k_aux, blk, g, c0, cw, scale, kt, ks, kv):
                 _widen(kt, LANES * d, kflat, base + d * bs, cw)
         for u in range(cw):
             ks[u] = scale
+    return plain
+
+
+def pool_flat(cache, aux):
+    """A plain (f16 / f32) pool's array as one flat run, which the attention lanes read in place
+    (simd_attn widens half bits in the register); a block type's pool (and an f16 one on x86
+    without F16C): an empty float32 array."""
+    raise NotImplementedError
+
+
+@overload(pool_flat, inline="always", jit_options={"cache": True})  # type: ignore[typeddict-unknown-key]
+def _ov_pool_flat(cache, aux):
+    # halves widened in a register need F16C on x86 (elsewhere the widening is a call numba's
+    # JIT cannot link): such a target converts them as before, through key_chunk / value_rows
+    if isinstance(aux.dtype, types.Integer) or (cache.dtype == types.uint16 and not HAS_F16C):
+        def blocks(cache, aux):
+            return np.empty(0, np.float32)
+        return blocks
+
+    def plain(cache, aux):
+        return cache.reshape(-1)
     return plain
 
 

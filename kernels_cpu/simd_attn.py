@@ -29,6 +29,18 @@ def _vptr(builder, base, off):
     return builder.bitcast(builder.gep(base, [off]), _VF.as_pointer())
 
 
+def _lanes(builder, base, off, elem):
+    """base[off:off + 16] as <16 x float>: float32 loaded, or IEEE half bits (uint16) loaded and
+    widened (fpext: exact, the bits widen16 stores)."""
+    if elem == types.uint16:
+        vh = ir.VectorType(ir.HalfType(), 16)
+        return builder.fpext(builder.load(builder.bitcast(builder.gep(base, [off]), vh.as_pointer()), align=2), _VF)
+    return builder.load(_vptr(builder, base, off), align=4)
+
+
+_LANE_TYPES = (types.float32, types.uint16)  # what qk_lanes' keys and pv_lanes' values may be
+
+
 def _broadcast(builder, base, off):
     """base[off] (float32) in all 16 lanes."""
     x = builder.insert_element(ir.Constant(_VF, None), builder.load(builder.gep(base, [off])), ir.Constant(_I32, 0))
@@ -36,19 +48,21 @@ def _broadcast(builder, base, off):
 
 
 @intrinsic
-def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows, nch):
+def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, k0, k1, kds, hd, vs, nrows, nch):
     """For r < nrows (a literal, 1..8), chunks h < nch (a literal, 1 or 2) of 16 keys:
     sc[so + r * sstride + 16 h + l] = (chain over d < hd of q[qo + r * qstride + d] *
-    kt[16 hd h + 16 d + l]) * vs[16 h + l], the 16 lanes l. sc, q, kt, vs: float32 (flat,
-    C-contiguous)."""
+    kt[k_h + kds d + l]) * vs[16 h + l], the 16 lanes l, k_h = k0 or k1: chunk h's first key
+    of dimension 0, kds: the step between dimensions (16 in a converted chunk; the block size
+    read straight from a K pool block). sc, q, vs: float32 (flat, C-contiguous); kt: float32,
+    or half bits (uint16), widened in the register."""
     if not isinstance(nrows, types.IntegerLiteral) or not 1 <= nrows.literal_value <= 8:
         return None
     if not isinstance(nch, types.IntegerLiteral) or not 1 <= nch.literal_value <= 2:
         return None
-    if not all(isinstance(a, types.Array) for a in (sc, q, kt, vs)):
+    if not all(isinstance(a, types.Array) for a in (sc, q, kt, vs)) or kt.dtype not in _LANE_TYPES:
         return None
     n, m = nrows.literal_value, nch.literal_value
-    sig = types.void(sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows, nch)
+    sig = types.void(sc, so, sstride, q, qo, qstride, kt, k0, k1, kds, hd, vs, nrows, nch)
 
     def codegen(context, builder, signature, args):
         def data(k):
@@ -57,20 +71,19 @@ def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows, nch)
         def i64(k):
             return context.cast(builder, args[k], signature.args[k], types.int64)
 
-        scp, qp, ktp, vsp = data(0), data(3), data(6), data(8)
-        so64, ss64, qo64, qs64, hd64 = i64(1), i64(2), i64(4), i64(5), i64(7)
+        scp, qp, ktp, vsp = data(0), data(3), data(6), data(11)
+        so64, ss64, qo64, qs64, hd64 = i64(1), i64(2), i64(4), i64(5), i64(10)
+        kbase, kds64 = [i64(7), i64(8)], i64(9)
         fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))
         slots = [[cgutils.alloca_once(builder, _VF) for _ in range(m)] for _ in range(n)]  # registers after mem2reg
         for row in slots:
             for s in row:
                 builder.store(ir.Constant(_VF, None), s)  # zeros
         qrow = [builder.add(qo64, builder.mul(ir.Constant(_I64, r), qs64)) for r in range(n)]
-        kstride = builder.mul(hd64, ir.Constant(_I64, 16))
         with cgutils.for_range(builder, hd64) as loop:
             d = loop.index
-            at = builder.mul(d, ir.Constant(_I64, 16))
-            kv = [builder.load(_vptr(builder, ktp, builder.add(at, builder.mul(kstride, ir.Constant(_I64, h)))), align=4)
-                  for h in range(m)]
+            at = builder.mul(d, kds64)
+            kv = [_lanes(builder, ktp, builder.add(at, kbase[h]), kt.dtype) for h in range(m)]
             for r in range(n):
                 xv = _broadcast(builder, qp, builder.add(qrow[r], d))
                 for h in range(m):
@@ -89,11 +102,12 @@ def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, hd, vs, nrows, nch)
 def pv_lanes(typingctx, acc, ao, astride, w, wo, wstride, vt, vo, vstride, nkeys, nrows, nsl):
     """For r < nrows, s < nsl (literals 1..4), each lane l < 16 of slice s:
     acc[ao + r * astride + 16 s + l] = fmuladd(w[wo + r * wstride + j], vt[vo + j * vstride +
-    16 s + l], acc[...]) for j = 0..nkeys-1 in that order. acc, w, vt: float32 (flat)."""
+    16 s + l], acc[...]) for j = 0..nkeys-1 in that order. acc, w: float32 (flat); vt: float32,
+    or half bits (uint16: a V pool read in place), widened in the register."""
     lits = (nrows, nsl)
     if not all(isinstance(x, types.IntegerLiteral) and 1 <= x.literal_value <= 4 for x in lits):
         return None
-    if not all(isinstance(a, types.Array) for a in (acc, w, vt)):
+    if not all(isinstance(a, types.Array) for a in (acc, w, vt)) or vt.dtype not in _LANE_TYPES:
         return None
     n, m = nrows.literal_value, nsl.literal_value
     sig = types.void(acc, ao, astride, w, wo, wstride, vt, vo, vstride, nkeys, nrows, nsl)
@@ -119,7 +133,7 @@ def pv_lanes(typingctx, acc, ao, astride, w, wo, wstride, vt, vo, vstride, nkeys
         with cgutils.for_range(builder, nk64) as loop:
             j = loop.index
             vrow = builder.add(vo64, builder.mul(j, vs64))
-            vv = [builder.load(_vptr(builder, vtp, builder.add(vrow, ir.Constant(_I64, 16 * k))), align=4) for k in range(m)]
+            vv = [_lanes(builder, vtp, builder.add(vrow, ir.Constant(_I64, 16 * k)), vt.dtype) for k in range(m)]
             for r in range(n):
                 xv = _broadcast(builder, wp, builder.add(wrow[r], j))
                 for k in range(m):

@@ -167,7 +167,7 @@ def combine_baseline(before: dict[str, Any] | None, after: dict[str, Any] | None
 def format_table(res: dict[str, Any]) -> str:
     p, n = res["n_prompt"], res["n_gen"]
     lines = [f"model {res['model']}, {res['threads']} threads (medians)",
-             f"{'':12}{'pp' + str(p) + ' tok/s':>16}{'tg' + str(n) + ' tok/s':>16}",
+             f"{'':12}{'pp' + str(p) + ' tok/s':>16}{f'tg{n}@{p} tok/s':>16}",
              f"{'edge-infer':12}{res['edge']['pp_tps']:>16.1f}{res['edge']['tg_tps']:>16.1f}"]
     mem = res.get("memory")
     if mem:

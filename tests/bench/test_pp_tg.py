@@ -41,10 +41,10 @@ def test_bench_against_llama_cpp_on_a_tiny_model(tmp_path: Path) -> None:
 
 _FAKE_LLAMA_BENCH = """#!/bin/sh
 # stands in for ik_llama.cpp's llama-bench: checks the flags edge-infer passes, prints its JSON
-case "$*" in *"-rtr 1"*"-o json"*) ;; *) echo "unexpected flags: $*" >&2; exit 2;; esac
+case "$*" in *"-p 16 -n 0 -gp 16,4"*"-rtr 1"*"-o json"*) ;; *) echo "unexpected flags: $*" >&2; exit 2;; esac
 echo '[{"n_prompt": 16, "n_gen": 0, "avg_ts": 400.0, "cpu_info": "Test CPU", "build_commit": "abc1234",
   "flash_attn": true, "repack": true},
- {"n_prompt": 0, "n_gen": 4, "avg_ts": 50.0, "cpu_info": "Test CPU", "build_commit": "abc1234",
+ {"n_prompt": 16, "n_gen": 4, "avg_ts": 50.0, "cpu_info": "Test CPU", "build_commit": "abc1234",
   "flash_attn": true, "repack": true}]'
 """
 
