@@ -27,11 +27,15 @@ from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.models.backend import EncoderBackend
 
 
+SCORE_BUDGET = 1 << 23  # float32 scores one thread holds at once (32 MiB): a head's queries in blocks past it
+
+
 class VisionBlas:
     """Row- and head-split products over n_threads pool threads (the calling thread waits)."""
 
-    def __init__(self, backend: EncoderBackend, n_threads: int) -> None:
+    def __init__(self, backend: EncoderBackend, n_threads: int, score_budget: int = SCORE_BUDGET) -> None:
         self.b, self.n = backend, max(1, n_threads)
+        self.score_budget = score_budget
         self._pool: ThreadPoolExecutor | None = None
         self._controller: Any = None  # threadpoolctl's, made at the first image
         self._wide = np.empty(0, np.float32)
@@ -85,14 +89,21 @@ class VisionBlas:
     def _heads(self, scaled: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, heads: range,
                hd: int) -> None:
         n = scaled.shape[0]
-        scores = np.empty((n, n), np.float32)  # one head at a time: it stays in cache
-        inv, head = np.empty(n, np.float32), np.empty((n, hd), np.float32)
+        # one head at a time, its queries in blocks of rows within the score budget (Qwen2.5-VL's
+        # largest image is 16,384 patches: 1 GiB of scores for a whole head)
+        rows = max(1, min(n, self.score_budget // n))
+        scores = np.empty((rows, n), np.float32)
+        inv, head = np.empty(rows, np.float32), np.empty((rows, hd), np.float32)
         for h in heads:
             cols = slice(h * hd, (h + 1) * hd)
-            np.matmul(scaled[:, cols], k[:, cols].T, out=scores)
-            self.b.softmax_rows(scores, inv)  # max, exp and sum in one pass pair
-            np.matmul(scores, v[:, cols], out=head)
-            np.multiply(head, inv[:, None], out=out[:, cols])
+            kt, vh = k[:, cols].T, v[:, cols]
+            for a in range(0, n, rows):
+                z = min(n, a + rows)
+                sc, iv, hs = scores[: z - a], inv[: z - a], head[: z - a]
+                np.matmul(scaled[a:z, cols], kt, out=sc)
+                self.b.softmax_rows(sc, iv)  # max, exp and sum in one pass pair
+                np.matmul(sc, vh, out=hs)
+                np.multiply(hs, iv[:, None], out=out[a:z, cols])
 
     def close(self) -> None:
         if self._pool is not None:

@@ -25,12 +25,18 @@ def test_row_split_product_is_the_whole_product(blas: VisionBlas) -> None:
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
-def test_attention_matches_softmax_per_head(blas: VisionBlas) -> None:
+@pytest.mark.parametrize("budget", [None, 33 * 7])  # all 33 queries at once; blocks of 7 (the last 5)
+def test_attention_matches_softmax_per_head(blas: VisionBlas, budget: int | None) -> None:
     rng = np.random.default_rng(1)
     n, heads, hd = 33, 3, 8
     q, k, v = (rng.standard_normal((n, heads * hd), np.float32) for _ in range(3))
     out = np.full((n, heads * hd), np.nan, np.float32)
-    blas.attention(q, k, v, out, heads, hd)
+    if budget is None:
+        blas.attention(q, k, v, out, heads, hd)
+    else:
+        small = VisionBlas(CpuBackend(2), 2, score_budget=budget)
+        small.attention(q, k, v, out, heads, hd)
+        small.close()
     for h in range(heads):
         c = slice(h * hd, (h + 1) * hd)
         s = q[:, c].astype(np.float64) @ k[:, c].T.astype(np.float64)
