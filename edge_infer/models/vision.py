@@ -18,6 +18,7 @@ over a pool of threads (see _mm, _attention and vision_blas.py); norms, activati
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -158,7 +159,7 @@ class VisionTower:
         if not cfg.rope_theta:  # learned positions (pixtral rotates Q and K instead)
             b.add(h, np.ascontiguousarray(self._positions(hp, wp), np.float32))
         if cfg.norm == "rms":
-            return self._rms_layers(hp, wp, h)
+            return self._rms_layers(h, np.arange(n) // wp, np.arange(n) % wp)
         if w.pre_norm is not None:
             b.layernorm(h, w.pre_norm.w, w.pre_norm.b, eps, o)
             h[:] = o
@@ -184,12 +185,14 @@ class VisionTower:
                 b.add(h, o)
         return np.array(xn if w.post_norm is not None else h)
 
-    def _rms_layers(self, hp: int, wp: int, h: np.ndarray) -> np.ndarray:
-        """pixtral's blocks: RMSNorms, 2-D RoPE on Q and K, a SwiGLU MLP; the final hidden states
-        (a copy)."""
+    def _rms_layers(self, h: np.ndarray, rows: np.ndarray, cols: np.ndarray, rope: Callable[..., None] = rope_2d,
+                    windows: list[tuple[int, int]] | None = None) -> np.ndarray:
+        """pixtral's and qwen2.5vl's blocks: RMSNorms, `rope` on Q and K by the patches' rows and
+        columns (int [n]), attention over the tile (with `windows`, the (start, end) runs of each
+        window's patches: within them, but in every n_wa_pattern-th block), a SwiGLU MLP, and
+        the projections' biases where the file has them; the final hidden states (a copy)."""
         cfg, b, ws, w, eps, n = self.cfg, self.b, self.ws, self.w, self.eps, h.shape[0]
         xn, o = ws.xn[:n], ws.o[:n]
-        rows, cols = np.arange(n) // wp, np.arange(n) % wp
         if w.pre_norm is not None:
             b.rmsnorm(h, w.pre_norm.w, eps, o)
             h[:] = o
@@ -198,18 +201,23 @@ class VisionTower:
             q, k, v, attn = ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n]
             self._mm(xn, (lw.wq, lw.wk, lw.wv), (q, k, v))
             for m, bias in ((q, lw.bq), (k, lw.bk), (v, lw.bv)):
-                if bias.size:
-                    b.add(m, np.ascontiguousarray(np.broadcast_to(bias, m.shape)))
-            rope_2d(q, cfg.head_dim, rows, cols, cfg.rope_theta)
-            rope_2d(k, cfg.head_dim, rows, cols, cfg.rope_theta)
-            self._attention(q, k, v, attn)
+                add_bias(m, bias)
+            rope(q, cfg.head_dim, rows, cols, cfg.rope_theta)
+            rope(k, cfg.head_dim, rows, cols, cfg.rope_theta)
+            whole = windows is None or (i + 1) % cfg.n_wa_pattern == 0
+            for a, z in ([(0, n)] if whole else windows):  # a window's patches attend within it
+                self._attention(q[a:z], k[a:z], v[a:z], attn[a:z])
             self._mm(attn, (lw.wo,), (o,))
+            add_bias(o, lw.bo)
             b.add_rmsnorm(h, o, lw.ln2.w, eps, xn)  # h += attention; xn = RMSNorm(h) * ln2
             gate, up, act = ws.gate[:n], ws.up[:n], ws.act[:n]
             assert lw.w_gate is not None
             self._mm(xn, (lw.w_gate, lw.w_up), (gate, up))
+            add_bias(gate, lw.b_gate)
+            add_bias(up, lw.b_up)
             b.silu_mul(gate, up, act)
             self._mm(act, (lw.w_down,), (o,))
+            add_bias(o, lw.b_down)
             nxt = w.layers[i + 1].ln1 if i + 1 < len(w.layers) else w.post_norm
             if nxt is not None:
                 b.add_rmsnorm(h, o, nxt.w, eps, xn)
@@ -272,6 +280,12 @@ class VisionTower:
 def _on_blas(m: QMatrix) -> bool:
     """A float matrix (F32, F16, BF16) not repacked by the backend: NumPy's BLAS multiplies it."""
     return m.packed is None and m.qtype in (F32, F16, BF16)
+
+
+def add_bias(x: np.ndarray, bias: np.ndarray) -> None:
+    """x += bias per row, when the file has the bias (NumPy: a tile's rows, cheaper than a launch)."""
+    if bias.size:
+        x += bias
 
 
 def _arr(a: Any) -> np.ndarray:

@@ -26,7 +26,6 @@ import numpy as np
 from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.models.backend import EncoderBackend
 
-
 SCORE_BUDGET = 1 << 23  # float32 scores one thread holds at once (32 MiB): a head's queries in blocks past it
 
 

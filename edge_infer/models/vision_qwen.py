@@ -20,7 +20,7 @@ import numpy as np
 
 from edge_infer.formats.qmatrix import QMatrix
 from edge_infer.models.backend import EncoderBackend
-from edge_infer.models.vision import VisionTower, patches
+from edge_infer.models.vision import VisionTower, add_bias, patches
 from edge_infer.models.vision_config import QWEN25VL, VisionConfig
 from edge_infer.models.vision_rope2d import rope_2d_halves
 from edge_infer.models.vision_weights import VisionWeights
@@ -69,48 +69,16 @@ class QwenVisionTower(VisionTower):
     def _tower(self, tile: np.ndarray) -> np.ndarray:
         """One tile's hidden states after the final RMSNorm float32 [patches, d_model] (a copy),
         in the tower's order."""
-        cfg, b, w, eps, p = self.cfg, self.b, self.w, self.eps, self.cfg.patch_size
+        cfg, w, p = self.cfg, self.w, self.cfg.patch_size
         if tile.ndim != 3 or tile.shape[0] != 3 or tile.shape[1] % (2 * p) or tile.shape[2] % (2 * p):
             raise ValueError(f"a tile of shape {tile.shape}: expected [3, H, W] in multiples of {2 * p}")
         hp, wp = tile.shape[1] // p, tile.shape[2] // p
         n = hp * wp
         order, _, spans = self._layout(hp, wp)
-        rows, cols = order // wp, order % wp
         self._reserve(n)
-        ws = self.ws
-        h, xn, o = ws.h[:n], ws.xn[:n], ws.o[:n]
+        h = self.ws.h[:n]
         self._mm(np.ascontiguousarray(patches(tile, p)[order]), (w.patch,), (h,))
-        if w.pre_norm is not None:
-            b.rmsnorm(h, w.pre_norm.w, eps, o)
-            h[:] = o
-        b.rmsnorm(h, w.layers[0].ln1.w, eps, xn)
-        for i, lw in enumerate(w.layers):
-            q, k, v, attn = ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n]
-            self._mm(xn, (lw.wq, lw.wk, lw.wv), (q, k, v))
-            for m, bias in ((q, lw.bq), (k, lw.bk), (v, lw.bv)):
-                _add(m, bias)
-            rope_2d_halves(q, cfg.head_dim, rows, cols, cfg.rope_theta)
-            rope_2d_halves(k, cfg.head_dim, rows, cols, cfg.rope_theta)
-            whole = not cfg.n_wa_pattern or (i + 1) % cfg.n_wa_pattern == 0
-            for a, z in ([(0, n)] if whole else spans):  # a window's patches attend within it
-                self._attention(q[a:z], k[a:z], v[a:z], attn[a:z])
-            self._mm(attn, (lw.wo,), (o,))
-            _add(o, lw.bo)
-            b.add_rmsnorm(h, o, lw.ln2.w, eps, xn)  # h += attention; xn = RMSNorm(h) * ln2
-            gate, up, act = ws.gate[:n], ws.up[:n], ws.act[:n]
-            assert lw.w_gate is not None
-            self._mm(xn, (lw.w_gate, lw.w_up), (gate, up))
-            _add(gate, lw.b_gate)
-            _add(up, lw.b_up)
-            b.silu_mul(gate, up, act)
-            self._mm(act, (lw.w_down,), (o,))
-            _add(o, lw.b_down)
-            nxt = w.layers[i + 1].ln1 if i + 1 < len(w.layers) else w.post_norm
-            if nxt is not None:
-                b.add_rmsnorm(h, o, nxt.w, eps, xn)
-            else:
-                b.add(h, o)
-        return np.array(xn if w.post_norm is not None else h)
+        return self._rms_layers(h, order // wp, order % wp, rope_2d_halves, spans if cfg.n_wa_pattern else None)
 
     def _head(self, x: np.ndarray, hp: int, wp: int) -> np.ndarray:
         """The merger: each 2 x 2 group's rows concatenated, mm.0 + bias, GELU, mm.2 + bias; the
@@ -123,15 +91,9 @@ class QwenVisionTower(VisionTower):
         act = np.empty_like(up)
         self.b.bias_gelu(up, b0, act)
         out = self._project(act, mm2)
-        _add(out, b2)
+        add_bias(out, b2)
         _, back, _ = self._layout(hp, wp)
         return np.ascontiguousarray(out[back])
-
-
-def _add(x: np.ndarray, bias: np.ndarray) -> None:
-    """x += bias per row, when the file has the bias (NumPy: a tile's rows, cheaper than a launch)."""
-    if bias.size:
-        x += bias
 
 
 def vision_tower(cfg: VisionConfig, weights: VisionWeights, backend: EncoderBackend) -> VisionTower:
