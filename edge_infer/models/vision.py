@@ -204,8 +204,8 @@ class VisionTower:
                 add_bias(m, bias)
             rope(q, cfg.head_dim, rows, cols, cfg.rope_theta)
             rope(k, cfg.head_dim, rows, cols, cfg.rope_theta)
-            whole = windows is None or (i + 1) % cfg.n_wa_pattern == 0
-            for a, z in ([(0, n)] if whole else windows):  # a window's patches attend within it
+            spans = [(0, n)] if windows is None or (i + 1) % cfg.n_wa_pattern == 0 else windows
+            for a, z in spans:  # a window's patches attend within it
                 self._attention(q[a:z], k[a:z], v[a:z], attn[a:z])
             self._mm(attn, (lw.wo,), (o,))
             add_bias(o, lw.bo)
