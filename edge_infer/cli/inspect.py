@@ -87,12 +87,19 @@ def layers(f: Any) -> dict[str, Any]:
     layers) | "shared_kv_attention" (gemma4's, gemma3n's: over an earlier layer's K/V), ...],
     "state_bytes_per_sequence": N}, or {"error": why} for a model it cannot run. An encoder's
     layers are "bidirectional_attention" (or "windowed_bidirectional_attention" on its sliding
-    layers) and it adds {"encoder": {"pooling": name}}."""
+    layers) and it adds {"encoder": {"pooling": name}}. A multimodal projector (mmproj) file is
+    {"projector": {"type", "blocks", "width", "patch_size", "text_width"}}, or the error naming
+    why it is refused."""
     from edge_infer.errors import EdgeInferError
     from edge_infer.models import config_from_gguf
     from edge_infer.models.encoder_config import encoder_config_from_gguf, is_encoder
+    from edge_infer.models.vision_config import is_mmproj, vision_config_from_gguf
 
     try:
+        if is_mmproj(f):
+            v = vision_config_from_gguf(f)
+            return {"projector": {"type": v.projector, "blocks": v.n_layers, "width": v.d_model,
+                                  "patch_size": v.patch_size, "text_width": v.text_dim}}
         if is_encoder(f):
             enc = encoder_config_from_gguf(f)
             return {"kinds": ["windowed_bidirectional_attention" if enc.layer_window(i) else "bidirectional_attention"
@@ -110,6 +117,11 @@ def layers(f: Any) -> dict[str, Any]:
 
 def _layers_line(r: dict[str, Any]) -> str:
     info = r.get("layers") or {}
+    if "projector" in info:
+        p = info["projector"]
+        return (f"a multimodal projector: {p['type']}, a vision tower of {p['blocks']} blocks {p['width']} wide "
+                f"over {p['patch_size']} px patches, giving {p['text_width']}-wide embeddings: load it beside its "
+                "text model (--mmproj FILE, LLM(model, mmproj=FILE))")
     if "kinds" not in info:
         return f"layers: not runnable by edge-infer ({info.get('error', '?')})"
     counts: dict[str, int] = {}

@@ -225,3 +225,15 @@ def test_inspect_names_layer_kinds(tmp_path: Path, capsys: pytest.CaptureFixture
     rc, out, _ = run(capsys, "inspect", str(path), "--json")
     assert json.loads(out)["layers"] == {"kinds": ["short_conv", "attention", "short_conv", "short_conv", "attention",
                                                    "short_conv"], "state_bytes_per_sequence": 2048}
+
+
+def test_inspect_describes_a_projector(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An mmproj file is described as one (not "not runnable"); a refused projector says why."""
+    from tiny_qwen_vl import write_tiny_qwen_vl_mmproj
+
+    mm = write_tiny_qwen_vl_mmproj(tmp_path / "mm.gguf")
+    rc, out, _ = run(capsys, "inspect", str(mm))
+    assert rc == 0 and "a multimodal projector: qwen2.5vl_merger, a vision tower of 4 blocks 32 wide" in out
+    assert "--mmproj FILE" in out
+    rc, out, _ = run(capsys, "inspect", str(mm), "--json")
+    assert rc == 0 and json.loads(out)["layers"]["projector"]["text_width"] == 64
