@@ -21,7 +21,7 @@ def mrope_positions(spans: Sequence[ImageSpan], start: int, m: int) -> np.ndarra
     index = np.arange(start, start + m, dtype=np.int64)
     out = np.repeat(index[:, None], 3, axis=1)
     behind = 0  # how far the text position is behind the token index before this span
-    for s in sorted(spans, key=lambda s: s.start):
+    for s in spans:  # in position order (a MultimodalPrompt's)
         nx, ny = s.grid
         if nx < 1 or ny < 1 or nx * ny != s.length:
             raise ValueError(f"an image span of {s.length} tokens with a {nx} x {ny} grid has no M-RoPE positions")

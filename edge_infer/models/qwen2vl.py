@@ -3,7 +3,7 @@ biases, NEOX RoPE) with M-RoPE: `rope.dimension_sections` splits the rotated pai
 (and e) sections, each rotated by its own component of the token's position. A text token's
 components are all its position, so text alone rotates exactly as qwen2; an image of a
 qwen2.5vl projector gives its tokens (t, row, column) positions and advances the text position
-by max(rows, columns) (engine/mrope.py, models/rope.py's mrope_rotate). llama.cpp:
+by max(rows, columns) (engine/mrope.py, models/rope.py's MRope). llama.cpp:
 src/models/qwen2vl.cpp."""
 
 from __future__ import annotations

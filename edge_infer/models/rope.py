@@ -76,22 +76,36 @@ def mrope_components(sections: tuple[int, ...], n_pairs: int) -> np.ndarray:
     return np.searchsorted(np.cumsum(sections[:3]), sector, side="right").astype(np.int64)
 
 
-def mrope_rotate(xs: tuple[np.ndarray, ...], head_dim: int, n_rot: int, inv_freq: np.ndarray, mscale: float,
-                 sections: tuple[int, ...], pos3: np.ndarray) -> None:
-    """Each x float32 [N, heads * head_dim] (C-contiguous: Q, K) rotated in place in NEOX pairs
-    (i, i + n_rot / 2): pair i by the angle pos3[:, c] * inv_freq[i], c its section's component
-    (mrope_components; pos3 int [N, 3]: t, h, w), cos and sin times mscale, as the qkv_finish
-    kernel rotates (float64 angles, float32 products)."""
-    n, half = pos3.shape[0], n_rot // 2
-    pos = np.zeros((n, 4), np.float64)
-    pos[:, :3] = pos3
-    ang = pos[:, mrope_components(sections, half)] * inv_freq
-    c = (np.cos(ang) * mscale).astype(np.float32)[:, None, :]
-    s = (np.sin(ang) * mscale).astype(np.float32)[:, None, :]
-    for x in xs:
-        if not x.flags.c_contiguous:
-            raise ValueError("mrope_rotate rotates C-contiguous arrays in place")
-        v = x.reshape(n, -1, head_dim)
-        x0, x1 = v[..., :half].copy(), v[..., half:n_rot].copy()
-        v[..., :half] = x0 * c - x1 * s
-        v[..., half:n_rot] = x0 * s + x1 * c
+class MRope:
+    """M-RoPE's rotation of Q and K on the host, as the qkv_finish kernel rotates (float64
+    angles, float32 products). A step's cos / sin tables are made once per distinct rope and
+    shared by the layers that have it (qwen2vl's all do), not remade per layer."""
+
+    def __init__(self, sections: tuple[int, ...]) -> None:
+        self.sections = sections
+        self._pos: np.ndarray | None = None  # the step whose tables are kept (held: its identity stays its own)
+        self._tables: dict[tuple[bytes, float], tuple[np.ndarray, np.ndarray]] = {}
+
+    def rotate(self, xs: tuple[np.ndarray, ...], head_dim: int, n_rot: int, inv_freq: np.ndarray, mscale: float,
+               pos3: np.ndarray) -> None:
+        """Each x float32 [N, heads * head_dim] (C-contiguous: Q, K) rotated in place in NEOX
+        pairs (i, i + n_rot / 2): pair i by the angle pos3[:, c] * inv_freq[i], c its section's
+        component (mrope_components; pos3 int [N, 3]: t, h, w), cos and sin times mscale."""
+        if pos3 is not self._pos:
+            self._pos, self._tables = pos3, {}
+        key = (inv_freq.tobytes(), mscale)
+        if key not in self._tables:
+            pos = np.zeros((pos3.shape[0], 4), np.float64)
+            pos[:, :3] = pos3
+            ang = pos[:, mrope_components(self.sections, n_rot // 2)] * inv_freq
+            self._tables[key] = ((np.cos(ang) * mscale).astype(np.float32)[:, None, :],
+                                 (np.sin(ang) * mscale).astype(np.float32)[:, None, :])
+        c, s = self._tables[key]
+        half = n_rot // 2
+        for x in xs:
+            if not x.flags.c_contiguous:
+                raise ValueError("MRope.rotate rotates C-contiguous arrays in place")
+            v = x.reshape(pos3.shape[0], -1, head_dim)
+            x0, x1 = v[..., :half].copy(), v[..., half:n_rot].copy()
+            v[..., :half] = x0 * c - x1 * s
+            v[..., half:n_rot] = x0 * s + x1 * c

@@ -18,7 +18,7 @@ from edge_infer.models.config import ModelConfig
 from edge_infer.models.lora_set import LoraRows, LoraSet
 from edge_infer.models.moe import moe_beside_dense, moe_ffn
 from edge_infer.models.per_layer_input import PerLayerInput
-from edge_infer.models.rope import layer_rope, mrope_rotate
+from edge_infer.models.rope import MRope, layer_rope
 from edge_infer.models.step_logits import StepLogits
 from edge_infer.models.weights import ModelWeights, float_matrix
 
@@ -54,8 +54,7 @@ class StepInputs:
     attn_positions: int32 [N] the positions attention masks by, where they differ from positions
     (gemma3's image tokens see their whole image: the image's last position; [0]: positions);
     lora: each row's LoRA adapters (None: no row uses one); mrope: int32 [N, 3] each row's M-RoPE
-    position components (t, h, w; engine/mrope.py) where an M-RoPE model runs with a projector
-    ([0]: none, rotate by positions).
+    (t, h, w; engine/mrope.py) where an M-RoPE model runs with a projector ([0]: by positions).
     """
 
     tokens: np.ndarray
@@ -92,6 +91,7 @@ class Transformer:
         # qk_norm_after_rope's second pass: angles of zero rotate nothing (cos 1, sin 0: exact)
         self._no_rotation = np.zeros(cfg.n_rot // 2, np.float64)
         self._no_store = np.empty(0, np.int64)
+        self.mrope = MRope(cfg.rope_sections)
         self.xielu = [tuple(np.float32(v) for v in p) for p in cfg.xielu]
         self.out_scale = [None if lw.out_scale is None else np.float32(lw.out_scale[0]) for lw in weights.layers]
         self.ple = PerLayerInput(cfg, weights, backend) if cfg.per_layer_input else None
@@ -307,7 +307,7 @@ class Transformer:
             b.qkv_finish(q, k, v, _or_empty(lw.bq), _or_empty(lw.bk), _or_empty(lw.bv), _or_empty(lw.q_norm),
                          _or_empty(lw.k_norm), n_rot, inp.positions, self._no_rotation, 1.0, cfg.rope_neox, eps,
                          self._no_store[:n], layer_kv)
-            mrope_rotate((q, k), hd, n_rot, inv_freq, mscale, cfg.rope_sections, inp.mrope)
+            self.mrope.rotate((q, k), hd, n_rot, inv_freq, mscale, inp.mrope)
             b.qkv_finish(q, k, v, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, n_rot, inp.positions, self._no_rotation,
                          1.0, cfg.rope_neox, eps, store, layer_kv)
         elif cfg.qk_norm_after_rope:  # hunyuan-dense: biases and RoPE, then the norms and the K/V store

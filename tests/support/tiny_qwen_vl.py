@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGUFWriter
-from tiny_models import BYTE_ENCODER, CHATML, MERGES, SPECIALS, _Weights, finish
+from tiny_models import BYTE_ENCODER, MERGES, SPECIALS, _Weights, finish
 from tiny_vlm import (
     _LINEAR,
     NEWLINE2,
@@ -27,6 +27,7 @@ from tiny_vlm import (
     _clip_writer,
     _lin,
     _norm,
+    add_tiny_vocab,
     png_bytes,
     test_image,
 )
@@ -86,16 +87,7 @@ def write_tiny_qwen_vl_text(
     w.add_float32(f"{arch}.rope.freq_base", rope_base)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_rope_dimension_sections([int(s) for s in sections])  # an INT32 array of 4
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    eot = tokens.index("<|endoftext|>")
-    w.add_bos_token_id(eot)
-    w.add_eos_token_id(eot)
-    w.add_add_bos_token(True)
-    w.add_chat_template(CHATML)
+    add_tiny_vocab(w, tokens, types, merges)
 
     wt = _Weights(w, "F32", seed)
     q_dim, kv_dim = n_heads * hd, n_kv_heads * hd

@@ -266,6 +266,21 @@ def _write_pixtral_mmproj(
     return path
 
 
+def add_tiny_vocab(w: GGUFWriter, tokens: list[str], types: list[int], merges: list[str]) -> None:
+    """The byte-level BPE tokenizer keys of a tiny text model: <|endoftext|> as BOS (added) and
+    EOS, the ChatML template."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    eot = tokens.index("<|endoftext|>")
+    w.add_bos_token_id(eot)
+    w.add_eos_token_id(eot)
+    w.add_add_bos_token(True)
+    w.add_chat_template(CHATML)
+
+
 def write_tiny_vlm_text(
     path: str | Path,
     projector: str,
@@ -316,16 +331,7 @@ def write_tiny_vlm_text(
             w.add_float32(f"{arch}.{key}", value)
         else:
             w.add_uint32(f"{arch}.{key}", int(value))  # type: ignore[call-overload]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    eot = tokens.index("<|endoftext|>")
-    w.add_bos_token_id(eot)
-    w.add_eos_token_id(eot)
-    w.add_add_bos_token(True)
-    w.add_chat_template(CHATML)
+    add_tiny_vocab(w, tokens, types, merges)
 
     wt = _Weights(w, "F32", seed)
     q_dim, kv_dim = n_heads * hd, n_kv_heads * hd
