@@ -1,7 +1,8 @@
 """Decode attention alone: one query token over its sequence's cached keys, through the CPU
 backend's paged attention (kernels_cpu/attention_tiles.py), per layer call, for a model's head
 shape, several context lengths and KV types. An f16 / f32 pool's blocks are read in place by the
-score and value lanes; llama.cpp's block types are decoded chunk by chunk first.
+score and value lanes, and so are q8_0 / q4_0 blocks (codes widened in registers); the other
+llama.cpp block types are decoded chunk by chunk first.
 
     python benchmarks/bench_attention.py [--shape smollm2|qwen0.5b|qwen1.5b] [--contexts 512,2048,8192]
         [--kv-types f16,q8_0,q4_0,iq4_nl] [--threads 1,2] [--calls 2000] [--json]

@@ -9,9 +9,11 @@ transposed: [head dim][offset]), and up to eight rows that see one of the keys g
 (two chunks: 32) from one fused multiply-add per dimension (kernels_cpu.simd_attn.qk_lanes);
 the chunk's value rows are added into the accumulators of every row that sees them, up to 4
 rows x 64 dimensions held in registers over the chunk (pv_lanes). An f16 / f32 pool whose
-blocks hold whole chunks is read in place, halves widened in the registers (on x86 with F16C);
-a block type's chunk (and any other) is converted to float32 scratch once first
-(kernels_cpu.kv_read). Both give the same floats: the widening is exact.
+blocks hold whole chunks is read in place, halves widened in the registers (on x86 with F16C),
+and so is a Q8_0 / Q4_0 pool by a tile of a few rows (a decode step's), its codes widened and
+scaled in the registers of each call (kernels_cpu.kv_lanes); any other chunk is converted to
+float32 scratch once first (kernels_cpu.kv_read). All give the same floats: each decoding is
+exact.
 
 Per query row the arithmetic is fixed by the row alone: a score is the sequential chain of
 fused multiply-adds over the head dimension (times the key's scale), the softmax runs over the
@@ -27,19 +29,25 @@ import numpy as np
 
 from ._jit import REORDER, fmadd, kernel
 from .fastmath import fast_exp
+from .kv_lanes import block_scores, block_values, in_place_code
 from .kv_quant import head_dim_of
 from .kv_read import LANES, key_chunk, pool_flat, value_rows
 from .simd_attn import pv_lanes, qk_lanes, row_max
 
 QUERY_TILE = 16  # tokens per tile (fewer when the scores of a long context would not fit SCORE_BUDGET)
 SCORE_BUDGET = 1 << 22  # float32 scores per thread's scratch (16 MB)
+# The most query rows of a tile that read a Q8_0 / Q4_0 pool in place (each call of up to 8
+# rows for keys, 4 for values, decodes the chunk again; a tile of more converts it once)
+IN_PLACE_ROWS = 8
 
 
 @kernel(inline=True)
 def _value_slices(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, nrow, nsl):
-    """pv_lanes over nrow rows (1, 2 or 4) and nsl 16-lane slices (1, 2 or 4), as literals."""
+    """pv_lanes over nrow rows (1 to 4) and nsl 16-lane slices (1, 2 or 4), as literals."""
     if nrow == 4:
         _value_slices_of(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, 4, nsl)
+    elif nrow == 3:
+        _value_slices_of(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, 3, nsl)
     elif nrow == 2:
         _value_slices_of(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, 2, nsl)
     else:
@@ -59,17 +67,32 @@ def _value_slices_of(accf, a0, scf, w0, width, vsrc, v0, vstride, hd, nk, nrow, 
 
 @kernel(inline=True)
 def _score_rows(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, rb, nch):
-    """qk_lanes for rows row..rb-1 from column col, 8, then 4, then 1 rows per call; nch: a
-    literal 1 or 2 chunks of 16 keys (inlined: it stays one), at k0 and k1 of kt."""
+    """qk_lanes for rows row..rb-1 from column col, 8 per call, the rest in one call (a decode
+    step's 3, 6 or 7 rows of a kv-head read its keys once); nch: a literal 1 or 2 chunks of 16
+    keys (inlined: it stays one), at k0 and k1 of kt."""
     while row + 8 <= rb:
-        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, k0, k1, kds, hd, ks, 8, nch)
+        _score_n(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, 8, nch)
         row += 8
-    while row + 4 <= rb:
-        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, k0, k1, kds, hd, ks, 4, nch)
-        row += 4
-    while row < rb:
-        qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, k0, k1, kds, hd, ks, 1, nch)
-        row += 1
+    left = rb - row
+    if left == 7:
+        _score_n(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, 7, nch)
+    elif left == 6:
+        _score_n(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, 6, nch)
+    elif left == 5:
+        _score_n(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, 5, nch)
+    elif left == 4:
+        _score_n(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, 4, nch)
+    elif left == 3:
+        _score_n(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, 3, nch)
+    elif left == 2:
+        _score_n(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, 2, nch)
+    elif left == 1:
+        _score_n(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, 1, nch)
+
+
+@kernel(inline=True)
+def _score_n(scf, width, col, qh, hd, kt, k0, k1, kds, ks, row, n, nch):
+    qk_lanes(scf, row * width + col, width, qh, row * hd, hd, kt, k0, k1, kds, hd, ks, n, nch)
 
 
 @kernel(inline=True)
@@ -86,7 +109,7 @@ def _weighted_values(accf, sc, scf, kv, vsrc, vbase, vstride, ra, rb, col, ja, j
         nsl = 4 if left >= 4 else 2 if left >= 2 else 1
         row = ra
         while row < rb:
-            nrow = 4 if rb - row >= 4 else 2 if rb - row >= 2 else 1
+            nrow = min(4, rb - row)
             _value_slices(accf, row * hd + d0, scf, row * width + col + ja, width, vsrc, vbase + ja * vstride + d0,
                           vstride, hd, nk, nrow, nsl)
             row += nrow
@@ -120,7 +143,12 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
     kflat, vflat = pool_flat(k_cache, k_scale), pool_flat(v_cache, v_scale)
     whole = bs % LANES == 0 and hd % LANES == 0
     direct, direct_v = whole and kflat.shape[0] > 0, whole and vflat.shape[0] > 0  # K's and V's pools apart
-    if direct:  # key_chunk fills the keys' scales per chunk; read in place, every key's is `scale`
+    # a Q8_0 / Q4_0 pool with whole 16-key chunks, read by a few rows (a decode step's): its codes
+    # are decoded in the lanes of each call (kv_lanes); more rows share a chunk decoded once
+    few = (t1 - t0) * nr <= IN_PLACE_ROWS
+    blocks_k = few and whole and in_place_code(k_cache, k_scale) >= 0
+    blocks_v = few and whole and in_place_code(v_cache, v_scale) >= 0
+    if direct or blocks_k:  # key_chunk fills the keys' scales per chunk; read in place, every key's is `scale`
         for u in range(2 * LANES):
             ks[u] = scale
     ptile = positions[t0:t1]  # a view indexed from 0: its loops read it contiguously (no gathers)
@@ -141,7 +169,7 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
     c = kbase
     while c <= kmax:  # scores: chunks of cw keys (one block or 16 of it), two at a time where both are 16
         nch = 2 if cw == LANES and c + cw <= kmax else 1
-        if not direct:
+        if not direct and not blocks_k:
             key_chunk(k_cache, k_scale, block_tables[s, c // bs], g, c % bs, cw, scale, kt, ks, kv)
             if nch == 2:
                 key_chunk(k_cache, k_scale, block_tables[s, (c + cw) // bs], g, (c + cw) % bs, cw, scale, kt2, ks2, kv)
@@ -158,6 +186,10 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
                 _score_rows(scf, width, c - kbase, qh, hd, kflat, k0, k1, bs, ks, row, rb, 2)
             else:
                 _score_rows(scf, width, c - kbase, qh, hd, kflat, k0, k1, bs, ks, row, rb, 1)
+        elif blocks_k:  # the chunks' first key rows
+            k0 = (block_tables[s, c // bs] * bs + c % bs) * n_kv + g
+            k1 = (block_tables[s, (c + cw) // bs] * bs + (c + cw) % bs) * n_kv + g if nch == 2 else k0
+            block_scores(scf, width, c - kbase, qh, hd, k_cache, k_scale, k0, k1, row, rb, ks, nch)
         elif nch == 2:
             _score_rows(scf, width, c - kbase, qh, hd, kt, 0, LANES * hd, LANES, ks, row, rb, 2)
         else:
@@ -193,6 +225,8 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
     for c in range(kbase, kmax + 1, cw):  # values, the scores' chunks: converted once for the tile's rows
         if direct_v:
             vbase = ((block_tables[s, c // bs] * bs + c % bs) * n_kv + g) * hd
+        elif blocks_v:  # the chunk's first value row
+            vbase = (block_tables[s, c // bs] * bs + c % bs) * n_kv + g
         else:
             value_rows(v_cache, v_scale, block_tables[s, c // bs], c % bs, cw, g, kv)
         fa, fb = t1, t0  # the tokens that see every key of the chunk (contiguous: positions ascend)
@@ -201,7 +235,9 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
             if lo <= c and p >= c + cw - 1:
                 fa, fb = min(fa, i), max(fb, i + 1)
         if fa < fb:
-            if direct_v:
+            if blocks_v:
+                block_values(accf, sc, scf, v_cache, v_scale, vbase, hd, (fa - t0) * nr, (fb - t0) * nr, c - kbase, 0, cw)
+            elif direct_v:
                 _weighted_values(accf, sc, scf, kv, vflat, vbase, vstride, (fa - t0) * nr, (fb - t0) * nr, c - kbase, 0, cw)
             else:
                 _weighted_values(accf, sc, scf, kv, kvf, 0, hd, (fa - t0) * nr, (fb - t0) * nr, c - kbase, 0, cw)
@@ -210,7 +246,10 @@ def _attend_tile(q, t0, t1, g, r0, r1, s, block_tables, k_cache, k_scale, v_cach
             ja, jb = max(lo, c) - c, min(p, c + cw - 1) - c + 1
             if (fa <= i < fb) or ja >= jb:
                 continue
-            if direct_v:
+            if blocks_v:
+                block_values(accf, sc, scf, v_cache, v_scale, vbase, hd, (i - t0) * nr, (i - t0 + 1) * nr, c - kbase,
+                             ja, jb)
+            elif direct_v:
                 _weighted_values(accf, sc, scf, kv, vflat, vbase, vstride, (i - t0) * nr, (i - t0 + 1) * nr, c - kbase,
                                  ja, jb)
             else:

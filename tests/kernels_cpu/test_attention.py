@@ -197,20 +197,28 @@ def test_qkv_finish_matches_reference(neox: bool, extras: bool | str) -> None:
     np.testing.assert_allclose(v, want_v, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
-def test_pools_read_in_place_give_the_converted_bits(kv_type: str) -> None:
-    """Blocks of 16 and 32 keys are read in place by the lanes (halves widened in registers),
-    blocks of 8 through the converted scratch: the same keys and values give the same bits, for
-    a decode row and a prefill tile, GQA 3, a context of 77 keys (a partial last chunk)."""
+@pytest.mark.parametrize(("kv_type", "n_kv", "rep", "hd", "window"), [
+    ("f16", 2, 3, 64, 0), ("f32", 2, 3, 64, 0), ("q8_0", 2, 3, 64, 0), ("q4_0", 2, 3, 64, 0),
+    ("q4_0", 1, 7, 128, 0), ("q8_0/f16", 2, 6, 64, 0), ("f16/q4_0", 1, 5, 64, 0), ("q4_0/q8_0", 2, 2, 128, 0),
+    ("q8_0", 2, 3, 64, 21), ("f16/q4_0", 1, 4, 64, 21)])
+def test_pools_read_in_place_give_the_converted_bits(kv_type: str, n_kv: int, rep: int, hd: int,
+                                                     window: int) -> None:
+    """Blocks of 16 and 32 keys are read in place by the lanes (halves widened; a decode row's
+    Q8_0 / Q4_0 codes decoded in registers, kernels_cpu.kv_lanes), blocks of 8 through the
+    converted scratch (kv_read): the same keys and values give the same bits, for a decode row
+    (GQA 2 to 7: the in-place calls' row counts) and a prefill tile, over a context of 77 keys
+    (a partial last chunk); K and V of one type or of two; a sliding window (21: its first
+    key mid-chunk)."""
     rng = np.random.default_rng(5)
-    n_kv, rep, hd, n = 2, 3, 64, 77
+    n = 77
+    kt, _, vt = kv_type.partition("/")
     k = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
     v = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
     q = rng.standard_normal((n, n_kv * rep * hd)).astype(np.float32)
     outs = []
     for bs in (8, 16, 32):
         nb = -(-n // bs)
-        kc, ks, vc, vs = CpuBackend.make_kv_pool(None, 1, nb + 3, bs, n_kv, hd, kv_type)[0]  # type: ignore[arg-type]
+        kc, ks, vc, vs = CpuBackend.make_kv_pool(None, 1, nb + 3, bs, n_kv, hd, kt, vt or None)[0]  # type: ignore[arg-type]
         table = (np.arange(nb, dtype=np.int32)[::-1] + 3).reshape(1, nb)  # scattered: blocks in reverse
         pos = np.arange(n)
         store_kv_kernel(k, v, table[0, pos // bs].astype(np.int64) * bs + pos % bs, kc, ks, vc, vs)
@@ -218,7 +226,8 @@ def test_pools_read_in_place_give_the_converted_bits(kv_type: str) -> None:
         for rows in (slice(n - 1, n), slice(40, 56)):  # the last token decoding; a 16-token tile
             out = np.zeros((rows.stop - rows.start, q.shape[1]), np.float32)
             paged_attention_kernel(q[rows], kc, ks, vc, vs, table, np.zeros(out.shape[0], np.int32),
-                                   pos[rows].astype(np.int32), np.float32(0.125), 0, np.float32(0.0), NO_SINKS, out, 2)
+                                   pos[rows].astype(np.int32), np.float32(0.125), window, np.float32(0.0), NO_SINKS,
+                                   out, 2)
             got.append(out)
         outs.append(got)
     for got in outs[1:]:

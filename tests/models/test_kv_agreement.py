@@ -8,7 +8,10 @@ after the Hadamard rotation both apply), and the two roundings of slightly diffe
 activations land on different codes, so their KL to each other is about the sum of both
 (measured: q4_0 0.20, q5_1 0.04, iq4_nl 0.17). What is checked for them is the property that
 matters to a user: ours is as close to exact math (our f32 KV) as llama.cpp's own is, within
-30% (measured ratios 0.95, 0.97, 1.18).
+30% (measured ratios 0.95, 0.97, 1.18). The bar's scale is checked too: llama.cpp against
+itself, the same file and KV type with the prompt fed token by token instead of in one batch
+(other matrix kernels, so activations rounded otherwise), is itself far above KL 0.01 for these
+types (measured: q4_0 0.059, q5_1 0.026, iq4_nl 0.116), while q8_0 stays below it (0.004).
 """
 
 from __future__ import annotations
@@ -64,3 +67,17 @@ def test_low_bit_kv_is_as_close_to_exact_math_as_llama_cpp(qwen2_path: Path, exa
     ours, theirs = _both(qwen2_path, ids, kv)
     ours_kl, theirs_kl = kl_rows(ref[1:], ours[1:]).mean(), kl_rows(ref[1:], theirs[1:]).mean()
     assert ours_kl <= NO_WORSE * theirs_kl, f"{kv}: KL to exact math {ours_kl:.4f}, llama.cpp's {theirs_kl:.4f}"
+
+
+def test_llama_cpp_misses_the_bar_against_itself_below_8_bits(qwen2_path: Path,
+                                                              exact: tuple[list[int], np.ndarray]) -> None:
+    """Why the 4-bit types are held to exact math instead: llama.cpp decoding the same tokens
+    one at a time disagrees with its own one-batch logits by more than the issue's KL bar."""
+    ids, _ = exact
+    code = by_name("Q4_0").id
+    m = LlamaCpp(qwen2_path, len(ids), type_k=code, type_v=code)
+    try:
+        whole, one_by_one = m.logits(ids), m.logits(ids, batch=1)
+    finally:
+        m.close()
+    assert kl_rows(whole[1:], one_by_one[1:]).mean() > 0.03

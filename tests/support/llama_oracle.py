@@ -77,26 +77,32 @@ class LlamaCpp:
         assert self.ctx, "llama.cpp could not create a context"
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
 
-    def _decode(self, ids: list[int]) -> None:
-        """One sequence from position 0 in one batch, every row output, the memory cleared first."""
+    def _decode(self, ids: list[int], batch: int | None = None, out: np.ndarray | None = None) -> None:
+        """One sequence from position 0, every row output, the memory cleared first: in one
+        batch, or in batches of `batch` tokens (each batch's logits copied into out's rows)."""
         lc, n = self.lc, len(ids)
         lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
-        b = lc.llama_batch_init(n, 0, 1)
-        try:
-            for i, t in enumerate(ids):
-                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, i, 1, 1
-                b.seq_id[i][0] = 0
-            b.n_tokens = n
-            assert lc.llama_decode(self.ctx, b) == 0, "llama_decode failed"
-        finally:
-            lc.llama_batch_free(b)
+        step = batch or n
+        for s in range(0, n, step):
+            part = ids[s : s + step]
+            b = lc.llama_batch_init(len(part), 0, 1)
+            try:
+                for i, t in enumerate(part):
+                    b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, s + i, 1, 1
+                    b.seq_id[i][0] = 0
+                b.n_tokens = len(part)
+                assert lc.llama_decode(self.ctx, b) == 0, "llama_decode failed"
+            finally:
+                lc.llama_batch_free(b)
+            if out is not None:
+                for i in range(len(part)):
+                    out[s + i] = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
 
-    def logits(self, ids: list[int]) -> np.ndarray:
-        """float32 [len(ids), vocab]: one sequence from position 0, in one batch."""
-        self._decode(ids)
+    def logits(self, ids: list[int], batch: int | None = None) -> np.ndarray:
+        """float32 [len(ids), vocab]: one sequence from position 0, in one batch (or in batches
+        of `batch` tokens: other matrix kernels, so other activation roundings)."""
         out = np.empty((len(ids), self.n_vocab), np.float32)
-        for i in range(len(ids)):
-            out[i] = np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
+        self._decode(ids, batch, out)
         return out
 
     def embedding(self, ids: list[int]) -> np.ndarray:
