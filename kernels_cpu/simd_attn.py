@@ -38,6 +38,16 @@ def _lanes(builder, base, off, elem):
     return builder.load(_vptr(builder, base, off), align=4)
 
 
+def _arg_readers(context, builder, signature, args):
+    """An intrinsic's argument k as its data pointer (an array: data(k)) or as an i64 (i64(k))."""
+    def data(k):
+        return context.make_array(signature.args[k])(context, builder, value=args[k]).data
+
+    def i64(k):
+        return context.cast(builder, args[k], signature.args[k], types.int64)
+    return data, i64
+
+
 _LANE_TYPES = (types.float32, types.uint16)  # what qk_lanes' keys and pv_lanes' values may be
 
 
@@ -65,12 +75,7 @@ def qk_lanes(typingctx, sc, so, sstride, q, qo, qstride, kt, k0, k1, kds, hd, vs
     sig = types.void(sc, so, sstride, q, qo, qstride, kt, k0, k1, kds, hd, vs, nrows, nch)
 
     def codegen(context, builder, signature, args):
-        def data(k):
-            return context.make_array(signature.args[k])(context, builder, value=args[k]).data
-
-        def i64(k):
-            return context.cast(builder, args[k], signature.args[k], types.int64)
-
+        data, i64 = _arg_readers(context, builder, signature, args)
         scp, qp, ktp, vsp = data(0), data(3), data(6), data(11)
         so64, ss64, qo64, qs64, hd64 = i64(1), i64(2), i64(4), i64(5), i64(10)
         kbase, kds64 = [i64(7), i64(8)], i64(9)
@@ -113,12 +118,7 @@ def pv_lanes(typingctx, acc, ao, astride, w, wo, wstride, vt, vo, vstride, nkeys
     sig = types.void(acc, ao, astride, w, wo, wstride, vt, vo, vstride, nkeys, nrows, nsl)
 
     def codegen(context, builder, signature, args):
-        def data(k):
-            return context.make_array(signature.args[k])(context, builder, value=args[k]).data
-
-        def i64(k):
-            return context.cast(builder, args[k], signature.args[k], types.int64)
-
+        data, i64 = _arg_readers(context, builder, signature, args)
         accp, wp, vtp = data(0), data(3), data(6)
         ao64, as64, wo64, ws64, vo64, vs64, nk64 = (i64(k) for k in (1, 2, 4, 5, 7, 8, 9))
         fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))

@@ -19,7 +19,7 @@ from numba.extending import intrinsic
 
 from edge_infer.formats.weight_types import Q4_0, Q8_0
 
-from .simd_attn import _F32, _I32, _I64, _VF, _broadcast, _vptr
+from .simd_attn import _F32, _I32, _I64, _VF, _arg_readers, _broadcast, _vptr
 
 _I8, _I16 = ir.IntType(8), ir.IntType(16)
 _VI = ir.VectorType(_I32, 16)
@@ -111,12 +111,7 @@ def qk_lanes_q(typingctx, sc, so, sstride, q, qo, qstride, pool, k0, k1, kstride
     sig = types.void(sc, so, sstride, q, qo, qstride, pool, k0, k1, kstride, hd, vs, nrows, nch, qtype)
 
     def codegen(context, builder, signature, args):
-        def data(k):
-            return context.make_array(signature.args[k])(context, builder, value=args[k]).data
-
-        def i64(k):
-            return context.cast(builder, args[k], signature.args[k], types.int64)
-
+        data, i64 = _arg_readers(context, builder, signature, args)
         scp, qp, pp, vsp = data(0), data(3), builder.bitcast(data(6), _I8.as_pointer()), data(11)
         so64, ss64, qo64, qs64, ks64, hd64 = i64(1), i64(2), i64(4), i64(5), i64(9), i64(10)
         kbase = [i64(7), i64(8)]
@@ -166,12 +161,7 @@ def pv_lanes_q(typingctx, acc, ao, astride, w, wo, wstride, pool, vo, vstride, d
     sig = types.void(acc, ao, astride, w, wo, wstride, pool, vo, vstride, d0, nkeys, nrows, nsl, qtype)
 
     def codegen(context, builder, signature, args):
-        def data(k):
-            return context.make_array(signature.args[k])(context, builder, value=args[k]).data
-
-        def i64(k):
-            return context.cast(builder, args[k], signature.args[k], types.int64)
-
+        data, i64 = _arg_readers(context, builder, signature, args)
         accp, wp, pp = data(0), data(3), builder.bitcast(data(6), _I8.as_pointer())
         ao64, as64, wo64, ws64, vo64, vs64, d064, nk64 = (i64(k) for k in (1, 2, 4, 5, 7, 8, 9, 10))
         fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))
