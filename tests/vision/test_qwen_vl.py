@@ -15,7 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mtmd_oracle import MtmdOracle
-from tiny_qwen_vl import png_bytes, test_image, write_tiny_qwen_vl, write_tiny_qwen_vl_mmproj
+from tiny_qwen_vl import (
+    png_bytes,
+    test_image,
+    write_tiny_qwen_vl,
+    write_tiny_qwen_vl_mmproj,
+    write_tiny_qwen_vl_text,
+)
 from tiny_vlm import write_tiny_vlm
 
 from edge_infer import LLM, SamplingParams
@@ -153,3 +159,20 @@ def test_text_alone_matches_llama_cpp_with_and_without_the_projector(qwen: tuple
         with LLM(str(text), mmproj=mmproj, n_threads=2, kv_cache_memory="16MiB") as llm:
             got = llm.prompt_logits(ids)[-1]
         assert _rel(got, ref) < 1e-3 and got.argmax() == ref.argmax(), mmproj
+
+
+@pytest.mark.parametrize("sections", [(2, 3, 9, 0), (5, -1, 4, 0), (0, 0, 0, 0)])
+def test_malformed_rope_sections_are_refused_by_name(tmp_path: Path, sections: tuple[int, ...]) -> None:
+    """M-RoPE sections that sum past head_dim / 2, hold a negative count or rotate nothing are
+    an UnsupportedModelError naming the key, not a wrong rotation."""
+    from gguf import GGUFReader
+
+    path = write_tiny_qwen_vl_text(tmp_path / "text.gguf")
+    r = GGUFReader(str(path), "r+")
+    field = r.fields["qwen2vl.rope.dimension_sections"]
+    for i, s in zip(field.data, sections, strict=True):
+        field.parts[i][0] = s
+    r.data.flush()
+    del r
+    with pytest.raises(UnsupportedModelError, match=r"rope.dimension_sections must be 4 counts"):
+        LLM(str(path), n_threads=1, kv_cache_memory="16MiB")
