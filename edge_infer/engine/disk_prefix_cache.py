@@ -82,6 +82,9 @@ class DiskPrefixCache:
         self._queue: queue.Queue[tuple[int, int, tuple[int, ...], list[np.ndarray], str] | None] = queue.Queue(
             _QUEUE_BLOCKS)
         self._known: set[tuple[str, int]] = set()  # (kind, hash) written by this process (no second write)
+        # (kind, hash) -> (parent, tokens, arrays) queued and not yet written: a load serves them
+        # from here (a prompt may come back before the writer thread reaches its blocks)
+        self._pending: dict[tuple[str, int], tuple[int, tuple[int, ...], list[np.ndarray]]] = {}
         self._added = 0  # bytes written since the last pruning
         self.stats = {"disk_hits": 0, "disk_misses": 0, "disk_writes": 0, "disk_corrupt": 0, "disk_dropped": 0}
         self._writer = threading.Thread(target=self._write_loop, name="edge-infer-prefix-disk", daemon=True)
@@ -137,6 +140,9 @@ class DiskPrefixCache:
     def load(self, block_hash: int, parent: int, tokens: tuple[int, ...], like: list[np.ndarray],
              kind: str = BLOCK) -> list[np.ndarray] | None:
         """The block's arrays of this kind (shaped as `like`) when a verified file holds them, else None."""
+        queued = self._pending.get((kind, block_hash))
+        if queued is not None:
+            return self._from_queue(queued, parent, tokens, like)
         path = self._path(block_hash, kind)
         try:
             data = path.read_bytes()
@@ -159,6 +165,17 @@ class DiskPrefixCache:
             os.utime(path)  # recently used: the last to be pruned
         return arrays
 
+    def _from_queue(self, queued: tuple[int, tuple[int, ...], list[np.ndarray]], parent: int,
+                    tokens: tuple[int, ...], like: list[np.ndarray]) -> list[np.ndarray] | None:
+        """A queued block's arrays, checked as a file's are (its parent, tokens and shapes)."""
+        q_parent, q_tokens, arrays = queued
+        if q_parent != parent or q_tokens != tuple(tokens) or len(arrays) != len(like) or \
+                any(a.nbytes != ref.nbytes or a.dtype != ref.dtype for a, ref in zip(arrays, like)):
+            self.stats["disk_misses"] += 1
+            return None
+        self.stats["disk_hits"] += 1
+        return [a.reshape(ref.shape) for a, ref in zip(arrays, like)]
+
     # -- writes (a background thread) --------------------------------------------------------------
     def save(self, block_hash: int, parent: int, tokens: tuple[int, ...], arrays: list[np.ndarray],
              kind: str = BLOCK) -> None:
@@ -166,9 +183,11 @@ class DiskPrefixCache:
         if self.has(block_hash, kind):
             return
         try:
+            self._pending[(kind, block_hash)] = (parent, tuple(tokens), arrays)  # before the writer can pop it
             self._queue.put_nowait((block_hash, parent, tokens, arrays, kind))
             self._known.add((kind, block_hash))
         except queue.Full:
+            self._pending.pop((kind, block_hash), None)
             self.stats["disk_dropped"] += 1
 
     def flush(self) -> None:
@@ -188,6 +207,7 @@ class DiskPrefixCache:
             except OSError as e:  # a full or read-only disk: the cache is best effort
                 log.warning("prefix cache: could not write a block to %s: %s", self.dir, e)
             finally:
+                self._pending.pop((item[4], item[0]), None)  # written (or failed): loads read the file
                 self._queue.task_done()
 
     def _write(self, block_hash: int, parent: int, tokens: tuple[int, ...], arrays: list[np.ndarray],

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -154,3 +155,31 @@ def test_blocks_evicted_from_memory_are_written_while_the_engine_runs(smollm2_pa
         assert llm.metrics()["disk_writes"] >= 12  # most of them (as many as the second prompt evicted), before shutdown
         again = llm.generate([ids], GREEDY)[0].outputs[0].token_ids
         assert again == want and llm.metrics()["disk_hits"] >= 1
+
+
+def test_a_block_still_queued_is_loaded_from_the_queue(tmp_path: Path) -> None:
+    """A prompt can come back before the writer thread reaches its blocks (a busy machine): the
+    queued copy is served, checked like a file (another parent is a miss), then the file."""
+    cache = DiskPrefixCache(str(tmp_path), "fingerprint", 1 << 30)
+    gate, write = threading.Event(), cache._write
+
+    def stalled(*item: object) -> None:
+        gate.wait(30)
+        write(*item)  # type: ignore[arg-type]
+
+    cache._write = stalled  # type: ignore[method-assign]
+    block, like = [np.arange(6, dtype=np.float32).reshape(2, 3)], [np.empty((2, 3), np.float32)]
+    cache.save(7, 1, (5, 6), block)
+    try:
+        assert cache.has(7) and not cache._path(7).is_file()
+        got = cache.load(7, 1, (5, 6), like)
+        assert got is not None and np.array_equal(got[0], block[0])
+        assert cache.load(7, 2, (5, 6), like) is None
+        assert cache.load(7, 1, (5, 9), like) is None
+    finally:
+        gate.set()
+        cache.flush()
+    assert cache._path(7).is_file()
+    got = cache.load(7, 1, (5, 6), like)
+    assert got is not None and np.array_equal(got[0], block[0])
+    cache.close()
