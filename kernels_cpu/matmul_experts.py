@@ -98,7 +98,7 @@ def expert_matmul2_i8_kernel(x, xq4, xd, xsum, offsets, wia, wda, wma, offa, fa,
     ga, gb = wia.shape[1], wib.shape[1]
     for tid in numba.prange(n_threads):
         iacc = np.zeros(TOKEN_TILE * GROUP, np.int32)
-        facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
+        facc = np.zeros((2 * TOKEN_TILE, GROUP), np.float32)  # _i8_groups: a pair's two groups
         plan = np.empty((offsets.shape[0] - 1, 3), np.int64)
         for i in range(_thread_plan(offsets, ga + gb, n_threads, tid, plan)):
             e, j0, j1 = plan[i, 0], plan[i, 1], plan[i, 2]

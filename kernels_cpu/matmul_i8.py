@@ -37,7 +37,7 @@ from .simd_i8 import (
     scale_min_accumulate,
     store_tile,
 )
-from .simd_tile import PREFETCH_SCALES, i8_blocks_tile
+from .simd_tile import PREFETCH_SCALES, i8_blocks_tile, i8_pair_tile
 
 TOKEN_TILE = 4  # tokens that share each weight load in the GEMM path
 # A GEMM walks the tokens in chunks of about this many activation bytes, all row groups per
@@ -124,10 +124,33 @@ def _i8_tile_fmt(fmt, with_min, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb,
         i8_blocks_tile(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, False, FMT_MXFP4, ntok)
 
 
+@kernel(inline=True)
+def _i8_pair_fmt(fmt, with_min, facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, t, k4, corr):
+    """i8_pair_tile of the four tokens from t, its literal format and mins chosen here."""
+    ta, tb, tc, td = t, t + 1, t + 2, t + 3
+    if fmt == 8:
+        i8_pair_tile(facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, ta, tb, tc, td, k4, corr, False, 8, 4)
+    elif fmt == 4 and with_min:
+        i8_pair_tile(facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, ta, tb, tc, td, k4, corr, True, 4, 4)
+    elif fmt == 4:
+        i8_pair_tile(facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, ta, tb, tc, td, k4, corr, False, 4, 4)
+    elif fmt == 5 and with_min:
+        i8_pair_tile(facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, ta, tb, tc, td, k4, corr, True, 5, 4)
+    elif fmt == 5:
+        i8_pair_tile(facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, ta, tb, tc, td, k4, corr, False, 5, 4)
+    elif fmt == FMT_IQ4:
+        i8_pair_tile(facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, ta, tb, tc, td, k4, corr, False, FMT_IQ4,
+                     4)
+    else:
+        i8_pair_tile(facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, ta, tb, tc, td, k4, corr, False,
+                     FMT_MXFP4, 4)
+
+
 @kernel
 def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc):
     """Row groups g0..g1-1 of one matrix for every token (see matmul_i8_kernel); iacc: int32
-    [TOKEN_TILE * GROUP], facc: float32 [TOKEN_TILE, GROUP] scratch of the calling thread."""
+    [TOKEN_TILE * GROUP], facc: float32 [2 TOKEN_TILE, GROUP] (a pair's two groups) scratch of the
+    calling thread."""
     T, R = out.shape
     nb, bb = wi.shape[1], wi.shape[2]
     with_min = wm.shape[0] > 0
@@ -137,6 +160,7 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
     mflat = wm.reshape(-1)
     xflat = xq4.reshape(-1)
     facc_flat = facc.reshape(-1)
+    facc2 = facc_flat[TOKEN_TILE * GROUP:]  # a pair's second group
     xdf = xd.reshape(-1)
     xsf = xsum.reshape(-1)
     dtmp = np.empty(GROUP, np.float32)  # the block's scales and mins as float32
@@ -144,16 +168,27 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
     chunk = token_chunk(xq4.shape[1] * 4)
     for c0 in range(0, T, chunk):  # tokens in chunks whose activations stay in L2 over all the groups
         c1 = min(T, c0 + chunk)
-        for g in range(g0, g1):
+        g = g0
+        while g < g1:
+            # a GEMM runs two row groups per four-token tile where it can (as the K-quant kernel):
+            # each token's broadcast quads meet both groups' weights
+            two = HAS_F16C and c1 - c0 > TOKEN_TILE and g + 1 < g1
             t = c0
             while t < c1:
                 n = min(TOKEN_TILE, c1 - t)  # 3 tokens share a padded four-token tile
                 for u in range(n):
                     for ln in range(GROUP):
                         facc[u, ln] = 0.0
-                if HAS_F16C:  # one IR loop over the blocks, the tile's accumulators in registers
+                        facc[TOKEN_TILE + u, ln] = 0.0
+                if two and n == TOKEN_TILE:
+                    _i8_pair_fmt(fmt, with_min, facc_flat, facc2, wflat, g * nb * bb, (g + 1) * nb * bb, xflat, xdf, xsf,
+                                 dflat, mflat, g * nb * GROUP, (g + 1) * nb * GROUP, nb, t, k4, w_offset)
+                elif HAS_F16C:  # one IR loop over the blocks, the tile's accumulators in registers
                     _i8_tile(n, fmt, with_min, facc_flat, wflat, g * nb * bb, xflat, xdf, xsf, dflat, mflat,
                              g * nb * GROUP, nb, t, k4, w_offset)
+                    if two:  # a pair's last short tile: each group alone
+                        _i8_tile(n, fmt, with_min, facc2, wflat, (g + 1) * nb * bb, xflat, xdf, xsf, dflat, mflat,
+                                 (g + 1) * nb * GROUP, nb, t, k4, w_offset)
                 else:  # scales converted one by one: block by block through memory
                     for b in range(nb):
                         prefetch(dflat, (g * nb + b) * GROUP + PREFETCH_SCALES)
@@ -180,7 +215,10 @@ def _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, g0, g1, iacc, facc
                                 scale_accumulate(facc_flat, u * GROUP, iacc, u * GROUP, np.int32(w_offset) * xs,
                                                  dtmp, 0, dx)
                 store_tile(out, facc_flat, t, n, g)
+                if two:
+                    store_tile(out, facc2, t, n, g + 1)
                 t += n
+            g += 2 if two else 1
 
 
 @kernel(parallel=True)
@@ -195,7 +233,7 @@ def matmul_i8_kernel(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, n_threads):
     per = (G + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
         iacc = np.zeros(TOKEN_TILE * GROUP, np.int32)
-        facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
+        facc = np.zeros((2 * TOKEN_TILE, GROUP), np.float32)
         _i8_groups(xq4, xd, xsum, wi, wd, wm, w_offset, fmt, out, tid * per, min(G, (tid + 1) * per), iacc, facc)
 
 
@@ -213,7 +251,7 @@ def matmul3_i8_kernel(x, xq4, xd, xsum, wia, wda, wma, offa, fa, outa, wib, wdb,
     per = (total + n_threads - 1) // n_threads
     for tid in numba.prange(n_threads):
         iacc = np.zeros(TOKEN_TILE * GROUP, np.int32)
-        facc = np.zeros((TOKEN_TILE, GROUP), np.float32)
+        facc = np.zeros((2 * TOKEN_TILE, GROUP), np.float32)
         lo, hi = tid * per, min(total, (tid + 1) * per)
         if lo < na:
             _i8_groups(xq4, xd, xsum, wia, wda, wma, offa, fa, outa, lo, min(hi, na), iacc, facc)

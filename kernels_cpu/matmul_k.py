@@ -26,7 +26,9 @@ so GEMV and GEMM rows are bit-identical and the thread count changes nothing. Th
 left over share one four-token tile (the last repeated as padding, never written out); two
 have a tile of their own (an expert of a batched step typically gets that many). A GEMM
 unpacks a row group's scales once per token chunk (every super-block into a slot of the
-thread's scratch), then runs each tile over the group's whole rows in one call; a few tokens
+thread's scratch), then runs each tile over the group's whole rows in one call, two groups
+per four-token tile where the thread has two (simd_tile.k_pair_tile: each broadcast
+activation quad feeds both; the grids stay one group at a time); a few tokens
 (a GEMV) unpack a super-block's scales just before the tile reads its codes (the codes' prefetch
 has brought its header in), one call per super-block. The loop nest is compiled without numba's
 reference counting: around each call in a branch it cost ~100 ns, 3x a GEMV's arithmetic.
@@ -50,7 +52,7 @@ from .simd_i8 import (
     store_tile,
 )
 from .simd_k import scale_rows, unpack_scales_q4k, widen_odd_nibbles, widen_scales
-from .simd_tile import MODE_MIN, MODE_SCALE, MODE_SPLIT, MODE_TQ, k_super_tile
+from .simd_tile import MODE_MIN, MODE_SCALE, MODE_SPLIT, MODE_TQ, k_pair_tile, k_super_tile
 
 # per format code: the grid formats' factor of d (weight_types.GridCodes.d_factor), and whether
 # their scales are per 16 columns
@@ -86,6 +88,27 @@ def _super_tile(n, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, t, k4,
         _tile_fmt(2, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tb, tb, k4, nxd, nxs, s0, ns, j0)
     else:
         _tile_fmt(4, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0)
+
+
+@kernel(inline=True)
+def _pair_fmt(bits, facc, facc2, w, wo, wo2, rec, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, ns, j0, j2):
+    """k_pair_tile of the four tokens from t with its literal format and mode (as _tile_fmt)."""
+    ta, tb, tc, td = t, t + 1, t + 2, t + 3
+    if bits == 4:
+        k_pair_tile(facc, facc2, w, wo, wo2, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0,
+                    j2, MODE_MIN, 4, 4)
+    elif bits == 5:
+        k_pair_tile(facc, facc2, w, wo, wo2, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0,
+                    j2, MODE_MIN, 5, 4)
+    elif bits == 6:
+        k_pair_tile(facc, facc2, w, wo, wo2, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0,
+                    j2, MODE_SPLIT, 6, 4)
+    elif bits == 2:
+        k_pair_tile(facc, facc2, w, wo, wo2, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0,
+                    j2, MODE_TQ, 2, 4)
+    else:
+        k_pair_tile(facc, facc2, w, wo, wo2, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0,
+                    j2, MODE_SCALE, FMT_IQ4, 4)
 
 
 @kernel(inline=True)
@@ -188,17 +211,17 @@ def _tile(grid, half16, n, bits, facc, wflat, stage, wo, rec, x4, xd, xs, ds, ms
 
 
 @kernel(refcount=False)
-def _k_groups(xflat, xdf, xsf, k4, nxd, nxs, wflat, w16, S, B, qtype, bits, head, out, g0, g1, isc, imn, facc, dtmp,
-              mtmp, ds, ms, stage):
+def _k_groups(xflat, xdf, xsf, k4, nxd, nxs, wflat, w16, S, B, qtype, bits, head, out, g0, g1, isc, imn, facc, facc2,
+              dtmp, mtmp, ds, ms, stage):
     """Row groups g0..g1-1 of one K-quant matrix for every token (see matmul_k_kernel), its
     arrays flat (views made by the caller: this nest is compiled without reference counting, and
     a view's helper compiled with it elsewhere in the process would count a reference here that
     nothing releases): activations xflat (int32 quads, k4 per token), xdf (nxd scales per
     token), xsf (nxs sums per token); weights wflat (uint8, S super-block records of B bytes per
     group) and w16 (the same bytes as uint16). Scratch
-    of the calling thread, per super-block slot j (a GEMM's group: S of them; a GEMV: 2): isc,
-    imn int32 [256 j ...], dtmp float32 [16 j ...], ds, ms float32 [128 j ...]; mtmp float32
-    [16]; facc float32 [TOKEN_TILE * GROUP]; stage uint8 (a grid format's blocks as 8-bit
+    of the calling thread, per super-block slot j (a GEMM's two groups: 2S of them; a GEMV: 2):
+    isc, imn int32 [256 j ...], dtmp float32 [16 j ...], ds, ms float32 [128 j ...]; mtmp
+    float32 [16]; facc, facc2 float32 [TOKEN_TILE * GROUP] (a pair's second group); stage uint8 (a grid format's blocks as 8-bit
     codes, 8 * 512 bytes per slot) or empty. Compiled without numba's reference counting (it
     allocates nothing): around each call in a branch it cost ~100 ns, 3x a GEMV's arithmetic."""
     T = out.shape[0]
@@ -226,42 +249,66 @@ def _k_groups(xflat, xdf, xsf, k4, nxd, nxs, wflat, w16, S, B, qtype, bits, head
         gemm = c1 - c0 > TOKEN_TILE
         per = S if gemm else 1  # super-blocks per step
         steps = S // per
-        for g in range(g0, g1):
+        g = g0
+        while g < g1:
+            # a GEMM runs two row groups per tile where it can: each token's broadcast quads then
+            # meet both groups' weights (the tile's loads were its bound); the grids stay one
+            two = gemm and not grid and g + 1 < g1
+            wa, wb = g * S * B, (g + 1) * S * B
             t = c0
             while t < c1:  # token tiles over the group's whole rows, accumulators in registers
                 n = min(TOKEN_TILE, c1 - t)  # tokens of this tile: 3 share a padded four-token tile
                 for u in range(n):  # one vector store per token (a loop over n * 16 became a memset call)
                     for ln in range(GROUP):
                         facc[u * GROUP + ln] = 0.0
-                for i in range(steps + 1):  # prepare step i, compute step i - 1
-                    if i < steps and (t == c0 or not gemm):
-                        _prepare(kind, grid, bits, w16, wflat, (g * S + i * per) * B, B, per, 0 if gemm else i % 2, head,
-                                 blk, dfac, dtmp, mtmp, isc, imn, ds, ms, stage)
-                    if i > 0:
-                        s0 = (i - 1) * per
-                        _tile(grid, half16, n, bits, facc, wflat, stage, (g * S + s0) * B + head, B, xflat, xdf, xsf,
-                              ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, per, 0 if gemm else (i - 1) % 2)
+                        facc2[u * GROUP + ln] = 0.0
+                if two:  # both groups' scales once per token chunk, slots 0 .. S - 1 and S .. 2S - 1
+                    if t == c0:
+                        _prepare(kind, grid, bits, w16, wflat, wa, B, S, 0, head, blk, dfac, dtmp, mtmp, isc, imn, ds, ms,
+                                 stage)
+                        _prepare(kind, grid, bits, w16, wflat, wb, B, S, S, head, blk, dfac, dtmp, mtmp, isc, imn, ds, ms,
+                                 stage)
+                    if n == TOKEN_TILE:
+                        _pair_fmt(bits, facc, facc2, wflat, wa + head, wb + head, B, xflat, xdf, xsf, ds, ms, dtmp, isc, t,
+                                  k4, nxd, nxs, 0, S, 0, S)
+                    else:
+                        _super_tile(n, bits, facc, wflat, wa + head, B, xflat, xdf, xsf, ds, ms, dtmp, isc, t, k4, nxd, nxs,
+                                    0, S, 0)
+                        _super_tile(n, bits, facc2, wflat, wb + head, B, xflat, xdf, xsf, ds, ms, dtmp, isc, t, k4, nxd,
+                                    nxs, 0, S, S)
+                    store_tile(out, facc2, t, n, g + 1)
+                else:
+                    for i in range(steps + 1):  # prepare step i, compute step i - 1
+                        if i < steps and (t == c0 or not gemm):
+                            _prepare(kind, grid, bits, w16, wflat, wa + i * per * B, B, per, 0 if gemm else i % 2, head,
+                                     blk, dfac, dtmp, mtmp, isc, imn, ds, ms, stage)
+                        if i > 0:
+                            s0 = (i - 1) * per
+                            _tile(grid, half16, n, bits, facc, wflat, stage, wa + s0 * B + head, B, xflat, xdf, xsf,
+                                  ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, per, 0 if gemm else (i - 1) % 2)
                 store_tile(out, facc, t, n, g)
                 t += n
+            g += 2 if two else 1
 
 
 @kernel(inline=True)
 def _k_range(xq4, xd, xs16, wk, qtype, bits, head, out, g0, g1):
     if g1 <= g0:
         return
-    S = max(2, wk.shape[1])  # a scale slot per super-block of a row group (at least the GEMV's 2)
+    S = max(2, 2 * wk.shape[1])  # a scale slot per super-block of two row groups (at least the GEMV's 2)
     isc = np.empty(S * 256, np.int32)
     imn = np.empty(S * 256, np.int32)
     facc = np.empty(TOKEN_TILE * GROUP, np.float32)
+    facc2 = np.empty(TOKEN_TILE * GROUP, np.float32)
     dtmp = np.empty(S * GROUP, np.float32)
     mtmp = np.empty(GROUP, np.float32)
     ds = np.empty(S * 128, np.float32)
     ms = np.empty(S * 128, np.float32)
-    n_stage = 0 if bits < FMT_GRID else S * 8 if xq4.shape[0] > TOKEN_TILE else 16  # blocks: S slots, or 2
+    n_stage = 0 if bits < FMT_GRID else wk.shape[1] * 8 if xq4.shape[0] > TOKEN_TILE else 16  # blocks: a group's, or 2
     stage = np.empty(512 * n_stage, np.uint8)
     wflat = wk.reshape(-1)
     _k_groups(xq4.reshape(-1), xd.reshape(-1), xs16.reshape(-1), xq4.shape[1], xd.shape[1], xs16.shape[1], wflat,
-              wflat.view(np.uint16), wk.shape[1], wk.shape[2], qtype, bits, head, out, g0, g1, isc, imn, facc, dtmp, mtmp,
+              wflat.view(np.uint16), wk.shape[1], wk.shape[2], qtype, bits, head, out, g0, g1, isc, imn, facc, facc2, dtmp, mtmp,
               ds, ms, stage)
 
 

@@ -274,6 +274,15 @@ def dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=Fal
     the 8-bit format's byte, which the dot products then take as the 8-bit format's. 2 (the
     ternary types): two 64-byte loads, quad q in bits 2(q % 4)..2(q % 4) + 1 of load q // 4.
     (The grid formats are staged as 8-bit codes by grid_quads_ir, then read as the 8-bit format.)"""
+    return dot_blocks_ir(builder, [wbase], xbase, xoffs, vnni, bits, split, sdot, avx2)[0]
+
+
+def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=False, avx2=False):
+    """dot_block_ir's sums for the blocks of several row groups at wbases (a list; the result
+    is a list per group) with the same tokens: each token's broadcast quad is loaded once and
+    meets every group's weight quad, so two groups halve the broadcasts per dot product (the
+    GEMM tile's load ports were its bound). With several groups the 4-bit formats take quad q
+    and q + 4 from one load together (their high nibbles are not held across the block)."""
     nibbles = bits not in (8, 2)
     table = TABLES.get(bits)
     eight = bits == 8 or table is not None  # 8-bit bytes at the dot product
@@ -281,33 +290,39 @@ def dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=Fal
     v16, v64i8, v64i32 = ir.VectorType(i32, 16), ir.VectorType(i8, 64), ir.VectorType(i32, 64)
     zero = ir.Constant(v16, None)
     chains = 2 if len(xoffs) == 1 or split else 1
-    accs = [[zero] * chains for _ in xoffs]
+    accs = [[[zero] * chains for _ in xoffs] for _ in wbases]
     pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]))
-    for line in range(BLOCK_BYTES[bits] // 64):  # the block's cache lines, PREFETCH_BYTES ahead (read, keep, data)
-        ahead = builder.gep(wbase, [ir.Constant(i64, PREFETCH_BYTES + 64 * line)])
-        builder.call(pf, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    for wbase in wbases:
+        for line in range(BLOCK_BYTES[bits] // 64):  # the block's cache lines, PREFETCH_BYTES ahead (read, keep, data)
+            ahead = builder.gep(wbase, [ir.Constant(i64, PREFETCH_BYTES + 64 * line)])
+            builder.call(pf, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
     fn = None
     if vnni:
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(v16, [v16, v16, v16]))
     elif sdot:
         v4, v16i8 = ir.VectorType(i32, 4), ir.VectorType(i8, 16)
         fn = builder.module.declare_intrinsic("llvm.aarch64.neon.sdot.v4i32.v16i8", fnty=ir.FunctionType(v4, [v4, v16i8, v16i8]))
-    high: list = []
-    crumbs = None
-    for q in range(8):
+    loads = [{} for _ in wbases]  # per group: its raw 64-byte loads, by offset
+
+    def load(gi, at):
+        if at not in loads[gi]:
+            wp = builder.bitcast(builder.gep(wbases[gi], [ir.Constant(i64, at)]), v64i8.as_pointer())
+            loads[gi][at] = builder.load(wp, align=1)
+        return loads[gi][at]
+
+    def quad(gi, q):
+        """Group gi's weight bytes of quad q as the dot product takes them."""
+        wbase = wbases[gi]
         if bits == 2:
-            if q % 4 == 0:
-                crumbs = builder.load(builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * (q // 4))]),
-                                                      v64i8.as_pointer()), align=1)
-            wb = builder.and_(builder.lshr(crumbs, ir.Constant(v64i8, [2 * (q % 4)] * 64)), ir.Constant(v64i8, [3] * 64))
-        elif nibbles and q >= 4:
-            wb = high[q - 4]
+            wb = builder.and_(builder.lshr(load(gi, 64 * (q // 4)), ir.Constant(v64i8, [2 * (q % 4)] * 64)),
+                              ir.Constant(v64i8, [3] * 64))
+        elif nibbles:
+            raw = load(gi, 64 * (q % 4))
+            if q >= 4:
+                raw = builder.lshr(raw, ir.Constant(v64i8, [4] * 64))
+            wb = builder.and_(raw, ir.Constant(v64i8, [15] * 64))
         else:
-            wp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, 64 * q)]), v64i8.as_pointer())
-            wb = builder.load(wp, align=1)
-            if nibbles:
-                high.append(builder.lshr(wb, ir.Constant(v64i8, [4] * 64)))
-                wb = builder.and_(wb, ir.Constant(v64i8, [15] * 64))
+            wb = load(gi, 64 * q)
         if table is not None:
             wb = _lookup_ir(builder, wb, table)
         for extra, add in ((5, 16), (6, 32)):
@@ -318,37 +333,47 @@ def dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=Fal
                 wb = builder.or_(wb, builder.select(mask, ir.Constant(v64i8, [add] * 64), ir.Constant(v64i8, None)))
         if sdot and bits == 8:  # stored q + 128 (a table gives q itself on sdot) as u8: xor 0x80 gives q as a signed byte (offset 0)
             wb = builder.xor(wb, ir.Constant(v64i8, [-128] * 64))
-        wv = builder.bitcast(wb, v16)
+        return wb
+
+    order = [0, 4, 1, 5, 2, 6, 3, 7] if nibbles and len(wbases) > 1 else list(range(8))
+    for q in order:
+        wbs = [quad(gi, q) for gi in range(len(wbases))]
         for u, xoff in enumerate(xoffs):
             xs = builder.load(builder.gep(xbase, [builder.add(xoff, ir.Constant(i64, q))]))
             xv = builder.insert_element(ir.Constant(v16, None), xs, ir.Constant(i32, 0))
             xv = builder.shuffle_vector(xv, ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
             chain = q // 4 if split else q % chains
-            a = accs[u][chain]
-            if vnni:
-                a = builder.call(fn, [a, wv, xv])
-            elif sdot:
-                a = _sdot16(builder, fn, a, wb, xv)
-            elif avx2 and eight:
-                top = builder.and_(wb, ir.Constant(v64i8, [-128] * 64))
-                low = builder.and_(wb, ir.Constant(v64i8, [127] * 64))
-                a = builder.add(a, builder.add(_maddubs_ir(builder, low, xv), _maddubs_ir(builder, top, xv)))
-            elif avx2:
-                a = builder.add(a, _maddubs_ir(builder, wb, xv))
-            else:
-                # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
-                w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
-                x32 = builder.sext(builder.bitcast(xv, v64i8), v64i32)
-                p = builder.mul(w32, x32)
-                for k in range(4):
-                    a = builder.add(a, builder.shuffle_vector(p, p, ir.Constant(v16, [4 * j + k for j in range(16)])))
-            accs[u][chain] = a
-    if split:
-        return [a for chain in accs for a in chain]
+            for gi, wb in enumerate(wbs):
+                a = accs[gi][u][chain]
+                wv = builder.bitcast(wb, v16)
+                if vnni:
+                    a = builder.call(fn, [a, wv, xv])
+                elif sdot:
+                    a = _sdot16(builder, fn, a, wb, xv)
+                elif avx2 and eight:
+                    top = builder.and_(wb, ir.Constant(v64i8, [-128] * 64))
+                    low = builder.and_(wb, ir.Constant(v64i8, [127] * 64))
+                    a = builder.add(a, builder.add(_maddubs_ir(builder, low, xv), _maddubs_ir(builder, top, xv)))
+                elif avx2:
+                    a = builder.add(a, _maddubs_ir(builder, wb, xv))
+                else:
+                    # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
+                    w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
+                    x32 = builder.sext(builder.bitcast(xv, v64i8), v64i32)
+                    p = builder.mul(w32, x32)
+                    for k in range(4):
+                        a = builder.add(a, builder.shuffle_vector(p, p, ir.Constant(v16, [4 * j + k for j in range(16)])))
+                accs[gi][u][chain] = a
     out = []
-    for chain in accs:
-        a = chain[0]
-        for b in chain[1:]:
-            a = builder.add(a, b)
-        out.append(a)
+    for group in accs:
+        if split:
+            out.append([a for chain in group for a in chain])
+            continue
+        sums = []
+        for chain in group:
+            a = chain[0]
+            for b in chain[1:]:
+                a = builder.add(a, b)
+            sums.append(a)
+        out.append(sums)
     return out

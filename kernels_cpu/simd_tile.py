@@ -4,7 +4,10 @@ products (kernels_cpu.simd_dot) and float epilogue, the tokens' float accumulato
 from the first block to the last (loaded once, stored once). One block per iteration: the 8
 blocks of a super-block unrolled made LLVM interleave them and spill ~36 vectors a super-block
 (IQ4_XS's GEMM ran 19% slower than the same loop per block). The int8 kernel's tile
-(i8_blocks_tile, below) is the same loop over its blocks.
+(i8_blocks_tile, below) is the same loop over its blocks. A GEMM's four-token tiles run two row
+groups at once (k_pair_tile, i8_pair_tile): with one group each vpdpbusd needed its own
+broadcast load of the token's quad, and the loads, not the dot products, bound the tile
+(1,536 x 8,960 x 512 tokens, 1 thread: Q4_K 182 -> 227 GMAC/s, Q8_0 200 -> 251).
 
 The arithmetic per (token, row lane, block) is exactly kernels_cpu.matmul_k's (the same
 operations in the same order: fmul, fmul, fadd, never fused), so a row's bits do not depend on
@@ -26,7 +29,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .simd_dot import BLOCK_BYTES, HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI, TABLE_OFFSET, dot_block_ir
+from .simd_dot import BLOCK_BYTES, HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI, TABLE_OFFSET, dot_blocks_ir
 
 MODE_MIN, MODE_SPLIT, MODE_SCALE, MODE_TQ = 0, 1, 2, 3
 PREFETCH_SCALES = 128  # the int8 kernel's block scales, this many elements (8 blocks) ahead
@@ -59,6 +62,20 @@ def _block_term(builder, isum, dvec, dx, mvec=None, count=None):
     return term
 
 
+# the argument positions of k_super_tile (one row group) and k_pair_tile (two)
+_ONE = dict(facc=(0,), w=1, wo=(2,), rec=3, x4=4, xd=5, xs=6, ds=7, ms=8, dtmp=9, isc=10, toks=11, k4=15, nxd=16,
+            nxs=17, s0=18, ns=19, j0=(20,))
+_TWO = dict(facc=(0, 1), w=2, wo=(3, 4), rec=5, x4=6, xd=7, xs=8, ds=9, ms=10, dtmp=11, isc=12, toks=13, k4=17,
+            nxd=18, nxs=19, s0=20, ns=21, j0=(22, 23))
+
+
+def _literals(mode, bits, ntok):
+    lits = (mode, bits, ntok)
+    if not all(isinstance(v, types.IntegerLiteral) for v in lits):
+        return None
+    return tuple(v.literal_value for v in lits)
+
+
 @intrinsic
 def k_super_tile(typingctx, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0,
                  mode, bits, ntok):
@@ -72,14 +89,32 @@ def k_super_tile(typingctx, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta,
     activations, token t's quads at t * k4; xd: float32 flat, t's block scales at t * nxd; xs:
     int32 flat, t's sums per 16 at t * nxs; ta..td the tokens (a short tile repeats its last).
     mode: a literal MODE_*."""
-    lits = (mode, bits, ntok)
-    if not all(isinstance(v, types.IntegerLiteral) for v in lits):
+    lits = _literals(mode, bits, ntok)
+    if lits is None or not all(isinstance(a, types.Array) for a in (facc, w, x4, xd, xs, ds, ms, dtmp, isc)):
         return None
-    if not all(isinstance(a, types.Array) for a in (facc, w, x4, xd, xs, ds, ms, dtmp, isc)):
-        return None
-    md, fmt, n = (v.literal_value for v in lits)
     sig = types.void(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0, mode,
                      bits, ntok)
+    return sig, _tile_codegen(_ONE, *lits)
+
+
+@intrinsic
+def k_pair_tile(typingctx, facc, facc2, w, wo, wo2, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs,
+                s0, ns, j0, j2, mode, bits, ntok):
+    """k_super_tile for two row groups at once, the second's weights from byte wo2, its scales
+    in slots j2 + j and its accumulators in facc2: each token's broadcast activations meet both
+    groups' weights (a GEMM's tile was bound by its loads, one broadcast per dot product). Each
+    row's operations are k_super_tile's, in its order: the same bits."""
+    lits = _literals(mode, bits, ntok)
+    if lits is None or not all(isinstance(a, types.Array) for a in (facc, facc2, w, x4, xd, xs, ds, ms, dtmp, isc)):
+        return None
+    sig = types.void(facc, facc2, w, wo, wo2, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns,
+                     j0, j2, mode, bits, ntok)
+    return sig, _tile_codegen(_TWO, *lits)
+
+
+def _tile_codegen(at, md, fmt, n):
+    """The IR of k_super_tile / k_pair_tile: `at` gives each argument's position (a tuple per
+    row group where each group has its own)."""
 
     def codegen(context, builder, signature, args):
         def data(k):
@@ -88,16 +123,21 @@ def k_super_tile(typingctx, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta,
         def i64(k):
             return context.cast(builder, args[k], signature.args[k], types.int64)
 
-        fp, wp, xp, xdp, xsp, dsp, msp, dtp, iscp = (data(k) for k in (0, 1, 4, 5, 6, 7, 8, 9, 10))
-        slot = i64(20)  # the scratch slot of super-block s0
-        dsp0, msp0 = (builder.gep(p, [builder.mul(slot, _c64(128))]) for p in (dsp, msp))
-        dtp0, iscp0 = builder.gep(dtp, [builder.mul(slot, _c64(16))]), builder.gep(iscp, [builder.mul(slot, _c64(256))])
-        wo64, rec64 = i64(2), i64(3)
-        toks = [i64(11 + u) for u in range(n)]
-        k4v, nxd, nxs, s0v, nsv = i64(15), i64(16), i64(17), i64(18), i64(19)
-        slots = [cgutils.alloca_once(builder, _VF) for _ in range(n)]  # promoted to registers by mem2reg
-        for u in range(n):
-            builder.store(_vec_at(builder, fp, _c64(16 * u), _VF), slots[u])
+        wp, xp, xdp, xsp, dsp, msp, dtp, iscp = (data(at[k]) for k in ("w", "x4", "xd", "xs", "ds", "ms", "dtmp", "isc"))
+        groups = []  # per row group: its accumulators' pointer, weight offset and scale pointers
+        for fk, wk, jk in zip(at["facc"], at["wo"], at["j0"]):
+            slot = i64(jk)  # the scratch slot of super-block s0
+            groups.append(dict(
+                fp=data(fk), wo=i64(wk), ds=builder.gep(dsp, [builder.mul(slot, _c64(128))]),
+                ms=builder.gep(msp, [builder.mul(slot, _c64(128))]), dt=builder.gep(dtp, [builder.mul(slot, _c64(16))]),
+                isc=builder.gep(iscp, [builder.mul(slot, _c64(256))])))
+        rec64 = i64(at["rec"])
+        toks = [i64(at["toks"] + u) for u in range(n)]
+        k4v, nxd, nxs, s0v, nsv = (i64(at[k]) for k in ("k4", "nxd", "nxs", "s0", "ns"))
+        for g in groups:  # promoted to registers by mem2reg
+            g["slots"] = [cgutils.alloca_once(builder, _VF) for _ in range(n)]
+            for u in range(n):
+                builder.store(_vec_at(builder, g["fp"], _c64(16 * u), _VF), g["slots"][u])
         split = md == MODE_SPLIT
         fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))
         # one block per iteration (8 per super-block): a loop body LLVM schedules without spills,
@@ -106,44 +146,69 @@ def k_super_tile(typingctx, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta,
             jb = loop.index  # block of the tile's range; its super-block j = jb / 8, block b = jb % 8
             j = builder.lshr(jb, _c64(3))
             gb = builder.add(builder.mul(s0v, _c64(8)), jb)  # the block's index in the activations
-            wb = builder.gep(wp, [builder.add(builder.add(wo64, builder.mul(j, rec64)),
-                                              builder.mul(builder.and_(jb, _c64(7)), _c64(BLOCK_BYTES[fmt])))])
+            inner = builder.add(builder.mul(j, rec64), builder.mul(builder.and_(jb, _c64(7)), _c64(BLOCK_BYTES[fmt])))
+            wbs = [builder.gep(wp, [builder.add(g["wo"], inner)]) for g in groups]
             xoffs = [builder.add(builder.mul(t, k4v), builder.mul(gb, _c64(8))) for t in toks]
-            sums = dot_block_ir(builder, wb, xp, xoffs, HAS_VNNI, fmt, split, HAS_SDOT, HAS_AVX2_DOT)
-            dvec = _vec_at(builder, dtp0, builder.mul(j, _c64(16)), _VF) if md in (MODE_SPLIT, MODE_TQ) else None
-            if split:  # Q6_K's scales per 16 as floats, once for the tile's tokens
-                s_lo = builder.sitofp(_vec_at(builder, iscp0, builder.mul(jb, _c64(32)), _VI), _VF)
-                s_hi = builder.sitofp(_vec_at(builder, iscp0, builder.add(builder.mul(jb, _c64(32)), _c64(16)), _VI), _VF)
+            all_sums = dot_blocks_ir(builder, wbs, xp, xoffs, HAS_VNNI, fmt, split, HAS_SDOT, HAS_AVX2_DOT)
+            xterms = []  # per token: its block scale and sums per 16 (shared by the groups)
             for u in range(n):
                 dx = builder.load(builder.gep(xdp, [builder.add(builder.mul(toks[u], nxd), gb)]))
                 sat = builder.add(builder.mul(toks[u], nxs), builder.mul(gb, _c64(2)))
                 lo = builder.load(builder.gep(xsp, [sat]))
                 hi = builder.load(builder.gep(xsp, [builder.add(sat, _c64(1))]))
-                if split:  # Q6_K: isum = sc_lo * (dot_lo - 32 lo) + sc_hi * (dot_hi - 32 hi), computed in
-                    # float but exact: |dot - 32 xs| <= 16 * 32 * 127 and |sc| <= 128, so each product
-                    # and the sum stay below 2^24 (float(isum) to the bit, without vpmulld's two uops);
-                    # the grids: |value| <= 43 (IQ2_S's largest) and sc <= 31 keep the same bound
-                    off = ir.Constant(_I32, 32 if fmt == 6 else TABLE_OFFSET)
-                    a_lo = builder.sitofp(builder.sub(sums[2 * u], _splat(builder, builder.mul(off, lo), _VI)), _VF)
-                    a_hi = builder.sitofp(builder.sub(sums[2 * u + 1], _splat(builder, builder.mul(off, hi), _VI)), _VF)
-                    term = _block_term(builder, builder.call(fma, [a_lo, s_lo, builder.fmul(a_hi, s_hi)]), dvec, dx)
-                elif md == MODE_TQ:
-                    term = _block_term(builder, builder.sub(sums[u], _splat(builder, builder.add(lo, hi), _VI)), dvec, dx)
-                else:
-                    isum = sums[u]
-                    if md == MODE_SCALE:
-                        corr = builder.mul(ir.Constant(_I32, TABLE_OFFSET), builder.add(lo, hi))
-                        isum = builder.sub(isum, _splat(builder, corr, _VI))
-                    dsb = _vec_at(builder, dsp0, builder.mul(jb, _c64(16)), _VF)
-                    msb = _vec_at(builder, msp0, builder.mul(jb, _c64(16)), _VF) if md == MODE_MIN else None
-                    term = _block_term(builder, isum, dsb, dx, msb, builder.add(lo, hi))
-                builder.store(builder.fadd(builder.load(slots[u]), term), slots[u])
-        for u in range(n):
-            builder.store(builder.load(slots[u]), builder.bitcast(builder.gep(fp, [_c64(16 * u)]), _VF.as_pointer()),
-                          align=4)
+                xterms.append((dx, lo, hi))
+            for g, sums in zip(groups, all_sums):
+                _block_terms(builder, g, sums, xterms, jb, j, md, fmt, fma)
+        for g in groups:
+            for u in range(n):
+                builder.store(builder.load(g["slots"][u]),
+                              builder.bitcast(builder.gep(g["fp"], [_c64(16 * u)]), _VF.as_pointer()), align=4)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+def _block_terms(builder, g, sums, xterms, jb, j, md, fmt, fma):
+    """Block jb's epilogue for one row group g (its scales and accumulator slots) and every
+    token (xterms: dx, lo, hi), by mode (the module docstring)."""
+    split = md == MODE_SPLIT
+    dvec = _vec_at(builder, g["dt"], builder.mul(j, _c64(16)), _VF) if md in (MODE_SPLIT, MODE_TQ) else None
+    if split:  # Q6_K's scales per 16 as floats, once for the tile's tokens
+        s_lo = builder.sitofp(_vec_at(builder, g["isc"], builder.mul(jb, _c64(32)), _VI), _VF)
+        s_hi = builder.sitofp(_vec_at(builder, g["isc"], builder.add(builder.mul(jb, _c64(32)), _c64(16)), _VI), _VF)
+    for u, (dx, lo, hi) in enumerate(xterms):
+        if split:  # Q6_K: isum = sc_lo * (dot_lo - 32 lo) + sc_hi * (dot_hi - 32 hi), computed in
+            # float but exact: |dot - 32 xs| <= 16 * 32 * 127 and |sc| <= 128, so each product
+            # and the sum stay below 2^24 (float(isum) to the bit, without vpmulld's two uops);
+            # the grids: |value| <= 43 (IQ2_S's largest) and sc <= 31 keep the same bound
+            off = ir.Constant(_I32, 32 if fmt == 6 else TABLE_OFFSET)
+            a_lo = builder.sitofp(builder.sub(sums[2 * u], _splat(builder, builder.mul(off, lo), _VI)), _VF)
+            a_hi = builder.sitofp(builder.sub(sums[2 * u + 1], _splat(builder, builder.mul(off, hi), _VI)), _VF)
+            term = _block_term(builder, builder.call(fma, [a_lo, s_lo, builder.fmul(a_hi, s_hi)]), dvec, dx)
+        elif md == MODE_TQ:
+            term = _block_term(builder, builder.sub(sums[u], _splat(builder, builder.add(lo, hi), _VI)), dvec, dx)
+        else:
+            isum = sums[u]
+            if md == MODE_SCALE:
+                corr = builder.mul(ir.Constant(_I32, TABLE_OFFSET), builder.add(lo, hi))
+                isum = builder.sub(isum, _splat(builder, corr, _VI))
+            dsb = _vec_at(builder, g["ds"], builder.mul(jb, _c64(16)), _VF)
+            msb = _vec_at(builder, g["ms"], builder.mul(jb, _c64(16)), _VF) if md == MODE_MIN else None
+            term = _block_term(builder, isum, dsb, dx, msb, builder.add(lo, hi))
+        slot = g["slots"][u]
+        builder.store(builder.fadd(builder.load(slot), term), slot)
+
+
+# the argument positions of i8_blocks_tile (one row group) and i8_pair_tile (two)
+_I8_ONE = dict(facc=(0,), w=1, wo=(2,), x4=3, xd=4, xs=5, wd=6, wm=7, so=(8,), nb=9, toks=10, k4=14, corr=15)
+_I8_TWO = dict(facc=(0, 1), w=2, wo=(3, 4), x4=5, xd=6, xs=7, wd=8, wm=9, so=(10, 11), nb=12, toks=13, k4=17, corr=18)
+
+
+def _i8_literals(with_min, fmt, ntok):
+    lits = (fmt, ntok)
+    if not all(isinstance(v, types.IntegerLiteral) for v in lits) or not isinstance(with_min, types.BooleanLiteral):
+        return None
+    return fmt.literal_value, ntok.literal_value, with_min.literal_value
 
 
 @intrinsic
@@ -156,13 +221,29 @@ def i8_blocks_tile(typingctx, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, t
     block b's 16 row scales (mins) at so + 16 b (wm read only when with_min, a literal bool);
     x4 int32, xd float32, xs int32: token t's quads at t * k4, its scales and sums at t * nb.
     Only for F16C targets (the scales are converted as a vector)."""
-    lits = (fmt, ntok)
-    if not all(isinstance(v, types.IntegerLiteral) for v in lits) or not isinstance(with_min, types.BooleanLiteral):
+    lits = _i8_literals(with_min, fmt, ntok)
+    if lits is None or not all(isinstance(a, types.Array) for a in (facc, w, x4, xd, xs, wd, wm)):
         return None
-    if not all(isinstance(a, types.Array) for a in (facc, w, x4, xd, xs, wd, wm)):
-        return None
-    fm, n, mins = fmt.literal_value, ntok.literal_value, with_min.literal_value
     sig = types.void(facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, tc, td, k4, corr, with_min, fmt, ntok)
+    return sig, _i8_codegen(_I8_ONE, *lits)
+
+
+@intrinsic
+def i8_pair_tile(typingctx, facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, ta, tb, tc, td, k4, corr,
+                 with_min, fmt, ntok):
+    """i8_blocks_tile for two row groups at once (the second's blocks from byte wo2, its scales
+    at so2, its accumulators in facc2), each token's broadcast quads meeting both groups'
+    weights, as k_pair_tile: each row's operations in i8_blocks_tile's order, the same bits."""
+    lits = _i8_literals(with_min, fmt, ntok)
+    if lits is None or not all(isinstance(a, types.Array) for a in (facc, facc2, w, x4, xd, xs, wd, wm)):
+        return None
+    sig = types.void(facc, facc2, w, wo, wo2, x4, xd, xs, wd, wm, so, so2, nb, ta, tb, tc, td, k4, corr, with_min, fmt,
+                     ntok)
+    return sig, _i8_codegen(_I8_TWO, *lits)
+
+
+def _i8_codegen(at, fm, n, mins):
+    """The IR of i8_blocks_tile / i8_pair_tile (`at`: the arguments' positions, as _tile_codegen)."""
     vh = ir.VectorType(ir.HalfType(), 16)
 
     def codegen(context, builder, signature, args):
@@ -172,36 +253,41 @@ def i8_blocks_tile(typingctx, facc, w, wo, x4, xd, xs, wd, wm, so, nb, ta, tb, t
         def i64(k):
             return context.cast(builder, args[k], signature.args[k], types.int64)
 
-        fp, wp, xp, xdp, xsp, wdp, wmp = (data(k) for k in (0, 1, 3, 4, 5, 6, 7))
-        wo64, so64, nbv, k4v = i64(2), i64(8), i64(9), i64(14)
-        corr32 = context.cast(builder, args[15], signature.args[15], types.int32)
-        toks = [i64(10 + u) for u in range(n)]
-        slots = [cgutils.alloca_once(builder, _VF) for _ in range(n)]  # promoted to registers by mem2reg
-        for u in range(n):
-            builder.store(_vec_at(builder, fp, _c64(16 * u), _VF), slots[u])
+        wp, xp, xdp, xsp, wdp, wmp = (data(at[k]) for k in ("w", "x4", "xd", "xs", "wd", "wm"))
+        nbv, k4v = i64(at["nb"]), i64(at["k4"])
+        corr32 = context.cast(builder, args[at["corr"]], signature.args[at["corr"]], types.int32)
+        toks = [i64(at["toks"] + u) for u in range(n)]
+        groups = [dict(fp=data(fk), wo=i64(wk), so=i64(sk)) for fk, wk, sk in zip(at["facc"], at["wo"], at["so"])]
+        for g in groups:  # promoted to registers by mem2reg
+            g["slots"] = [cgutils.alloca_once(builder, _VF) for _ in range(n)]
+            for u in range(n):
+                builder.store(_vec_at(builder, g["fp"], _c64(16 * u), _VF), g["slots"][u])
         i8p = ir.IntType(8).as_pointer()
         pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]))
         with cgutils.for_range(builder, nbv) as loop:
             b = loop.index
-            wb = builder.gep(wp, [builder.add(wo64, builder.mul(b, _c64(BLOCK_BYTES[fm])))])
+            wbs = [builder.gep(wp, [builder.add(g["wo"], builder.mul(b, _c64(BLOCK_BYTES[fm])))]) for g in groups]
             xoffs = [builder.add(builder.mul(t, k4v), builder.mul(b, _c64(8))) for t in toks]
-            sums = dot_block_ir(builder, wb, xp, xoffs, HAS_VNNI, fm, False, HAS_SDOT, HAS_AVX2_DOT)
-            soff = builder.add(so64, builder.mul(b, _c64(16)))
-            for arr in (wdp, wmp) if mins else (wdp,):  # the scales' stream, 8 blocks ahead
-                ahead = builder.bitcast(builder.gep(arr, [builder.add(soff, _c64(PREFETCH_SCALES))]), i8p)
-                builder.call(pf, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
-            dvec = builder.fpext(_vec_at(builder, wdp, soff, vh), _VF)
-            mvec = builder.fpext(_vec_at(builder, wmp, soff, vh), _VF) if mins else None
+            all_sums = dot_blocks_ir(builder, wbs, xp, xoffs, HAS_VNNI, fm, False, HAS_SDOT, HAS_AVX2_DOT)
+            xterms = []
             for u in range(n):
-                at = builder.add(builder.mul(toks[u], nbv), b)
-                dx = builder.load(builder.gep(xdp, [at]))
-                x_sum = builder.load(builder.gep(xsp, [at]))
-                isum = builder.sub(sums[u], _splat(builder, builder.mul(corr32, x_sum), _VI))
-                term = _block_term(builder, isum, dvec, dx, mvec, x_sum)
-                builder.store(builder.fadd(builder.load(slots[u]), term), slots[u])
-        for u in range(n):
-            builder.store(builder.load(slots[u]), builder.bitcast(builder.gep(fp, [_c64(16 * u)]), _VF.as_pointer()),
-                          align=4)
+                xat = builder.add(builder.mul(toks[u], nbv), b)
+                xterms.append((builder.load(builder.gep(xdp, [xat])), builder.load(builder.gep(xsp, [xat]))))
+            for g, sums in zip(groups, all_sums):
+                soff = builder.add(g["so"], builder.mul(b, _c64(16)))
+                for arr in (wdp, wmp) if mins else (wdp,):  # the scales' stream, 8 blocks ahead
+                    ahead = builder.bitcast(builder.gep(arr, [builder.add(soff, _c64(PREFETCH_SCALES))]), i8p)
+                    builder.call(pf, [ahead, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                dvec = builder.fpext(_vec_at(builder, wdp, soff, vh), _VF)
+                mvec = builder.fpext(_vec_at(builder, wmp, soff, vh), _VF) if mins else None
+                for u, (dx, x_sum) in enumerate(xterms):
+                    isum = builder.sub(sums[u], _splat(builder, builder.mul(corr32, x_sum), _VI))
+                    term = _block_term(builder, isum, dvec, dx, mvec, x_sum)
+                    builder.store(builder.fadd(builder.load(g["slots"][u]), term), g["slots"][u])
+        for g in groups:
+            for u in range(n):
+                builder.store(builder.load(g["slots"][u]),
+                              builder.bitcast(builder.gep(g["fp"], [_c64(16 * u)]), _VF.as_pointer()), align=4)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen

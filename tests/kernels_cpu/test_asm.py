@@ -112,7 +112,7 @@ I8_GROUPS_SIG = (_I32_2, _F32_2, _I32_2, nt.Array(nt.uint8, 3, "C"), _U16_3, _U1
 _I64 = nt.int64
 K_GROUPS_SIG = (_I32_1, _F32_1, _I32_1, _I64, _I64, _I64, nt.Array(nt.uint8, 1, "C"), nt.Array(nt.uint16, 1, "C"), _I64,
                 _I64, _I64, _I64, _I64, _F32_2, _I64, _I64, _I32_1, _I32_1, _F32_1, _F32_1, _F32_1, _F32_1, _F32_1,
-                nt.Array(nt.uint8, 1, "C"))
+                _F32_1, nt.Array(nt.uint8, 1, "C"))
 
 
 @pytest.mark.skipif("+f16c" not in HOST, reason="no F16C")
@@ -165,6 +165,28 @@ def test_k_quant_matmul_uses_vpdpbusd() -> None:
     # compiled without reference counting: the increments around each call in a branch cost
     # ~65-100 ns a super-block (kernel(refcount=False))
     assert "NRT_incref" not in asm and "NRT_decref" not in asm
+
+
+def _loops(asm: str) -> list[str]:
+    """The asm's basic blocks (from one label to the next)."""
+    return re.split(r"^\.?\w+:", asm, flags=re.MULTILINE)
+
+
+@pytest.mark.skipif("+avx512vnni" not in HOST, reason="no AVX-512 VNNI")
+def test_gemm_pair_tiles_share_each_broadcast() -> None:
+    """A GEMM's four-token tile over two row groups (simd_tile.k_pair_tile, i8_pair_tile) is a
+    loop of 64 vpdpbusd per 32-column block whose token quads are broadcast once for both
+    groups: at most one broadcast per two dot products (with one group, each vpdpbusd took a
+    broadcast load of its own and the loads bound the tile)."""
+    from edge_infer.kernels_cpu import matmul_i8 as m8
+    from edge_infer.kernels_cpu import matmul_k as mk
+
+    for fn, sig in ((m8._i8_groups, I8_GROUPS_SIG), (mk._k_groups, K_GROUPS_SIG)):
+        pairs = [b for b in _loops(asm_of(fn, sig)) if len(re.findall(r"vpdpbusd\s[^\n]*zmm", b)) >= 64]
+        assert pairs, f"{fn.__name__}: no loop of two groups' dot products"
+        for body in pairs:
+            broadcasts = len(re.findall(r"vpbroadcastd\s[^\n]*\(", body)) + len(re.findall(r"\{1to16\}", body))
+            assert broadcasts <= 32 + 8, (fn.__name__, broadcasts)
 
 
 @pytest.mark.skipif("+avx512vnni" in HOST or "+avx2" not in HOST or OVERRIDDEN, reason="not an AVX2 host without VNNI")

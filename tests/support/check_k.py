@@ -78,6 +78,8 @@ def check_k(rng: np.random.Generator) -> None:
         assert np.all(got[1] == 0.0)
         for t0, m in ((0, 3), (3, 3), (0, 2), (1, 6)):  # tiles of 3 (padded to four), of 2, of 4 + 2
             np.testing.assert_array_equal(run(kw, act, rows, 2, slice(t0, t0 + m)), got[t0 : t0 + m])
+        # one thread: its GEMM runs groups 0 and 1 as a pair (kernels_cpu.simd_tile.k_pair_tile), group 2 alone
+        np.testing.assert_array_equal(run(kw, act, rows, 1), got)
         for t in range(n):  # a token alone, with 1 or 3 threads, gives the identical row
             np.testing.assert_array_equal(run(kw, act, rows, 1, slice(t, t + 1))[0], got[t])
             np.testing.assert_array_equal(run(kw, act, rows, 3, slice(t, t + 1))[0], got[t])
