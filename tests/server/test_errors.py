@@ -168,13 +168,23 @@ def test_disconnect_aborts_and_frees_kv(server, get_metrics) -> None:  # type: i
         assert sum(line.startswith("data: {") for line in got) >= 3
         m = get_metrics(server.url)
         assert m["edge_infer_num_requests_running"] == 1 and m["edge_infer_kv_blocks_used"] > 0
-    # the client has gone: within a step the request is aborted and its KV blocks freed
+    # the client has gone: within a step the request is aborted and its KV blocks freed. The wait
+    # is long because on a loaded CI machine each /metrics answer waits for an engine step (10 s
+    # ran out once); it cannot hide a missed abort: the request would then run to its end, which
+    # the counts below catch.
+    seen: list[dict[str, float]] = []
 
     def freed() -> bool:
-        m = get_metrics(server.url)
-        return m["edge_infer_num_requests_running"] == 0 and m["edge_infer_kv_blocks_used"] == 0
+        seen.append(get_metrics(server.url))
+        return seen[-1]["edge_infer_num_requests_running"] == 0 and seen[-1]["edge_infer_kv_blocks_used"] == 0
 
-    assert _wait_for(freed, 10)
+    t0 = time.monotonic()
+    keys = ("num_requests_running", "kv_blocks_used", "requests_aborted_total", "generation_tokens_total")
+    assert _wait_for(freed, 60), (
+        f"not freed after {time.monotonic() - t0:.1f} s ({len(seen)} metrics reads); last: "
+        + ", ".join(f"{k}={seen[-1]['edge_infer_' + k]}" for k in keys)
+        + f"; aborted before: {aborted}, tokens before: {generated}\nserver log:\n{server.log()[-3000:]}"
+    )
     m = get_metrics(server.url)
     assert m["edge_infer_requests_aborted_total"] == aborted + 1
     assert m["edge_infer_generation_tokens_total"] - generated < 2000  # stopped early, not run to the end
