@@ -29,7 +29,15 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .simd_dot import BLOCK_BYTES, HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI, TABLE_OFFSET, dot_blocks_ir
+from .simd_dot import (
+    BLOCK_BYTES,
+    HAS_AVX2_DOT,
+    HAS_SDOT,
+    HAS_VNNI,
+    PREFETCH_K_BYTES,
+    TABLE_OFFSET,
+    dot_blocks_ir,
+)
 
 MODE_MIN, MODE_SPLIT, MODE_SCALE, MODE_TQ = 0, 1, 2, 3
 PREFETCH_SCALES = 128  # the int8 kernel's block scales, this many elements (8 blocks) ahead
@@ -149,7 +157,8 @@ def _tile_codegen(at, md, fmt, n):
             inner = builder.add(builder.mul(j, rec64), builder.mul(builder.and_(jb, _c64(7)), _c64(BLOCK_BYTES[fmt])))
             wbs = [builder.gep(wp, [builder.add(g["wo"], inner)]) for g in groups]
             xoffs = [builder.add(builder.mul(t, k4v), builder.mul(gb, _c64(8))) for t in toks]
-            all_sums = dot_blocks_ir(builder, wbs, xp, xoffs, HAS_VNNI, fmt, split, HAS_SDOT, HAS_AVX2_DOT)
+            all_sums = dot_blocks_ir(builder, wbs, xp, xoffs, HAS_VNNI, fmt, split, HAS_SDOT, HAS_AVX2_DOT,
+                                     PREFETCH_K_BYTES)
             xterms = []  # per token: its block scale and sums per 16 (shared by the groups)
             for u in range(n):
                 dx = builder.load(builder.gep(xdp, [builder.add(builder.mul(toks[u], nxd), gb)]))
