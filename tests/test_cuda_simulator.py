@@ -39,7 +39,9 @@ def test_cuda_kernels_and_engine_under_the_simulator() -> None:
     start_simulator()  # when run alone, or collected without the hook
     proc, log = _started[0]
     try:
-        proc.wait(timeout=900)
+        # 351 s on CI's AVX-512 machine beside the other worker; a 2-core AVX2 Zen 3 VM with cold
+        # kernel caches ran past 900 s, so the bound leaves room for slower hosts
+        proc.wait(timeout=1800)
     finally:
         if proc.poll() is None:
             proc.kill()
