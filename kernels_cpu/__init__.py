@@ -163,7 +163,7 @@ attention reads this step's K/V back from the pool, so a token's output is the s
 context was computed in this chunk or an earlier one.
 
 Modules: backend, target (the CPU the kernels compile for; each weight type's path), jit_cache (numba's cache of them),
-workspace, dequant, matmul, matmul_i8 (its vector intrinsics in simd_i8),
+workspace, dequant, matmul, matmul_i8 (its vector intrinsics in simd_i8, on simd_dot and simd_isa),
 repack_i8, matmul_k (simd_k), repack_k, moe, matmul_experts, membw (read bandwidth), attention, ops, recurrent (hybrid models' state kernels; reference_recurrent their twins), fastmath (vectorizable exp/tanh/silu/gelu), reference (the NumPy
 twins), _jit (codegen settings, the kernel decorator, f16/bf16 bit helpers). This file imports
 nothing: importing the package stays cheap.

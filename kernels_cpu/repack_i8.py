@@ -22,8 +22,9 @@ import numpy as np
 from edge_infer.formats.weight_types import MXFP4, TYPES, I8Form, weight_type
 
 from ._jit import kernel, u16_at
-from .simd_dot import HAS_SDOT, TABLE_OFFSET, table_format
+from .simd_dot import TABLE_OFFSET, table_format
 from .simd_i8 import GROUP
+from .simd_isa import HAS_SDOT, HIGH_BITS_AS_MASKS
 
 
 def zero_code(form: I8Form) -> int:
@@ -90,7 +91,7 @@ def repack_nibbles(w, has_min, fifth, wi, wd, wm):
     column j in its low and j + 16 in its high nibble, which is what the layout wants of quad
     byte (q, l, k) for j = 4q + k: the bytes move, the nibbles stay. The 5-bit format adds, per
     quad q, a 64-bit mask at bytes 256 + 8q whose bit 4l + k is the fifth bit of row l's column
-    4q + k. wd [G, nb, 16] = d, wm [G, nb, 16] = m (with mins only), as f16 bits; rows past R stay zero."""
+    4q + k (without mask registers, simd_isa.HIGH_BITS_AS_MASKS: bit q of byte 256 + 4l + k). wd [G, nb, 16] = d, wm [G, nb, 16] = m (with mins only), as f16 bits; rows past R stay zero."""
     R = w.shape[0]
     head = 4 if has_min else 2
     codes = head + (4 if fifth else 0)
@@ -109,9 +110,12 @@ def repack_nibbles(w, has_min, fifth, wi, wd, wm):
                 if fifth:
                     for c in range(32):
                         if (w[r, o + head + c // 8] >> (c % 8)) & 1:
-                            bit = 4 * ln + c % 4
-                            at = 256 + 8 * (c // 4) + bit // 8
-                            wi[g, b, at] = wi[g, b, at] | np.uint8(1 << (bit % 8))
+                            if HIGH_BITS_AS_MASKS:
+                                bit = 4 * ln + c % 4
+                                at, v = 256 + 8 * (c // 4) + bit // 8, 1 << (bit % 8)
+                            else:  # simd_isa.high_field_ir's: bit q of byte 256 + 4l + k
+                                at, v = 256 + 4 * ln + c % 4, 1 << (c // 4)
+                            wi[g, b, at] = wi[g, b, at] | np.uint8(v)
 
 
 # MXFP4's E8M0 bytes whose scale 2^(e - 128) an f16 holds exactly (2^-24, a subnormal, .. 2^15)

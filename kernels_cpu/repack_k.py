@@ -7,7 +7,8 @@ Per group of 16 rows and super-block, one contiguous record of B bytes (one stre
 - Q5_K, B = 2816 = 16 x 176: the same header, sub-blocks in the 5-bit format (320 bytes);
 - Q6_K, B = 3360 = 16 x 210: d f16 [16] | int8 scales per 16 columns, byte-major [16][16] | 8
   blocks of 32 columns in the 6-bit format (384 bytes: the 4-bit nibbles, then a 64-bit mask
-  per quad of the fifth bits and one of the sixth);
+  per quad of the fifth bits and one of the sixth, or without mask registers the two high
+  bits as 2-bit fields of 128 bytes, simd_isa.HIGH_BITS_AS_MASKS);
 - IQ4_XS, B = 2208 (the file's 16 x 136 + 32): d f16 [16] | sc - 32 as int8 per 32 columns,
   byte-major [8][16] (unpacked from the file's 6-bit scales) | 8 blocks of the 4-bit format,
   whose codes index IQ4_NL's table (the kernel's table format);
@@ -32,6 +33,7 @@ from ._jit import kernel
 from .repack_grid import repack_grid_kernel
 from .simd_dot import table_format
 from .simd_i8 import GROUP
+from .simd_isa import HIGH_BITS_AS_MASKS
 
 # qtype -> (record bytes per group and super-block, code bits, header bytes), from
 # formats.weight_types' K-quant forms
@@ -120,7 +122,8 @@ def _row_codes(w, r, o, qtype, codes):
 def _pack_block(codes, c0, ln, bits, dst, at):
     """Row lane ln's 32 codes codes[c0:c0 + 32] into the block at dst[at:] (4/5/6-bit format):
     quad byte (q, ln, k) = code 4q + k | code 16 + 4q + k << 4; the fifth (sixth) bits of quad
-    q's 4 codes are bits 4 ln .. 4 ln + 3 of its 64-bit mask at 256 (320) + 8q. 2-bit format:
+    q's 4 codes are bits 4 ln .. 4 ln + 3 of its 64-bit mask at 256 (320) + 8q, or without
+    HIGH_BITS_AS_MASKS simd_isa.high_field_ir's byte fields. 2-bit format:
     byte 64 (q // 4) + 4 ln + k holds code 4q + k in bits 2 (q % 4), 2 (q % 4) + 1."""
     if bits == 2:
         for q in range(8):
@@ -131,6 +134,13 @@ def _pack_block(codes, c0, ln, bits, dst, at):
     for q in range(4):
         for k in range(4):
             dst[at + q * 64 + ln * 4 + k] = (codes[c0 + 4 * q + k] & 15) | ((codes[c0 + 16 + 4 * q + k] & 15) << 4)
+    if bits > 4 and not HIGH_BITS_AS_MASKS:  # simd_isa.high_field_ir's byte fields
+        for q in range(8):
+            for k in range(4):
+                hi = codes[c0 + 4 * q + k] >> 4
+                b = at + 256 + 4 * ln + k + (64 * (q // 4) if bits == 6 else 0)
+                dst[b] = dst[b] | np.uint8(hi << (2 * (q % 4)) if bits == 6 else hi << q)
+        return
     shift = 4 * (ln % 2)
     for e in range(4, bits):  # bit e of the codes (4: the fifth, 5: the sixth)
         base = at + 256 + 64 * (e - 4) + ln // 2

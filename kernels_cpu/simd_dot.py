@@ -1,10 +1,9 @@
-"""The int8 block dot product as LLVM IR: which instructions this target takes for it (AVX-512
-VNNI `vpdpbusd`; on aarch64 CPUs with the dot-product extension `sdot`, whose signed bytes hold
-the 4-, 5- and 6-bit codes as they are and Q8_0's q + 128 as q after xor 0x80; on other x86
-CPUs with AVX2 `vpmaddubsw` + `vpmaddwd`; or plain vector IR that LLVM lowers for any target,
-all with the same exact integer sums), the code formats (bit widths 8, 4, 5, 6 and the table
-formats) and the IR of one 16-row x 32-column block's sums. kernels_cpu.simd_i8 wraps it in
-numba intrinsics."""
+"""The int8 block dot product as LLVM IR, on the instructions kernels_cpu.simd_isa picks for this
+target (VNNI `vpdpbusd`, aarch64 `sdot`, whose signed bytes hold the 4-, 5- and 6-bit codes as
+they are and Q8_0's q + 128 as q after xor 0x80, AVX2 `vpmaddubsw` + `vpmaddwd`, or plain
+vector IR that LLVM lowers for any target, all with the same exact integer sums): the code
+formats (bit widths 8, 4, 5, 6, 2, the table formats and the grid formats) and the IR of one
+16-row x 32-column block's sums. kernels_cpu.simd_i8 wraps it in numba intrinsics."""
 
 from __future__ import annotations
 
@@ -12,52 +11,24 @@ import platform
 
 import numpy as np
 from llvmlite import ir
-from numba.core import config
 
 from edge_infer.formats.quants_iq import grid as grid_values
 from edge_infer.formats.weight_types import IQ4_TABLE, MXFP4_TABLE, TYPES, GridCodes
 
-from ._jit import target_has
+from .simd_isa import (
+    HAS_AVX2_DOT,
+    HAS_SDOT,
+    HAS_VNNI,
+    HIGH_BITS_AS_MASKS,
+    I16_QUADS,
+    PREFETCH_BYTES,
+    high_field_ir,
+    maddubs16_ir,
+    maddubs_ir,
+    sdot16_ir,
+    widen16_ir,
+)
 
-# Software prefetch distance (measured on the 2-core AVX-512 VM: a streamed GEMV ran at 9 of
-# the core's 14 GB/s with the hardware prefetcher alone, 12-13 with these).
-PREFETCH_BYTES = 2048  # ahead of the quad being read, in the interleaved weights
-# The K-quant tile's: its super-blocks' headers and the scale unpacking between them leave gaps
-# in the stream, which a longer lead covers (2-core AVX2 Zen 3, one thread, Q4_K GEMV from
-# memory: 12.5 -> 14.9 GB/s, five runs each; the int8 kernel's types gained nothing from it).
-PREFETCH_K_BYTES = 4096
-HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
-# AVX2 without VNNI: vpmaddubsw (u8 x s8 pairs to saturating i16) then vpmaddwd by ones (i16
-# pairs to i32), llama.cpp's idiom; LLVM lowers the plain-IR form to widening multiplies and
-# lane shuffles, ~8x slower on a 2-core AVX2 VM.
-HAS_AVX2_DOT = not HAS_VNNI and platform.machine().lower() in ("x86_64", "amd64") and target_has("+avx2")
-# LLVM CPU names (aarch64) with the dot-product extension (Armv8.2-A dotprod, standard from
-# Armv8.4-A): the target-feature list does not show it even on a Raspberry Pi 5, and LLVM
-# aborts on the sdot intrinsic for a CPU without it, so the CPU name decides.
-DOTPROD_CPUS = frozenset({
-    "cortex-a55", "cortex-a65", "cortex-a65ae", "cortex-a75", "cortex-a76", "cortex-a76ae", "cortex-a77",
-    "cortex-a78", "cortex-a78ae", "cortex-a78c", "cortex-a510", "cortex-a520", "cortex-a520ae", "cortex-a710",
-    "cortex-a715", "cortex-a720", "cortex-a720ae", "cortex-a725", "cortex-x1", "cortex-x1c", "cortex-x2",
-    "cortex-x3", "cortex-x4", "cortex-x925", "neoverse-e1", "neoverse-n1", "neoverse-n2", "neoverse-n3",
-    "neoverse-v1", "neoverse-v2", "neoverse-v3", "neoverse-v3ae", "neoverse-512tvb", "ampere1", "ampere1a",
-    "ampere1b", "apple-a13", "apple-a14", "apple-a15", "apple-a16", "apple-a17", "apple-m1", "apple-m2",
-    "apple-m3", "apple-m4", "exynos-m4", "exynos-m5", "saphira", "tsv110", "oryon-1", "grace", "kryo", "carmel",
-})
-
-
-def _has_sdot() -> bool:
-    if platform.machine().lower() not in ("aarch64", "arm64"):
-        return False
-    if target_has("+dotprod"):
-        return True
-    if config.CPU_NAME:  # type: ignore[attr-defined]
-        return str(config.CPU_NAME).lower() in DOTPROD_CPUS  # type: ignore[attr-defined]
-    import llvmlite.binding as llvm
-
-    return str(llvm.get_host_cpu_name()).lower() in DOTPROD_CPUS
-
-
-HAS_SDOT = _has_sdot()
 # Formats beyond the bit widths 8, 4, 5, 6: 4-bit codes (the 4-bit format's bytes) read through
 # a 16-entry table of int8 weights in registers (vpshufb, tbl) into the 8-bit format's bytes
 # (q + 128, or q itself on sdot), so the arithmetic is the 8-bit format's at the 4-bit bytes.
@@ -226,43 +197,6 @@ def _lookup_ir(builder, idx, table):
     return level[0]
 
 
-def _sdot16(builder, fn, a, wb, xv):
-    """vpdpbusd's lanes with aarch64 sdot (signed bytes): a <16 x i32> += for each lane l the
-    dot product of bytes 4l..4l+3 of wb <64 x i8> with the 4 bytes of x (xv: one i32 quad
-    splatted). Four sdot of 16 bytes each; lane 4k + j of the result is lane j of the k-th."""
-    i32, v4 = ir.IntType(32), ir.VectorType(ir.IntType(32), 4)
-    xb = builder.bitcast(xv, ir.VectorType(ir.IntType(8), 64))
-    x16 = builder.shuffle_vector(xb, xb, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
-    parts = []
-    for k in range(4):
-        ak = builder.shuffle_vector(a, a, ir.Constant(v4, [4 * k + j for j in range(4)]))
-        wk = builder.shuffle_vector(wb, wb, ir.Constant(ir.VectorType(i32, 16), [16 * k + j for j in range(16)]))
-        parts.append(builder.call(fn, [ak, wk, x16]))
-    lo = builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(i32, 8), list(range(8))))
-    hi = builder.shuffle_vector(parts[2], parts[3], ir.Constant(ir.VectorType(i32, 8), list(range(8))))
-    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
-
-
-def _maddubs_ir(builder, wb, xv):
-    """vpdpbusd's <16 x i32> lane sums (zext(u8) * sext(s8) of 4 adjacent bytes) with AVX2:
-    vpmaddubsw then vpmaddwd by ones on each 32-byte half. vpmaddubsw saturates a pair's i16
-    sum, which codes below 64 (the 4-, 5- and 6-bit formats) never reach with |x| <= 128;
-    8-bit codes are split into their low 7 bits and their top bit (0 or 128), each pair
-    sum then within +-32768, so every lane is the exact integer."""
-    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-    v32i8, v16i16, v8i32, v64i8 = (ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8),
-                                   ir.VectorType(i8, 64))
-    maddubs = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
-    maddwd = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(v8i32, [v16i16, v16i16]))
-    ones = ir.Constant(v16i16, [1] * 16)
-    xb = builder.bitcast(xv, v64i8)
-
-    def half(v, h):
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 32), list(range(32 * h, 32 * h + 32))))
-
-    parts = [builder.call(maddwd, [builder.call(maddubs, [half(wb, h), half(xb, h)]), ones]) for h in (0, 1)]
-    return builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(i32, 16), list(range(16))))
-
 
 def dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=False, avx2=False):
     """int32 <16 x i32> sums of one block for each x offset in xoffs: every weight quad is
@@ -271,9 +205,11 @@ def dot_block_ir(builder, wbase, xbase, xoffs, vnni, bits, split=False, sdot=Fal
     quads) to hide vpdpbusd's latency; several tokens are independent chains already.
     bits: the weight format, 8 (one byte per weight), 4 (4 loads, each giving quad q in its low
     and q + 4 in its high nibbles) or 5 (the 4-bit nibbles plus, per quad, a 64-bit mask of
-    the fifth bits: bit 4l + k adds 16 to byte 4l + k) or 6 (the 5-bit format plus, per quad, a
-    64-bit mask of the sixth bits at 320 + 8q, adding 32). split: two sums per token, quads
-    0-3 (columns 0-15) and 4-7 (columns 16-31), for weights with a scale per 16 columns (Q6_K).
+    the fifth bits at 256 + 8q: bit 4l + k adds 16 to byte 4l + k) or 6 (the 5-bit format plus,
+    per quad, a 64-bit mask of the sixth bits at 320 + 8q, adding 32); without
+    HIGH_BITS_AS_MASKS the high bits are high_field_ir's byte fields in the same bytes.
+    split: two sums per token, quads 0-3 (columns 0-15) and 4-7 (columns 16-31), for weights
+    with a scale per 16 columns (Q6_K).
     A table format (TABLES): the 4-bit format's bytes, each nibble read through the table into
     the 8-bit format's byte, which the dot products then take as the 8-bit format's. 2 (the
     ternary types): two 64-byte loads, quad q in bits 2(q % 4)..2(q % 4) + 1 of load q // 4.
@@ -331,8 +267,10 @@ def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=F
             wb = load(gi, 64 * q)
         if table is not None:
             wb = _lookup_ir(builder, wb, table)
+        if bits in (5, 6) and not HIGH_BITS_AS_MASKS:
+            wb = builder.or_(wb, high_field_ir(builder, load(gi, 256 + 64 * (q // 4) * (bits - 5)), q, bits))
         for extra, add in ((5, 16), (6, 32)):
-            if bits in (5, 6) and bits >= extra:  # the 8-bit format has no mask bytes
+            if bits in (5, 6) and bits >= extra and HIGH_BITS_AS_MASKS:  # the 8-bit format has no mask bytes
                 at = 256 + 64 * (extra - 5) + 8 * q
                 mp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, at)]), i64.as_pointer())
                 mask = builder.bitcast(builder.load(mp, align=1), ir.VectorType(ir.IntType(1), 64))
@@ -341,6 +279,7 @@ def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=F
             wb = builder.xor(wb, ir.Constant(v64i8, [-128] * 64))
         return wb
 
+    pending: dict[tuple[int, int, int], tuple[ir.Value | None, int]] = {}  # AVX2's i16 sums by (group, token, chain)
     order = [0, 4, 1, 5, 2, 6, 3, 7] if nibbles and len(wbases) > 1 else list(range(8))
     for q in order:
         wbs = [quad(gi, q) for gi in range(len(wbases))]
@@ -355,13 +294,20 @@ def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=F
                 if vnni:
                     a = builder.call(fn, [a, wv, xv])
                 elif sdot:
-                    a = _sdot16(builder, fn, a, wb, xv)
+                    a = sdot16_ir(builder, fn, a, wb, xv)
                 elif avx2 and eight:
                     top = builder.and_(wb, ir.Constant(v64i8, [-128] * 64))
                     low = builder.and_(wb, ir.Constant(v64i8, [127] * 64))
-                    a = builder.add(a, builder.add(_maddubs_ir(builder, low, xv), _maddubs_ir(builder, top, xv)))
-                elif avx2:
-                    a = builder.add(a, _maddubs_ir(builder, wb, xv))
+                    a = builder.add(a, builder.add(maddubs_ir(builder, low, xv), maddubs_ir(builder, top, xv)))
+                elif avx2:  # pair sums held in i16 for up to I16_QUADS[bits] quads, then widened
+                    key = (gi, u, chain)
+                    p = maddubs16_ir(builder, wb, xv)
+                    held, n = pending.get(key, (None, 0))
+                    held = p if held is None else builder.add(held, p)
+                    if n + 1 == I16_QUADS[bits]:
+                        a = builder.add(a, widen16_ir(builder, held))
+                        held, n = None, -1
+                    pending[key] = (held, n + 1)
                 else:
                     # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
                     w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
@@ -370,6 +316,9 @@ def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=F
                     for k in range(4):
                         a = builder.add(a, builder.shuffle_vector(p, p, ir.Constant(v16, [4 * j + k for j in range(16)])))
                 accs[gi][u][chain] = a
+    for (gi, u, chain), (held, _n) in pending.items():  # the i16 sums not yet widened
+        if held is not None:
+            accs[gi][u][chain] = builder.add(accs[gi][u][chain], widen16_ir(builder, held))
     out = []
     for group in accs:
         if split:

@@ -22,12 +22,10 @@ from .simd_dot import (
     FMT_IQ3_XXS,
     FMT_IQ4,
     FMT_MXFP4,
-    HAS_AVX2_DOT,
-    HAS_SDOT,
-    HAS_VNNI,
     dot_block_ir,
     grid_quads_ir,
 )
+from .simd_isa import HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI
 
 GROUP = 16  # rows per interleaved group (one 512-bit vector of int32 lanes)
 def _dot_codegen(n_tokens, bits, split=False):

@@ -29,15 +29,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .simd_dot import (
-    BLOCK_BYTES,
-    HAS_AVX2_DOT,
-    HAS_SDOT,
-    HAS_VNNI,
-    PREFETCH_K_BYTES,
-    TABLE_OFFSET,
-    dot_blocks_ir,
-)
+from .simd_dot import BLOCK_BYTES, TABLE_OFFSET, dot_blocks_ir
+from .simd_isa import HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI, PREFETCH_K_BYTES
 
 MODE_MIN, MODE_SPLIT, MODE_SCALE, MODE_TQ = 0, 1, 2, 3
 PREFETCH_SCALES = 128  # the int8 kernel's block scales, this many elements (8 blocks) ahead

@@ -12,7 +12,7 @@ from edge_infer.formats.weight_types import TYPES
 
 from ._jit import target_has
 from .backend import I8_TYPES, K_TYPES
-from .simd_dot import HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI
+from .simd_isa import HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI
 
 # The LLVM features the kernels' code depends on: the int8 dot products (VNNI, AVX2 or sdot, else
 # plain vector IR that LLVM lowers with what the target has), 512-bit vectors, F16C half conversions.

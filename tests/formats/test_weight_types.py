@@ -16,7 +16,16 @@ from edge_infer.formats import quant_policy, quants, weight_types
 from edge_infer.formats.quantizers import QUANTIZERS
 from edge_infer.formats.quantizers_weighted import WEIGHTED_QUANTIZERS
 from edge_infer.formats.weight_types import TYPES, WeightType, by_name, weight_type
-from edge_infer.kernels_cpu import backend, dequant, reference, repack_i8, repack_k, simd_dot, target
+from edge_infer.kernels_cpu import (
+    backend,
+    dequant,
+    reference,
+    repack_i8,
+    repack_k,
+    simd_dot,
+    simd_isa,
+    target,
+)
 from edge_infer.kernels_cuda import layout
 
 ROWS, COLS = 19, 512  # a short 16-row group; two super-blocks, sixteen 32-blocks per row
@@ -179,11 +188,15 @@ def _unpack_i8(iw: repack_i8.I8Weights, fifth: bool) -> np.ndarray:
     else:  # 4-bit: byte 4q + k holds column 4q + k (low nibble) and 16 + 4q + k (high)
         byte = quads.transpose(0, 3, 1, 2, 4).reshape(g * 16, nb, 16).astype(np.int64)
         codes = np.concatenate([byte & 15, byte >> 4], axis=-1)
-    if fifth:  # per quad of columns a 64-bit mask, bit 4 lane + k
+    if fifth and simd_isa.HIGH_BITS_AS_MASKS:  # per quad of columns a 64-bit mask, bit 4 lane + k
         mask = iw.wi[:, :, 256:320].reshape(g, nb, 8, 8)  # [g, b, quad, byte]
         lane, k = np.arange(16)[:, None], np.arange(4)[None, :]
         bit = (mask[:, :, :, (4 * lane + k) // 8] >> ((4 * lane + k) % 8)) & 1  # [g, b, quad, lane, k]
         codes |= bit.transpose(0, 3, 1, 2, 4).reshape(g * 16, nb, 32).astype(np.int64) << 4
+    elif fifth:  # bit q of byte 256 + 4 lane + k
+        field = iw.wi[:, :, 256:320].reshape(g, nb, 1, 16, 4).astype(np.int64)  # [g, b, -, lane, k]
+        bit = (field >> np.arange(8)[:, None, None]) & 1  # [g, b, quad, lane, k]
+        codes |= bit.transpose(0, 3, 1, 2, 4).reshape(g * 16, nb, 32) << 4
     return codes[:ROWS]
 
 
@@ -223,6 +236,13 @@ def _unpack_k(kw: repack_k.KWeights, t: WeightType) -> tuple[np.ndarray, np.ndar
     byte = byte.transpose(0, 4, 1, 2, 3, 5).reshape(g * 16, s, 8, 16).astype(np.int64)
     codes = np.concatenate([byte & 15, byte >> 4], axis=-1)  # [row, s, b, 32]
     lane, k = np.arange(16)[:, None], np.arange(4)[None, :]
+    if t.k.bits > 4 and not simd_isa.HIGH_BITS_AS_MASKS:  # byte fields: width 1 (5-bit) or 2 (6-bit) per quad
+        width = t.k.bits - 4
+        field = blocks[..., 256 : 256 + 64 * width].reshape(g, s, 8, width, 1, 16, 4).astype(np.int64)
+        per = 8 // width  # quads per 64 bytes
+        hi = (field >> (width * np.arange(per))[:, None, None]) & ((1 << width) - 1)  # [g, s, b, q // per, q % per, lane, k]
+        codes |= hi.transpose(0, 5, 1, 2, 3, 4, 6).reshape(g * 16, s, 8, 32) << 4
+        return codes.reshape(g * 16, -1)[:ROWS], rows(kw.wk[:, :, :head].reshape(g, s, -1, 16), 3)
     for e in range(4, t.k.bits):  # bit e of quad q's codes: a nibble of byte 256 + 64 (e - 4) + 8q + lane/2
         at = 256 + 64 * (e - 4)
         mask = blocks[..., at : at + 64].reshape(g, s, 8, 8, 8)  # [g, s, b, quad, byte]

@@ -192,7 +192,8 @@ def test_gemm_pair_tiles_share_each_broadcast() -> None:
 @pytest.mark.skipif("+avx512vnni" in HOST or "+avx2" not in HOST or OVERRIDDEN, reason="not an AVX2 host without VNNI")
 def test_int8_matmuls_use_vpmaddubsw_on_avx2() -> None:
     """Without VNNI, the dot products of both int8 kernels (legacy and K-quant formats) are
-    vpmaddubsw + vpmaddwd on ymm registers (simd_dot._maddubs_ir), not widened multiplies, and
+    vpmaddubsw + vpmaddwd on ymm registers (simd_isa.maddubs16_ir, widen16_ir), not widened
+    multiplies (the K-quant codes' pair sums widened once per several quads), and
     the table formats' lookups ymm vpshufb. The only gathers are the grid types' codebook words
     as their blocks are staged (dword gathers on AVX2: 96 with numba 0.68.1's LLVM)."""
     from edge_infer.kernels_cpu import matmul_i8 as m8
@@ -203,6 +204,8 @@ def test_int8_matmuls_use_vpmaddubsw_on_avx2() -> None:
         assert len(re.findall(r"vpmaddubsw\s[^\n]*ymm", asm)) >= blocks * 8, fn
         assert len(re.findall(r"vpmaddwd\s[^\n]*ymm", asm)) >= blocks * 8, fn
         assert len(re.findall(r"vpshufb\s[^\n]*ymm", asm)) >= 4, fn
+        if fn is mk._k_groups:  # the 4-, 5- and 6-bit codes' pair sums add in i16 before one vpmaddwd
+            assert len(re.findall(r"vpmaddwd\s", asm)) < len(re.findall(r"vpmaddubsw\s", asm)), fn
         gathers = re.findall(r"^\s*(v\w*gather\w*)\s", asm, re.MULTILINE)
         if fn is m8._i8_groups:
             assert not gathers

@@ -49,3 +49,24 @@ def test_real_tensors_bit_exact_with_twin(smollm2_path, gemma3_path) -> None:  #
         want = ref.matmul_i8(prep[1].view(np.int8).reshape(6, -1), prep[2], prep[3], w, qtype)
         np.testing.assert_array_equal(got, want, err_msg=name)
     assert seen == {dq.Q4_1, dq.Q5_0, dq.Q8_0}
+
+
+@pytest.mark.parametrize("qtype", [dq.Q4_0, dq.Q5_0, dq.Q5_1], ids=["Q4_0", "Q5_0", "Q5_1"])
+def test_largest_codes_keep_the_pair_sums_exact(qtype: int) -> None:
+    """AVX2's i16 pair sums (simd_isa.I16_QUADS) at their worst: every code at its largest (15,
+    31) against activations all at +/-127; the kernel equals the integer twin bit for bit, for
+    1, 2 and 4 tokens."""
+    rows, k = 16, 64
+    size = dq.BLOCK_SHAPE[qtype][1]
+    block = np.full(size, 0xFF, np.uint8)  # every code bit set
+    block[0:2] = np.array([1.0], np.float16).view(np.uint8)  # d
+    if qtype == dq.Q5_1:
+        block[2:4] = np.array([0.0], np.float16).view(np.uint8)  # m
+    w = np.tile(block, (rows, k // 32))
+    x = np.ones((4, k), np.float32)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    prep = prepare(w, x, qtype)
+    want = ref.matmul_i8(prep[1].view(np.int8).reshape(4, -1), prep[2], prep[3], w, qtype)
+    for t in (slice(0, 1), slice(0, 2), slice(0, 4)):
+        np.testing.assert_array_equal(run(prep, rows, 1, t), want[t])

@@ -61,3 +61,33 @@ def test_q6_k_extreme_block_sums_stay_exact() -> None:
     for t in (slice(0, 1), slice(0, 2), slice(0, 4)):
         np.testing.assert_array_equal(run(kw, act, rows, 1, t), want[t])
     assert np.abs(want[:2]).max() >= 16_000_000 * act[1].max()  # the bound was reached
+
+
+@pytest.mark.parametrize("qtype", [dq.Q4_K, dq.Q5_K, dq.Q6_K], ids=["Q4_K", "Q5_K", "Q6_K"])
+def test_largest_codes_keep_the_pair_sums_exact(qtype: int) -> None:
+    """On AVX2 a block's vpmaddubsw pair sums add up in i16 for several quads before one
+    vpmaddwd widens them (simd_isa.I16_QUADS: 8 for 4-bit codes, 4 for 5-bit, 2 for 6-bit),
+    exact only while no lane passes 32,767. Every code at its largest (15, 31, 63) against
+    activations all at +/-127 is the worst case (4-bit: 8 * 2 * 15 * 127 = 30,480); the kernel
+    must still equal the integer twin bit for bit, for 1, 2 and 4 tokens."""
+    rows, k = 16, 256
+    size = dq.BLOCK_SHAPE[qtype][1]
+    block = np.full(size, 0xFF, np.uint8)  # every code bit set: the largest codes
+    if qtype == dq.Q6_K:
+        block[192:208] = 1  # the scales per 16, int8
+        block[208:210] = np.array([1.0], np.float16).view(np.uint8)
+    else:  # d, dmin, then 12 bytes of 6-bit scales and mins: scales 1, mins 0
+        block[0:4] = np.array([1.0, 0.0], np.float16).view(np.uint8)
+        block[4:16] = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], np.uint8)
+    w = np.tile(block, (rows, 1))
+    x = np.ones((4, k), np.float32)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    act = quantize(x)
+    xq = act[0].view(np.int8).reshape(4, -1)
+    want = ref.matmul_k(xq, act[1], act[2], w, qtype)
+    kw = repack_k(w, qtype, rows, k)
+    for t in (slice(0, 1), slice(0, 2), slice(0, 4)):
+        np.testing.assert_array_equal(run(kw, act, rows, 1, t), want[t])
+    top = {dq.Q4_K: 15, dq.Q5_K: 31, dq.Q6_K: 31}[qtype]  # Q6_K's weights are code - 32
+    assert np.abs(want[0]).min() >= top * k * 127 * act[1].max() * 0.99  # the largest sums were reached
