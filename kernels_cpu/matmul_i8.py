@@ -13,7 +13,8 @@ formats:
 - 5-bit (Q5_0, Q5_1): the 4-bit bytes plus 64 bytes of fifth bits, one 64-bit mask per quad
   (u8 = q, 0..31; offset 16 for Q5_0, a float min for Q5_1);
 - a table format (IQ4_NL): the 4-bit bytes, each code read through the type's 16 int8 values
-  in registers into the 8-bit format's u8 = v + 128 (offset 128; v itself on sdot, offset 0).
+  in registers into the 8-bit format's u8 = v + 128 (offset 128; v itself with
+  simd_isa.SIGNED_EIGHT, on sdot and AVX2, offset 0).
 Per row lane and block, with xq the token's int8 block, dx its scale:
     isum = sum(u8 * xq) - offset * sum(xq)                       (exact integers)
     acc += float(isum) * (d_w * dx) [+ m_w * (dx * sum(xq))]     (blocks in order)

@@ -24,17 +24,18 @@ from edge_infer.formats.weight_types import MXFP4, TYPES, I8Form, weight_type
 from ._jit import kernel, u16_at
 from .simd_dot import TABLE_OFFSET, table_format
 from .simd_i8 import GROUP
-from .simd_isa import HAS_SDOT, HIGH_BITS_AS_MASKS
+from .simd_isa import HIGH_BITS_AS_MASKS, SIGNED_EIGHT
 
 
 def zero_code(form: I8Form) -> int:
     """The u8 code of a zero weight the dot products see: the form's, or for signed codes
-    (stored as q + 128) 128, except on sdot, whose dot products read q + 128 as the signed q
-    (its sums need no offset correction); a table's values are signed codes too."""
+    (stored as q + 128) 128, except with SIGNED_EIGHT (sdot, AVX2), whose dot products read
+    q + 128 as the signed q (their sums need no offset correction); a table's values are
+    signed codes too."""
     if form.table is not None:
         return TABLE_OFFSET
     if form.zero is None:
-        return 0 if HAS_SDOT else 128
+        return 0 if SIGNED_EIGHT else 128
     return form.zero
 
 

@@ -17,28 +17,29 @@ from edge_infer.formats.weight_types import IQ4_TABLE, MXFP4_TABLE, TYPES, GridC
 
 from .simd_isa import (
     HAS_AVX2_DOT,
-    HAS_SDOT,
     HAS_VNNI,
     HIGH_BITS_AS_MASKS,
     I16_QUADS,
     PREFETCH_BYTES,
+    SIGNED_EIGHT,
     high_field_ir,
     maddubs16_ir,
-    maddubs_ir,
     sdot16_ir,
+    signed_dot_ir,
     widen16_ir,
 )
 
 # Formats beyond the bit widths 8, 4, 5, 6: 4-bit codes (the 4-bit format's bytes) read through
 # a 16-entry table of int8 weights in registers (vpshufb, tbl) into the 8-bit format's bytes
-# (q + 128, or q itself on sdot), so the arithmetic is the 8-bit format's at the 4-bit bytes.
+# (q + 128, or q itself with SIGNED_EIGHT), so the arithmetic is the 8-bit format's at the 4-bit bytes.
 FMT_IQ4, FMT_MXFP4 = 9, 10
 TABLES = {FMT_IQ4: IQ4_TABLE, FMT_MXFP4: MXFP4_TABLE}
-# the u8 code of a zero weight in the table formats' bytes (signed values + 128; sdot reads q)
-TABLE_OFFSET = 0 if HAS_SDOT else 128
+# the u8 code of a zero weight in the table formats' bytes (signed values + 128; with
+# SIGNED_EIGHT the dot product reads q)
+TABLE_OFFSET = 0 if SIGNED_EIGHT else 128
 # The codebook types' formats (weight_types.GridCodes, in TYPES' order from 11): each quad's 16
 # rows of 4 grid bytes gathered by index (vpgatherdd), their signs applied, as the 8-bit
-# format's bytes (v + 128; v on sdot).
+# format's bytes (v + 128, which SIGNED_EIGHT's dot products read as v).
 FMT_GRID = 11  # the first
 GRIDS: dict[int, GridCodes] = dict(enumerate(
     (t.k.grid for t in TYPES if t.k is not None and t.k.grid is not None), start=FMT_GRID))
@@ -166,11 +167,11 @@ def grid_quads_ir(builder, wbase, fmt, sdot):
 
 
 def _lookup_ir(builder, idx, table):
-    """<64 x i8> of table[idx] (idx bytes 0..15) as the 8-bit format's bytes: v + 128 (v on sdot),
+    """<64 x i8> of table[idx] (idx bytes 0..15) as the 8-bit format's bytes: v + 128 (v with SIGNED_EIGHT),
     one vpshufb (AVX-512BW; two on AVX2) or four tbl (aarch64), else a tree of selects."""
     i8, i32 = ir.IntType(8), ir.IntType(32)
     v16i8, v32i8, v64i8 = ir.VectorType(i8, 16), ir.VectorType(i8, 32), ir.VectorType(i8, 64)
-    vals = [(v if HAS_SDOT else v + 128) & 255 for v in table]
+    vals = [(v if SIGNED_EIGHT else v + 128) & 255 for v in table]
     if HAS_VNNI:
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512", fnty=ir.FunctionType(v64i8, [v64i8, v64i8]))
         return builder.call(fn, [ir.Constant(v64i8, vals * 4), idx])
@@ -275,7 +276,7 @@ def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=F
                 mp = builder.bitcast(builder.gep(wbase, [ir.Constant(i64, at)]), i64.as_pointer())
                 mask = builder.bitcast(builder.load(mp, align=1), ir.VectorType(ir.IntType(1), 64))
                 wb = builder.or_(wb, builder.select(mask, ir.Constant(v64i8, [add] * 64), ir.Constant(v64i8, None)))
-        if sdot and bits == 8:  # stored q + 128 (a table gives q itself on sdot) as u8: xor 0x80 gives q as a signed byte (offset 0)
+        if (sdot or avx2) and bits == 8:  # SIGNED_EIGHT: stored q + 128 as u8, xor 0x80 gives q (offset 0)
             wb = builder.xor(wb, ir.Constant(v64i8, [-128] * 64))
         return wb
 
@@ -295,10 +296,8 @@ def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=F
                     a = builder.call(fn, [a, wv, xv])
                 elif sdot:
                     a = sdot16_ir(builder, fn, a, wb, xv)
-                elif avx2 and eight:
-                    top = builder.and_(wb, ir.Constant(v64i8, [-128] * 64))
-                    low = builder.and_(wb, ir.Constant(v64i8, [127] * 64))
-                    a = builder.add(a, builder.add(maddubs_ir(builder, low, xv), maddubs_ir(builder, top, xv)))
+                elif avx2 and eight:  # signed bytes (SIGNED_EIGHT)
+                    a = builder.add(a, signed_dot_ir(builder, wb, xv))
                 elif avx2:  # pair sums held in i16 for up to I16_QUADS[bits] quads, then widened
                     key = (gi, u, chain)
                     p = maddubs16_ir(builder, wb, xv)

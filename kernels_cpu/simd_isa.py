@@ -59,6 +59,11 @@ def _has_sdot() -> bool:
 
 
 HAS_SDOT = _has_sdot()
+# The 8-bit formats' bytes (Q8_0's q + 128; the table and grid formats' values v + 128) reach
+# the dot product as the signed q (v) where it takes signed weights: sdot, and AVX2's
+# vpsignb idiom (signed_dot_ir: 4 operations a 32-byte half, where splitting the unsigned
+# bytes into their top bit and low 7 bits took 7). Their sums then need no offset correction.
+SIGNED_EIGHT = HAS_SDOT or HAS_AVX2_DOT
 
 
 def high_field_ir(builder, h, q, bits):
@@ -128,8 +133,29 @@ def maddubs_ir(builder, wb, xv):
     return widen16_ir(builder, maddubs16_ir(builder, wb, xv))
 
 
+def signed_dot_ir(builder, wb, xv):
+    """<16 x i32> lane sums of signed weight bytes wb <64 x i8> times xv's signed bytes (4
+    adjacent products a lane) with AVX2, llama.cpp's idiom: vpmaddubsw of |w| (vpabsb; -128
+    gives the u8 128) with x * sign(w) (vpsignb), then vpmaddwd by ones. Exact: the
+    activations stay within +-127 (kernels_cpu.matmul_i8.quantize_rows_q8), so vpsignb never
+    negates -128 and a pair sum is at most 2 * 128 * 127 = 32,512."""
+    i8, i32 = ir.IntType(8), ir.IntType(32)
+    v32i8, v64i8 = ir.VectorType(i8, 32), ir.VectorType(i8, 64)
+    psign = builder.module.declare_intrinsic("llvm.x86.avx2.psign.b", fnty=ir.FunctionType(v32i8, [v32i8, v32i8]))
+    xb = builder.bitcast(xv, v64i8)
+    zero = ir.Constant(v64i8, None)
+    wabs = builder.select(builder.icmp_signed("<", wb, zero), builder.sub(zero, wb), wb)
+
+    def half(v, h):
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 32), list(range(32 * h, 32 * h + 32))))
+
+    xs = [builder.call(psign, [half(xb, h), half(wb, h)]) for h in (0, 1)]
+    xsigned = builder.shuffle_vector(xs[0], xs[1], ir.Constant(ir.VectorType(i32, 64), list(range(64))))
+    return maddubs_ir(builder, wabs, builder.bitcast(xsigned, xv.type))
+
+
 # AVX2: how many quads' vpmaddubsw pair sums of a format add up in i16 before one vpmaddwd
 # widens them, exactly: a pair sum is at most 2 * code_max * 128 in magnitude (4-bit: 3,840,
 # eight of them 30,720 < 32,768; 5-bit: 7,936, four; 6-bit: 16,128, two; the ternary codes
-# 0..2: eight). The 8-bit split halves take a whole i16 each: one.
+# 0..2: eight). The 8-bit formats' (signed_dot_ir) take a whole i16 each: one.
 I16_QUADS = {4: 8, 2: 8, 5: 4, 6: 2}

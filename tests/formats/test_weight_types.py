@@ -122,8 +122,8 @@ def test_derived_tables_agree() -> None:
     assert dequant.BLOCK_SHAPE == {t.id: (t.block_size, t.type_size) for t in TYPES}
     for t in TYPES:  # the ids the kernels dispatch on
         assert getattr(dequant, t.name) == t.id
-    sdot = 0 if repack_i8.HAS_SDOT else 128
-    assert repack_i8.I8_FORMATS == {t.id: (t.i8.block_bytes, sdot if t.i8.zero is None else t.i8.zero)
+    signed = 0 if simd_isa.SIGNED_EIGHT else 128
+    assert repack_i8.I8_FORMATS == {t.id: (t.i8.block_bytes, signed if t.i8.zero is None else t.i8.zero)
                                     for t in TYPES if t.i8 is not None}
     assert set(repack_i8.WITH_MIN) == ids(lambda t: t.i8 is not None and t.i8.has_min)
     assert repack_k.K_FORMATS == {t.id: (t.k.record_bytes, t.k.bits, t.k.header_bytes) for t in TYPES if t.k}
