@@ -302,11 +302,11 @@ def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=F
                     key = (gi, u, chain)
                     p = maddubs16_ir(builder, wb, xv)
                     held, n = pending.get(key, (None, 0))
-                    held = p if held is None else builder.add(held, p)
-                    if n + 1 == I16_QUADS[bits]:
+                    held, n = (p if held is None else builder.add(held, p)), n + 1
+                    if n == I16_QUADS[bits]:
                         a = builder.add(a, widen16_ir(builder, held))
-                        held, n = None, -1
-                    pending[key] = (held, n + 1)
+                        held, n = None, 0
+                    pending[key] = (held, n)
                 else:
                     # vpdpbusd's semantics in plain IR: zext(u8) * sext(s8), sums of 4 adjacent products
                     w32 = builder.zext(builder.bitcast(wv, v64i8), v64i32)
