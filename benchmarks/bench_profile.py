@@ -100,6 +100,16 @@ def _reset() -> None:
     _LAUNCHES[0] = 0
 
 
+def _subtract(times: dict[str, float], calls: dict[str, int], launches: int) -> None:
+    """Take an earlier run's counts (the prefill alone) out of the current ones."""
+    for name, t in times.items():
+        _TIMES[name] -= t
+        _CALLS[name] -= calls[name]
+        if _CALLS[name] <= 0:
+            del _TIMES[name], _CALLS[name]
+    _LAUNCHES[0] -= launches
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -130,11 +140,17 @@ def main() -> None:
         m = r[0].metrics
         assert m is not None and m.first_token_time is not None and m.first_scheduled_time is not None
         out.append(_report(f"prefill {a.prompt}", m.first_token_time - m.first_scheduled_time, a.prompt))
-        _reset()
         prompts = [bench_prompt(llm.model_config.vocab_size, 32, 43 + i) for i in range(a.streams)]
+        # the decode counts are a run of gen + 1 tokens less a run of 1 token on the same prompts (no
+        # prefix cache, so both prefill alike): the 32-token prefill is as long as ~10 decode steps of
+        # the 1.5B and would otherwise inflate every matmul's time per call
+        _reset()
+        llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        prefill = (dict(_TIMES), dict(_CALLS), _LAUNCHES[0])
+        _reset()
         r = llm.generate(prompts, SamplingParams(max_tokens=a.gen + 1, temperature=0.0, ignore_eos=True))
+        _subtract(*prefill)
         times = [x.metrics.token_times for x in r if x.metrics is not None]
-        # the 32-token prompts' prefill is in the counts too: a small share next to the decode steps
         wall = max(t[-1] for t in times) - max(t[0] for t in times)
         label = f"decode {a.gen}" + (f" x {a.streams} streams" if a.streams > 1 else "")
         out.append(_report(label, wall, a.gen * a.streams))

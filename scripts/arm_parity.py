@@ -2,8 +2,8 @@
 """Greedy generation of tiny llama models, one per int8 weight path (Q8_0 and Q4_0: the int8
 kernel; Q4_K: the K-quant kernel; IQ4_NL and IQ4_XS: their table formats), to compare an aarch64 run with the x86 one token for token.
 
-    python scripts/arm_parity.py --write expected.json     # on the x86 host
-    DIR/py scripts/arm_parity.py --check expected.json     # under qemu (scripts/arm_check.sh)
+    DIR/py scripts/arm_parity.py --write aarch64.json      # under qemu (scripts/arm_check.sh)
+    python scripts/arm_parity.py --check aarch64.json      # on the x86 host
 
 The models are written from fixed seeds (tests/support/tiny_models.py), so both runs see the
 same bytes; it prints LLVM's CPU name and the int8 path it chose.
@@ -46,16 +46,19 @@ def main() -> int:
     g.add_argument("--write", metavar="FILE")
     g.add_argument("--check", metavar="FILE")
     args = ap.parse_args()
-    print(f"LLVM CPU {target.cpu_name()}; int8 path: {target.int8_isa()}", flush=True)
+    here = f"LLVM CPU {target.cpu_name()}; int8 path: {target.int8_isa()}"
+    print(here, flush=True)
     got = generate()
     if args.write:
-        Path(args.write).write_text(json.dumps(got))
+        Path(args.write).write_text(json.dumps({"machine": here, "tokens": got}))
         print("greedy tokens written:", got)
         return 0
-    want = json.loads(Path(args.check).read_text())
+    other = json.loads(Path(args.check).read_text())
+    want = other["tokens"]
     bad = [t for t in TYPES if got[t] != want[t]]
     for t in TYPES:
-        print(f"{t}: {'same' if t not in bad else 'DIFFERENT'} greedy tokens as x86: {got[t]}")
+        print(f"{t}: {'same' if t not in bad else 'DIFFERENT'} greedy tokens as {other['machine']}: {got[t]}"
+              + (f" (there: {want[t]})" if t in bad else ""))
     return 1 if bad else 0
 
 
