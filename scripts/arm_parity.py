@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -46,7 +47,7 @@ def main() -> int:
     g.add_argument("--write", metavar="FILE")
     g.add_argument("--check", metavar="FILE")
     args = ap.parse_args()
-    here = f"LLVM CPU {target.cpu_name()}; int8 path: {target.int8_isa()}"
+    here = f"{platform.machine()} (LLVM CPU {target.cpu_name()}, int8 path {target.int8_isa()})"
     print(here, flush=True)
     got = generate()
     if args.write:

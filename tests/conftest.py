@@ -73,7 +73,6 @@ def qwen2_1p5b_path() -> Path:
 # to start is a short one and neither worker is left alone at the end with a long file.
 RAY_UNIT = "ray-cluster"
 HEAVIEST_FIRST = (
-    "tests/test_cuda_simulator.py",  # waits for a single-threaded simulator process: 4-9 minutes
     "tests/models/test_forward_agreement.py",
     "tests/formats/test_requantize.py",
     RAY_UNIT,
@@ -84,6 +83,11 @@ HEAVIEST_FIRST = (
     "tests/formats/test_gguf.py",
     "tests/engine/test_spec_real.py",
 )
+
+
+# Handed out after everything else: it waits for the CUDA simulator's process (5-14 minutes of one
+# thread), which the controller started before the workers, so both workers run tests beside it.
+LAST = ("tests/test_cuda_simulator.py",)
 
 
 def work_unit(nodeid: str) -> str:
@@ -103,10 +107,33 @@ def pytest_configure(config: pytest.Config) -> None:
     runs, so batch and thread invariance are still tested. Server processes the tests start
     inherit the setting."""
     if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
+        if not os.environ.get("PYTEST_XDIST_WORKER"):
+            _start_simulator_beside(config)
         config.option.dist = "edge-infer-units"  # a name no xdist scheduler answers to
         config.option.loadscopereorder = False  # xdist would sort the units by test count
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+
+
+def _start_simulator_beside(config: pytest.Config) -> None:
+    """The xdist controller starts the CUDA simulator's process when the run includes its test
+    file and selects by path alone (no -k / -m: the workers' collection could deselect it), and
+    tells the workers where it writes (tests/support/simulator_run.py)."""
+    import importlib.util
+    import tempfile
+
+    import simulator_run
+
+    if importlib.util.find_spec("numba_cuda") is None or config.option.keyword or config.option.markexpr:
+        return
+    target = (config.rootpath / simulator_run.SIM_TESTS).resolve()
+    for arg in config.args:
+        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if path == target or path in target.parents:
+            folder = Path(tempfile.mkdtemp(prefix="edge-infer-sim-"))
+            simulator_run.start(folder)
+            os.environ[simulator_run.DIR_ENV] = str(folder)  # the workers start after this, with it
+            return
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the aarch64 job runs without
@@ -129,7 +156,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     units in the order of the collection)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         rank = {unit: i for i, unit in enumerate(HEAVIEST_FIRST)}
-        items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable within a unit
+        rank.update({unit: len(HEAVIEST_FIRST) + 1 + i for i, unit in enumerate(LAST)})
+        items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(HEAVIEST_FIRST)))  # stable within a unit
 
 
 def _simulator_module(session: pytest.Session) -> object | None:
@@ -141,19 +169,20 @@ def _simulator_module(session: pytest.Session) -> object | None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the CUDA simulator's own process early when its test is selected, so it runs beside
-    the tests collected before it (tests/test_cuda_simulator.py waits for it). Not under xdist:
-    every worker collects every test, and the one that is handed this test (first, by
-    HEAVIEST_FIRST) starts the simulator itself."""
+    """Without xdist, start the CUDA simulator's own process as soon as collection has selected
+    its test, so it runs beside the tests before it (tests/test_cuda_simulator.py waits for it).
+    Under xdist the controller started it (_start_simulator_beside), or the worker handed the
+    test starts it."""
     mod = None if os.environ.get("PYTEST_XDIST_WORKER") else _simulator_module(session)
     if mod is not None:
         mod.start_simulator()  # type: ignore[attr-defined]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A session that ends early (-x, Ctrl-C) does not leave the simulator running."""
-    mod = _simulator_module(session)
-    for proc, _ in getattr(mod, "_started", []):
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    """A session that ends early (-x, Ctrl-C) does not leave the simulator running (the xdist
+    controller's session ends after its workers', so it never stops a run they still wait for)."""
+    import sys
+
+    run = sys.modules.get("simulator_run")
+    if run is not None:
+        run.stop()  # type: ignore[attr-defined]
