@@ -1,5 +1,5 @@
 #!/bin/bash
-# The bounded aarch64 CI job (.ci/run starts it beside the native tests): under qemu user-mode as a
+# The bounded aarch64 CI job (.ci/run runs it after the native tests): under qemu user-mode as a
 # Cortex-A76 (scripts/arm_env.sh), the int8 kernels against their NumPy twins, the asm check
 # that they compile to sdot, and tiny models' greedy generation, then this host's generation of
 # the same models compared with it token for token.
