@@ -5,29 +5,37 @@ line can say why the first run takes a minute).
 numba keys a cached kernel by its signature, the target (LLVM triple, CPU name, features) and a
 hash of the function's bytecode; an entry from another CPU or an older source does not count.
 The index files are read with numba's own cache classes (private API, stable since 0.49): if
-that ever fails, the status says "unknown" rather than guessing.
+that ever fails, the status says "unknown" rather than guessing. Two things numba's cache lacks
+are added here: a stamp per kernel module that covers the modules it imports (source_stamp: a
+change to one kernel family recompiles only the modules that import it), and saves locked
+against another process filling the same folder (lock_cache_saves).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
 import hashlib
 import importlib
+import importlib.util
+import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from numba.core import config, event
-from numba.core.caching import UserProvidedCacheLocator
+from numba.core.caching import IndexDataCacheFile, UserProvidedCacheLocator
 
 # The modules with kernels (and the non-inlined helpers they call) of this package.
 KERNEL_MODULES = ("attention", "dequant", "matmul", "matmul_i8", "matmul_k", "matmul_experts", "membw", "moe",
                   "ops", "recurrent", "repack_i8", "repack_k", "simd_i8", "simd_k")
 _PACKAGE = __name__.rsplit(".", 1)[0]
-# The folders whose kernels SourceTreeCacheLocator keys by one digest of all their sources.
+_TOP = _PACKAGE.split(".", 1)[0]
+# The folders whose kernels SourceTreeCacheLocator keys by the sources they import.
 _KERNEL_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "formats")
 # What NUMBA_CACHE_LOCATOR_CLASSES names to use it (numba's own locators after it, for every
 # other cached function).
@@ -35,33 +43,124 @@ CACHE_LOCATORS = ",".join([f"{__name__}.SourceTreeCacheLocator"] + [
     f"numba.core.caching.{c}" for c in ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")])
 
 
-@functools.lru_cache(maxsize=1)
-def _sources_digest() -> str:
-    """sha256 of every .py file of the kernel folders, in name order. Kernels inline helpers
-    from other modules and freeze module constants (type ids) into their code, so a change in
-    any of these files must miss the cache for all of them: numba's own stamp covers only the
-    kernel's file."""
+@functools.cache
+def _source_file(module: str) -> str | None:
+    """The .py file of one of this package's modules (None: not a module, not ours, or this one,
+    which holds no kernel code)."""
+    if module.split(".", 1)[0] != _TOP or module == __name__:
+        return None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a parent that is not a package, or a broken name
+        return None
+    return spec.origin if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
+@functools.cache
+def _imports(module: str) -> frozenset[str]:
+    """This package's modules that `module`'s source imports, relative or absolute, at any depth
+    (function-level imports too: numba freezes whatever a kernel reaches at compile time)."""
+    path = _source_file(module)
+    if path is None:
+        return frozenset()
+    is_package = Path(path).name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(Path(path).read_bytes(), path)):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                parent = ".".join(base + ([node.module] if node.module else []))
+            else:
+                parent = node.module or ""
+            for a in node.names:  # `from package import module`, else a name of `parent`
+                out.add(f"{parent}.{a.name}" if _source_file(f"{parent}.{a.name}") else parent)
+    return frozenset(m for m in out if _source_file(m) is not None)
+
+
+@functools.cache
+def import_closure(module: str) -> tuple[str, ...]:
+    """`module` and every module of this package it imports, directly or through others, sorted."""
+    seen, todo = {module}, [module]
+    while todo:
+        for dep in _imports(todo.pop()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return tuple(sorted(seen))
+
+
+@functools.cache
+def source_stamp(module: str) -> str:
+    """sha256 of the sources of `module`'s import closure. Kernels inline helpers from the
+    modules they import and freeze those modules' constants (type ids) into their code, so a
+    change in any of them must miss the cache; numba's own stamp covers only the kernel's file.
+    A change elsewhere (a quantizer, another kernel family) leaves this module's kernels cached."""
     h = hashlib.sha256()
-    for d in _KERNEL_DIRS:
-        for p in sorted(d.glob("*.py")):
-            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    for name in import_closure(module):
+        path = _source_file(name)
+        h.update(name.encode() + b"\0" + (Path(path).read_bytes() if path else b"") + b"\0")
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    """An exclusive advisory lock on `path` (created), across processes and threads; none where
+    the platform has no fcntl."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: numba's unlocked save
+        yield
+        return
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _save_under_lock(self: IndexDataCacheFile, key: Any, data: Any) -> None:
+    """numba's IndexDataCacheFile.save made safe for processes that share a cache (two test
+    workers, a server beside a script). numba reads the index, picks the first free data file
+    name, saves the index, then the data: two processes adding different signatures at once can
+    pick the same name, and the index that wins then maps one signature to the other's compiled
+    code; a reader between the two saves can load a stale file of that name. Here the read,
+    pick and saves hold a lock on the index, and the data is written before the index names it."""
+    with _file_lock(self._index_path + ".lock"):
+        overloads = self._load_index()
+        name = overloads.get(key)
+        if name is None:
+            used = set(overloads.values())
+            name = next(n for n in map(self._data_name, itertools.count(1)) if n not in used)
+        self._save_data(name, data)
+        if overloads.get(key) != name:
+            overloads[key] = name
+            self._save_index(overloads)
+
+
+def lock_cache_saves() -> None:
+    """Make every numba cache save of this process go through _save_under_lock (idempotent;
+    kernels_cpu/_jit.py calls it before the first kernel is defined)."""
+    IndexDataCacheFile.save = _save_under_lock  # type: ignore[method-assign]
 
 
 class SourceTreeCacheLocator(UserProvidedCacheLocator):
     """numba's cache of this package's kernels under NUMBA_CACHE_DIR/edge_infer/<folder>, valid
-    while the kernel and format sources are byte-identical, wherever the checkout lies and
-    whatever its files' times (numba's own locator keys the folder by the source's absolute
+    while the sources of the kernel's module and of every module it imports are byte-identical
+    (source_stamp), wherever the checkout lies and whatever its files' times (numba's own locator keys the folder by the source's absolute
     path, so a fresh clone elsewhere never hits). Enabled by NUMBA_CACHE_LOCATOR_CLASSES =
     CACHE_LOCATORS with NUMBA_CACHE_DIR set (.ci/run does; tests/kernels_cpu/test_portable.py
     for its targets); files outside the kernel folders fall through to numba's locators."""
 
     def __init__(self, py_func: Any, py_file: str) -> None:
         super().__init__(py_func, py_file)
+        self._module = py_func.__module__
         self._cache_path = os.path.join(config.CACHE_DIR, "edge_infer", Path(py_file).resolve().parent.name)  # type: ignore[attr-defined]
 
     def get_source_stamp(self) -> str:
-        return _sources_digest()
+        return source_stamp(self._module)
 
     @classmethod
     def from_function(cls, py_func: Any, py_file: str) -> SourceTreeCacheLocator | None:

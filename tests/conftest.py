@@ -120,7 +120,6 @@ def _start_simulator_beside(config: pytest.Config) -> None:
     file and selects by path alone (no -k / -m: the workers' collection could deselect it), and
     tells the workers where it writes (tests/support/simulator_run.py)."""
     import importlib.util
-    import tempfile
 
     import simulator_run
 
@@ -130,8 +129,7 @@ def _start_simulator_beside(config: pytest.Config) -> None:
     for arg in config.args:
         path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
         if path == target or path in target.parents:
-            folder = Path(tempfile.mkdtemp(prefix="edge-infer-sim-"))
-            simulator_run.start(folder)
+            folder = simulator_run.start()
             os.environ[simulator_run.DIR_ENV] = str(folder)  # the workers start after this, with it
             return
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,7 @@ def start_simulator() -> None:
     """Start the simulator in this process's own folder (once)."""
     if _local or not NEEDS:
         return
-    _local.append(Path(tempfile.mkdtemp(prefix="edge-infer-sim-")))
-    simulator_run.start(_local[0])
+    _local.append(simulator_run.start())
 
 
 @pytest.mark.skipif(not NEEDS, reason="needs the [cuda] extra")

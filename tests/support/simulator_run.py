@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,10 +26,10 @@ _WRAPPER = '"$@" > "$SIM_DIR/log" 2>&1; echo $? > "$SIM_DIR/rc.part"; mv "$SIM_D
 _started: list[tuple[subprocess.Popen[bytes], Path]] = []
 
 
-def start(folder: Path) -> None:
-    """Start the simulator's pytest process writing into `folder` (its own process group, so
-    stop() ends pytest and not only the shell around it)."""
-    folder.mkdir(parents=True, exist_ok=True)
+def start() -> Path:
+    """Start the simulator's pytest process (its own process group, so stop() ends pytest and
+    not only the shell around it); returns the new folder it writes into."""
+    folder = Path(tempfile.mkdtemp(prefix="edge-infer-sim-"))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels_cuda",
            "-k", "not test_kernel_compiles_to_ptx"]
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "SIM_DIR": str(folder)}
@@ -36,6 +37,7 @@ def start(folder: Path) -> None:
     (folder / "started").write_text(repr(time.time()))
     proc = subprocess.Popen(["/bin/sh", "-c", _WRAPPER, "sh", *cmd], cwd=ROOT, env=env, start_new_session=True)
     _started.append((proc, folder))
+    return folder
 
 
 def wait(folder: Path, timeout: float) -> tuple[int, str]:
