@@ -9,6 +9,7 @@ numba function came from elsewhere would compile every kernel with 256-bit vecto
 - SLP vectorization on: small fixed-size block loops are fully unrolled before the loop
   vectorizer sees them; the SLP pass turns the unrolled code back into vector code.
 Set EDGE_INFER_NUMBA_DEFAULTS to keep numba's own defaults (debugging code generation).
+It also locks numba's cache saves (numba_cache.py), before any kernel can be compiled and saved.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import os
 
 from numba.core import config
+
+from edge_infer.numba_cache import lock_cache_saves
 
 
 def configure() -> None:
@@ -32,3 +35,4 @@ def configure() -> None:
 
 
 configure()
+lock_cache_saves()

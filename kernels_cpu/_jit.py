@@ -25,10 +25,6 @@ from numba.extending import intrinsic
 
 from edge_infer import numba_codegen  # noqa: F401  (its settings before this package's first numba function)
 
-from .jit_cache import lock_cache_saves
-
-lock_cache_saves()  # before any kernel can be compiled and saved: processes may share the cache folder
-
 # fastmath flags for kernels whose results must not depend on where LLVM inlined them: reorder
 # sums (so reductions vectorize) but no `contract` (use fmadd) and no `nsz`, with which LLVM
 # rewrites differently when it re-optimizes a function inside its caller (a kernel's parallel

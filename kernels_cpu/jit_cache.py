@@ -5,24 +5,23 @@ line can say why the first run takes a minute).
 numba keys a cached kernel by its signature, the target (LLVM triple, CPU name, features) and a
 hash of the function's bytecode; an entry from another CPU or an older source does not count.
 The index files are read with numba's own cache classes (private API, stable since 0.49): if
-that ever fails, the status says "unknown" rather than guessing. Two things numba's cache lacks
-are added here: a stamp per kernel module that covers the modules it imports (source_stamp: a
-change to one kernel family recompiles only the modules that import it), and saves locked
-against another process filling the same folder (lock_cache_saves).
+that ever fails, the status says "unknown" rather than guessing. The locator stamps each kernel
+module with the sources of the modules it imports (source_stamp), where numba's own stamp covers
+only the kernel's file: a change to one kernel family recompiles only the modules that import
+it. (Saves locked against other processes filling the same folder: edge_infer/numba_cache.py.)
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import hashlib
 import importlib
 import importlib.util
-import itertools
 import os
+import pickle
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,46 +103,48 @@ def source_stamp(module: str) -> str:
     return h.hexdigest()
 
 
-@contextlib.contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-    """An exclusive advisory lock on `path` (created), across processes and threads; none where
-    the platform has no fcntl."""
+# The stamp every index of this package's kernels carried before source_stamp (one digest of
+# all the kernel folders' sources), and the digest of those same sources less this file, which
+# holds no kernel code. While the folders still hold exactly those sources (this file aside),
+# an index with the old stamp holds the same compiled code a compile would give now, so it is
+# taken and re-stamped instead of compiling everything again once (about 45 minutes of CI on
+# two cores, where the job's limit is 90). Any change to a kernel source turns this off.
+LEGACY_STAMP = "5e296aadd6ed07bf66597b46bc56c6dce8432d606fa205c398e07b7f8441c0ef"
+_LEGACY_SOURCES = "a33ccdd978521ec36478eea9d3a0d4139106e8fc29d2357fb1589e4ea3b4e4e1"
+
+
+@functools.cache
+def _legacy_sources_unchanged() -> bool:
+    h = hashlib.sha256()
+    for d in _KERNEL_DIRS:
+        for p in sorted(d.glob("*.py")):
+            if p.resolve() != Path(__file__).resolve():
+                h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest() == _LEGACY_SOURCES
+
+
+_numba_load_index = IndexDataCacheFile._load_index
+
+
+def _load_index_taking_legacy(self: IndexDataCacheFile) -> dict:
+    """IndexDataCacheFile._load_index, which also takes an index stamped LEGACY_STAMP while the
+    kernel sources are the legacy ones, and saves it again under this module's stamp."""
+    overloads = _numba_load_index(self)
+    if overloads or not _legacy_sources_unchanged():
+        return overloads
     try:
-        import fcntl
-    except ImportError:  # Windows: numba's unlocked save
-        yield
-        return
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        with open(self._index_path, "rb") as f:
+            version = pickle.load(f)
+            stamp, old = pickle.loads(f.read())
+    except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError):
+        return overloads
+    if version != self._version or stamp != LEGACY_STAMP or not isinstance(old, dict):
+        return overloads
+    self._save_index(old)  # atomic (a rename); a save racing it at worst loses its new entry
+    return old
 
 
-def _save_under_lock(self: IndexDataCacheFile, key: Any, data: Any) -> None:
-    """numba's IndexDataCacheFile.save made safe for processes that share a cache (two test
-    workers, a server beside a script). numba reads the index, picks the first free data file
-    name, saves the index, then the data: two processes adding different signatures at once can
-    pick the same name, and the index that wins then maps one signature to the other's compiled
-    code; a reader between the two saves can load a stale file of that name. Here the read,
-    pick and saves hold a lock on the index, and the data is written before the index names it."""
-    with _file_lock(self._index_path + ".lock"):
-        overloads = self._load_index()
-        name = overloads.get(key)
-        if name is None:
-            used = set(overloads.values())
-            name = next(n for n in map(self._data_name, itertools.count(1)) if n not in used)
-        self._save_data(name, data)
-        if overloads.get(key) != name:
-            overloads[key] = name
-            self._save_index(overloads)
-
-
-def lock_cache_saves() -> None:
-    """Make every numba cache save of this process go through _save_under_lock (idempotent;
-    kernels_cpu/_jit.py calls it before the first kernel is defined)."""
-    IndexDataCacheFile.save = _save_under_lock  # type: ignore[method-assign]
+IndexDataCacheFile._load_index = _load_index_taking_legacy  # type: ignore[method-assign]
 
 
 class SourceTreeCacheLocator(UserProvidedCacheLocator):

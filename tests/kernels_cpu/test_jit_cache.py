@@ -1,11 +1,13 @@
 """numba's cache of the kernels: each kernel module's stamp covers exactly what its kernels can
-reach (so a change to one kernel family recompiles only the modules that import it), and cache
-saves from processes sharing a folder cannot cross their entries.
+reach (so a change to one kernel family recompiles only the modules that import it), an index of
+the legacy stamp is taken only while the kernel sources are the legacy ones, and cache saves
+from processes sharing a folder cannot cross their entries (edge_infer/numba_cache.py).
 """
 
 from __future__ import annotations
 
 import importlib
+import pickle
 import pkgutil
 import threading
 import types
@@ -16,7 +18,7 @@ import pytest
 from numba.core.caching import IndexDataCacheFile
 from numba.core.registry import CPUDispatcher
 
-from edge_infer import formats, kernels_cpu
+from edge_infer import formats, kernels_cpu, numba_cache
 from edge_infer.kernels_cpu import jit_cache
 
 OURS = ("edge_infer.kernels_cpu", "edge_infer.formats")
@@ -77,7 +79,7 @@ def test_two_processes_adding_signatures_at_once_keep_their_own_entries(tmp_path
             pass
         return index
 
-    jit_cache.lock_cache_saves()
+    numba_cache.lock_cache_saves()
     errors: list[BaseException] = []
 
     def save(i: int) -> None:
@@ -100,7 +102,7 @@ def test_two_processes_adding_signatures_at_once_keep_their_own_entries(tmp_path
 
 
 def test_the_data_is_on_disk_before_the_index_names_it(tmp_path: Path) -> None:
-    jit_cache.lock_cache_saves()
+    numba_cache.lock_cache_saves()
     cache = IndexDataCacheFile(str(tmp_path), "kernel-2.py312", "new stamp")
     # a stale data file of a previous source, under the name the first new entry gets
     stale = IndexDataCacheFile(str(tmp_path), "kernel-2.py312", "old stamp")
@@ -117,3 +119,21 @@ def test_the_data_is_on_disk_before_the_index_names_it(tmp_path: Path) -> None:
         cache.save(("new sig",), "new code")
     assert seen == ["new code"]
     assert cache.load(("new sig",)) == "new code"
+
+
+@pytest.mark.parametrize("sources_unchanged", [True, False])
+def test_a_legacy_index_is_taken_only_while_the_sources_are_the_legacy_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sources_unchanged: bool
+) -> None:
+    old = IndexDataCacheFile(str(tmp_path), "kernel-3.py312", jit_cache.LEGACY_STAMP)
+    old.save(("sig",), "code compiled from the legacy sources")
+    monkeypatch.setattr(jit_cache, "_legacy_sources_unchanged", lambda: sources_unchanged)
+    new = IndexDataCacheFile(str(tmp_path), "kernel-3.py312", "a module's stamp")
+    got = new.load(("sig",))
+    with open(tmp_path / "kernel-3.py312.nbi", "rb") as f:
+        pickle.load(f)
+        stamp, _ = pickle.loads(f.read())
+    if sources_unchanged:
+        assert got == "code compiled from the legacy sources" and stamp == "a module's stamp"
+    else:
+        assert got is None and stamp == jit_cache.LEGACY_STAMP  # compiled again, as for any stale index
