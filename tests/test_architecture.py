@@ -35,6 +35,7 @@ ROOT = "edge_infer"
 # format below the CPU backend, the CUDA backend (which reuses the CPU one's host code) above it.
 RANKS = {
     "edge_infer._version": 0, "edge_infer.errors": 0, "edge_infer.numba_codegen": 0,
+    "edge_infer.numba_cache": 0,
     "edge_infer.formats": 1,
     "edge_infer.kernels_cpu": 2,
     "edge_infer.kernels_cuda": 3,
