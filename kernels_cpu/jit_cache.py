@@ -14,12 +14,12 @@ it. (Saves locked against other processes filling the same folder: edge_infer/nu
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import hashlib
 import importlib
 import importlib.util
 import os
-import pickle
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,15 +132,11 @@ def _load_index_taking_legacy(self: IndexDataCacheFile) -> dict:
     overloads = _numba_load_index(self)
     if overloads or not _legacy_sources_unchanged():
         return overloads
-    try:
-        with open(self._index_path, "rb") as f:
-            version = pickle.load(f)
-            stamp, old = pickle.loads(f.read())
-    except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError):
-        return overloads
-    if version != self._version or stamp != LEGACY_STAMP or not isinstance(old, dict):
-        return overloads
-    self._save_index(old)  # atomic (a rename); a save racing it at worst loses its new entry
+    legacy = copy.copy(self)  # the same index file, read as numba reads it, under the old stamp
+    legacy._source_stamp = LEGACY_STAMP
+    old = _numba_load_index(legacy)
+    if old:
+        self._save_index(old)  # atomic (a rename); a save racing it at worst loses its new entry
     return old
 
 

@@ -17,7 +17,7 @@ rm -f "$D/aarch64.json"
 cd "$D/repo"
 # The two emulated steps run at once, one core each (emulated Python is one thread; cold, they
 # took 17 and 14 minutes one after the other). numba's cache saves are locked
-# (kernels_cpu/jit_cache.py), so the two processes can fill one cache folder.
+# (edge_infer/numba_cache.py), so the two processes can fill one cache folder.
 NUMBA_CACHE_DIR="$D/numba-cache" timeout 2400 "$D/py" scripts/arm_parity.py --write "$D/aarch64.json" > "$D/parity.log" 2>&1 &
 parity=$!
 tests=0
