@@ -6,6 +6,7 @@ from processes sharing a folder cannot cross their entries (edge_infer/numba_cac
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pickle
 import pkgutil
@@ -60,6 +61,27 @@ def test_a_kernel_module_s_stamp_leaves_out_what_it_does_not_import() -> None:
         assert f"edge_infer.{outside}" not in closure, closure
     stamps = {m: jit_cache.source_stamp(m) for m in ("edge_infer.kernels_cpu.matmul_k", "edge_infer.kernels_cpu.attention")}
     assert len(set(stamps.values())) == 2 and all(len(s) == 64 for s in stamps.values())
+
+
+def test_the_import_lines_are_every_import_statement_of_every_module() -> None:
+    """The stamp reads a module's imports from the lines that look like import statements: for
+    every source of the package, the same statements a whole-file parse finds (in a function
+    too), and a cut-short statement falls back to the whole parse."""
+    import edge_infer
+
+    def dump(nodes: list[ast.stmt]) -> list[str]:
+        return sorted(ast.dump(n) for n in nodes)
+
+    sources = [m.name for m in pkgutil.walk_packages(edge_infer.__path__, "edge_infer.")]
+    assert len(sources) > 150
+    for name in sources:
+        path = jit_cache._source_file(name)
+        if path:
+            text = Path(path).read_text()
+            whole = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import | ast.ImportFrom)]
+            assert dump(jit_cache.import_statements(text)) == dump(whole), name
+    tricky = "def f():\n    from a import (b,\n        c)\n    import d, \\\n        e\n"
+    assert [type(n).__name__ for n in jit_cache.import_statements(tricky)] == ["ImportFrom", "Import"]
 
 
 def test_two_processes_adding_signatures_at_once_keep_their_own_entries(tmp_path: Path) -> None:
