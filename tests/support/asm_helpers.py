@@ -31,7 +31,8 @@ def _listing_key(dispatcher, sig: tuple, fastmath: object, nrt: bool) -> str:  #
     fn = dispatcher.py_func
     parts = (
         source_stamp(fn.__module__), Path(__file__).read_text(), fn.__module__, fn.__qualname__, repr(sig),
-        repr(sorted(fastmath) if isinstance(fastmath, set | frozenset) else fastmath), repr(nrt),  # sets: no fixed order numba.__version__, llvmlite.__version__, sys.version,
+        repr(sorted(fastmath) if isinstance(fastmath, set | frozenset) else fastmath),  # a set's order varies
+        repr(nrt), numba.__version__, llvmlite.__version__, sys.version,
         llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
         repr((config.CPU_NAME, config.CPU_FEATURES, config.OPT)),
     )
