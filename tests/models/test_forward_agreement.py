@@ -40,6 +40,10 @@ N_TOKENS = {"llama": 512, "qwen2": 512, "gemma3": 640}  # gemma3: past its 512-t
 # tokens, and 256 positions still put top-1 within about 1.3% (one standard error)
 N_TOKENS_OF_CASE = {"qwen2_1p5b": 256}
 MODELS = ("smollm2", "gemma3", "qwen2", "qwen2_1p5b")  # conftest fixtures <name>_path
+# The greedy tests run on the three small models: the real-size one decodes through the same
+# kernels as gemma3 (Q4_K, Q6_K) and the same graph as qwen2, and its 320 greedy tokens with their
+# re-scoring by us and by llama.cpp took about 70 s of CI (its text is still compared whole).
+GREEDY_MODELS = ("smollm2", "gemma3", "qwen2")
 # Positions left out of the comparison with llama.cpp, where llama.cpp is off exact math: at
 # position 0 qwen2.5-coder-1.5b's first token carries massive activations and llama.cpp's logits
 # there sit KL 6.96 from reference_forward's float64 logits (its argmax differs), ours KL 0.43.
@@ -103,7 +107,7 @@ class Greedy:
 @dataclass
 class LlamaCppResult:
     text: np.ndarray  # logits of Case.ids
-    greedy_gaps: np.ndarray  # [prompts, GREEDY_TOKENS] llama.cpp's max logit - greedy token's
+    greedy_gaps: np.ndarray | None  # [prompts, GREEDY_TOKENS] llama.cpp's max logit - greedy token's
 
 
 def greedy_gaps(logits: np.ndarray, n_prompt: int, tokens: list[int]) -> np.ndarray:
@@ -130,8 +134,11 @@ def case(request: pytest.FixtureRequest) -> Iterator[Case]:
 
 
 @pytest.fixture(scope="module")
-def greedy(case: Case) -> Greedy:
-    """10 prompts x 32 greedy tokens in one generate call, each re-scored teacher-forced."""
+def greedy(case: Case) -> Greedy | None:
+    """10 prompts x 32 greedy tokens in one generate call, each re-scored teacher-forced (None
+    for a model outside GREEDY_MODELS)."""
+    if case.name not in GREEDY_MODELS:
+        return None
     prompts = [case.llm.tokenizer.encode(p, add_special=True) for p in PROMPTS]
     params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
     tokens = [list(o.outputs[0].token_ids) for o in case.llm.generate(prompts, params)]
@@ -143,10 +150,12 @@ def greedy(case: Case) -> Greedy:
 
 
 @pytest.fixture(scope="module")
-def llama_cpp(case: Case, greedy: Greedy) -> LlamaCppResult:
+def llama_cpp(case: Case, greedy: Greedy | None) -> LlamaCppResult:
     m = LlamaCpp(case.path, len(case.ids))
     try:
         text = m.logits(case.ids)
+        if greedy is None:
+            return LlamaCppResult(text, None)
         gaps = [
             greedy_gaps(m.logits(p + t), len(p), t)
             for p, t in zip(greedy.prompts, greedy.tokens, strict=True)
@@ -204,7 +213,9 @@ def test_matches_llama_cpp(case: Case, llama_cpp: LlamaCppResult, reference: np.
     )
 
 
-def test_greedy_is_argmax_of_own_logits(case: Case, greedy: Greedy) -> None:
+def test_greedy_is_argmax_of_own_logits(case: Case, greedy: Greedy | None) -> None:
+    if greedy is None:
+        pytest.skip(f"{case.name}: greedy decoding is checked on {', '.join(GREEDY_MODELS)}")
     print(
         f"\n{case.name}: greedy token vs argmax of our own teacher-forced logits: largest gap {greedy.gaps.max():.3g}"
     )
@@ -219,6 +230,8 @@ def test_greedy_is_argmax_of_own_logits(case: Case, greedy: Greedy) -> None:
 
 def test_greedy_agrees_with_llama_cpp(case: Case, llama_cpp: LlamaCppResult) -> None:
     gap = llama_cpp.greedy_gaps
+    if gap is None:
+        pytest.skip(f"{case.name}: greedy decoding is checked on {', '.join(GREEDY_MODELS)}")
     ok = float(np.mean(gap <= GREEDY_LLAMA_CPP_GAP))
     print(
         f"\n{case.name}: greedy within {GREEDY_LLAMA_CPP_GAP} of llama.cpp's top-1 at {ok:.4f} of {gap.size} "
