@@ -1,5 +1,5 @@
 """The server fuzzed from its own OpenAPI schema (schemathesis, every route, positive and
-negative cases, a few hundred calls): no 5xx, no call without an answer, and afterwards the
+negative cases, 8 of each per route: the campaign of hundreds is benchmarks/fuzz_server.py): no 5xx, no call without an answer, and afterwards the
 server is healthy, serves a normal request, and holds no KV block."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 
 def test_fuzz_every_route(start_server, get_metrics, smollm2_path: Path) -> None:  # type: ignore[no-untyped-def]
     srv = start_server(smollm2_path, "-t", "2", "--kv-cache-memory", "16MiB", "--max-model-len", "64", "--max-n", "2")
-    report = fuzz(srv.url, cases_per_operation=20)
-    assert report.calls >= 200, report
+    report = fuzz(srv.url, cases_per_operation=8)
+    assert report.calls >= 150, report  # 235 measured: 8 cases of ~15 operations in two modes
     assert not report.failures, report.failures[:5]
     assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
     r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 4}, timeout=60)
