@@ -11,9 +11,7 @@ host CPU's name and features with numba's target settings. Any change to those c
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import llvmlite
@@ -21,6 +19,7 @@ import numba
 from llvmlite import binding as llvm
 from numba.core import config
 
+from edge_infer.formats.atomic import commit, temp_beside
 from edge_infer.hub import cache_dir
 from edge_infer.kernels_cpu._jit import NoAliasCompiler
 from edge_infer.kernels_cpu.jit_cache import source_stamp
@@ -61,8 +60,7 @@ def asm_of(dispatcher, sig: tuple) -> str:  # type: ignore[no-untyped-def]
         return path.read_text()
     asm = _compile_asm(dispatcher, sig, fastmath, nrt)
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".part")  # renamed into place: never read half-written
-    with os.fdopen(fd, "w") as fh:
-        fh.write(asm)
-    os.replace(tmp, path)
+    tmp = temp_beside(path)  # renamed into place: never read half-written
+    tmp.write_text(asm)
+    commit(tmp, path)
     return asm
