@@ -80,8 +80,8 @@ def score(path: Path, wins: list[list[int]], base_rows: list[np.ndarray], ctx: i
 
 def llama_ppl(path: Path, wins: list[list[int]], ctx: int) -> float:
     """llama.cpp's perplexity over the same windows and positions (llama-cpp-python)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from support.llama_oracle import LlamaCpp
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+    from llama_oracle import LlamaCpp
 
     ref = LlamaCpp(path, n_ctx=ctx)
     try:

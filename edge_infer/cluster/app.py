@@ -25,8 +25,9 @@ ROUTER = "edge_infer.cluster.router:PrefixAffinityRouter"
 @dataclass(frozen=True, slots=True)
 class ScaleOptions:
     """replicas: a fixed count, or the initial one with autoscaling between min_replicas and
-    max_replicas on ongoing requests per replica (target_ongoing); upscale/downscale delays in
-    seconds (Serve's default downscale delay is 600 s). threads: CPUs reserved per replica."""
+    max_replicas on ongoing requests per replica (target_ongoing) averaged over the last
+    load_window_s seconds; upscale/downscale delays in seconds (Serve's default downscale delay
+    is 600 s). threads: CPUs reserved per replica."""
 
     replicas: int = 1
     min_replicas: int | None = None
@@ -34,6 +35,7 @@ class ScaleOptions:
     target_ongoing: float = 4.0
     upscale_delay_s: float = 10.0
     downscale_delay_s: float = 60.0
+    load_window_s: float = 30.0
     threads: int = 1
     ray_address: str | None = None
 
@@ -48,6 +50,8 @@ class ScaleOptions:
                                  f"<= --max-replicas ({hi})")
         if self.target_ongoing <= 0 or self.upscale_delay_s < 0 or self.downscale_delay_s < 0:
             raise InvalidRequest("--target-ongoing must be positive and the delays non-negative")
+        if not self.load_window_s > 0:
+            raise InvalidRequest(f"--load-window must be positive, got {self.load_window_s}")
 
     @property
     def autoscaling(self) -> bool:
@@ -93,7 +97,9 @@ def build_app(settings: ServerSettings, scale: ScaleOptions) -> Any:
         opts["autoscaling_config"] = AutoscalingConfig(
             min_replicas=scale.min_replicas, max_replicas=scale.max_replicas, initial_replicas=scale.replicas,
             target_ongoing_requests=scale.target_ongoing, upscale_delay_s=scale.upscale_delay_s,
-            downscale_delay_s=scale.downscale_delay_s)
+            downscale_delay_s=scale.downscale_delay_s, look_back_period_s=scale.load_window_s,
+            # replicas report their load at least twice per window (Serve's default: every 10 s)
+            metrics_interval_s=min(10.0, scale.load_window_s / 2))
     else:
         opts["num_replicas"] = scale.replicas
     engine = serve.deployment(**opts)(EngineReplica).bind(config, settings.max_queue)

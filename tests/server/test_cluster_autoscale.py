@@ -23,15 +23,16 @@ pytestmark = pytest.mark.slow
 def test_autoscaling_grows_under_load_and_shrinks_back(start_server: Callable[..., Any],
                                                        smollm2_path: Path) -> None:
     srv = start_server(smollm2_path, "--min-replicas", "1", "--max-replicas", "2", "-t", "1",
-                       "--target-ongoing", "1", "--upscale-delay", "1", "--downscale-delay", "4",
+                       "--target-ongoing", "1", "--upscale-delay", "1", "--downscale-delay", "4", "--load-window", "4",
                        "--served-model-name", "m", "--kv-cache-memory", "64MiB")
     base = len(engine_pids())
     stop = threading.Event()
 
     def load(i: int) -> None:
-        # streams kept in flight until the second replica is up: the load must outlast Serve's
-        # metrics period (10 s) however fast a replica decodes (6 x 100 tokens once took ~30 s,
-        # and on a faster run ended before the autoscaler looked)
+        # streams kept in flight until the second replica is up: the load must outlast a
+        # report of the replicas' load however fast a replica decodes (6 x 100 tokens once took
+        # ~30 s, and on a faster run ended before the autoscaler looked). --load-window 4: they
+        # report every 2 s and the load is averaged over 4 (Serve's defaults: 10 and 30 s)
         while not stop.is_set():
             chat(srv.url, f"Tell a long tale {i}.", 100, True, 300, True)
 

@@ -1,0 +1,120 @@
+"""Oracle results kept across test runs: the float64 reference forward and llama.cpp's logits
+are pure functions of a model file, the tokens and the oracle's own code, and recomputing them
+for the real models took ~5 minutes of every CI run (the 1.5B's float64 forward alone ~2).
+
+A result lives in <edge-infer cache>/oracle/<kind>/<key>.npz, the key a sha256 of every input
+the caller names plus numpy's and Python's versions; callers name the model by its content
+(file_digest), the oracle by its sources (source_digest) and llama.cpp by its build
+(llama_cpp_build). Files under CACHED_FROM bytes are not kept, and a result unread for
+UNUSED_DAYS is deleted. Only our side is computed every run, so a cached oracle still checks it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_infer.formats.atomic import commit, temp_beside
+from edge_infer.hub import cache_dir
+
+CACHED_FROM = 32 << 20  # bytes: smaller (tiny test) files compute in moments and change with their writers
+UNUSED_DAYS = 30  # a result not read for this long is deleted (its inputs have changed)
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def active() -> bool:
+    """Whether results are kept: inside a pytest test (benchmarks using the oracles compute)."""
+    return "PYTEST_CURRENT_TEST" in os.environ
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes (remembered per process by path, size and mtime)."""
+    st = Path(path).stat()
+    memo = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if memo not in _DIGESTS:
+        with open(path, "rb") as f:
+            _DIGESTS[memo] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _DIGESTS[memo]
+
+
+def source_digest(*files: str | Path) -> str:
+    """sha256 of these source files (the oracle's code)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(Path(f).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def llama_cpp_build(lc: Any) -> str:
+    """llama-cpp-python's version, system info and the bytes of its shared libraries."""
+    h = hashlib.sha256(lc.__version__.encode() + b"\0" + lc.llama_print_system_info() + b"\0")
+    for lib in sorted(Path(lc.__file__).parent.rglob("*.so*")):
+        h.update(lib.name.encode() + b"\0" + file_digest(lib).encode())
+    return h.hexdigest()
+
+
+def cached_arrays(
+    kind: str, parts: Sequence[object], compute: Callable[[], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """compute()'s named arrays, read back when the same inputs (`parts`, each by its repr)
+    were computed before; written under a temporary name and renamed, never read half-written."""
+    every = [*map(repr, parts), np.__version__, sys.version, platform.machine()]
+    key = hashlib.sha256("\0".join(every).encode()).hexdigest()
+    path = cache_dir() / "oracle" / kind / f"{key}.npz"
+    if path.exists():
+        try:
+            with np.load(path) as z:
+                got = {k: z[k] for k in z.files}
+            os.utime(path)  # in use: kept by _prune
+            return got
+        except (OSError, ValueError):  # damaged: computed again and replaced
+            pass
+    arrays = compute()
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _prune(path.parent)
+        tmp = temp_beside(path)
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        commit(tmp, path)
+    except OSError as e:  # a full or read-only disk: the result stands, only not kept
+        warnings.warn(f"oracle result not kept in {path.parent}: {e}", stacklevel=2)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+    return arrays
+
+
+def _prune(folder: Path) -> None:
+    """Delete the results in folder not read or written for UNUSED_DAYS."""
+    cutoff = time.time() - UNUSED_DAYS * 86400
+    for old in folder.glob("*.npz"):
+        try:
+            if old.stat().st_mtime < cutoff:
+                old.unlink()
+        except FileNotFoundError:  # another worker's prune
+            pass
+
+
+def reference_logits(path: str | Path, ids: list[int]) -> np.ndarray:
+    """reference_forward.reference_logits(path, ids), kept for a real model's file: keyed by the
+    file's bytes, the ids, reference_forward's source and the sources the reference dequantizer
+    and reader import."""
+    import reference_forward
+
+    from edge_infer.kernels_cpu.jit_cache import source_stamp
+
+    if not active() or Path(path).stat().st_size < CACHED_FROM:
+        return reference_forward.reference_logits(path, ids)
+    parts = ("reference_logits", file_digest(path), ids, source_digest(reference_forward.__file__),
+             source_stamp("edge_infer.formats.quants"))
+    return cached_arrays("reference", parts, lambda: {"logits": reference_forward.reference_logits(path, ids)})["logits"]
