@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_infer.errors import InvalidRequest
+from edge_infer.errors import EdgeInferError, InvalidRequest
 from edge_infer.server.app import ServerSettings
 from edge_infer.server.http_guards import is_loopback
 
@@ -168,7 +168,11 @@ def start(settings: ServerSettings, scale: ScaleOptions, host: str, port: int) -
         os.environ.setdefault("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")
         private_token(create=True)
         ray.init(include_dashboard=False, logging_level=logging.WARNING, **_node_address(host))
-    serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
+    try:
+        serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
+    except TimeoutError as e:  # Serve waits a fixed 60 s for its proxy, which a busy CPU can outlast
+        raise EdgeInferError(f"Ray Serve's HTTP proxy did not start ({e}): Ray's processes got too little CPU "
+                             "time; retry when the machine is less loaded, or serve without the Ray flags") from None
     serve.run(build_app(settings, scale), name=APP_NAME, route_prefix="/", blocking=False)
 
 

@@ -52,3 +52,24 @@ def test_engine_faults_inside_a_replica_are_generic(cause: BaseException) -> Non
                                    APIError(429, "the server is at capacity", code="queue_full")])
 def test_the_requests_own_errors_pass_through(cause: BaseException) -> None:
     assert _replica_error(RayTaskError(cause), "request x") is cause
+
+
+def test_a_proxy_that_never_starts_is_an_error_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serve gives its HTTP proxy a fixed 60 s and raises a bare TimeoutError; on a loaded
+    machine `serve --replicas` printed it as a traceback."""
+    ray = pytest.importorskip("ray")
+    serve = pytest.importorskip("ray.serve")
+    from edge_infer.cluster import app
+
+    for name, value in (("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1"), ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1"),
+                        ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0"), ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")):
+        monkeypatch.setenv(name, value)  # what start() sets: undone after the test
+    monkeypatch.setattr(ray, "init", lambda **_: None)
+    monkeypatch.setattr(app, "private_token", lambda create: None)
+
+    def late(**_: object) -> None:
+        raise TimeoutError("HTTP proxies not available after 60s.")
+
+    monkeypatch.setattr(serve, "start", late)
+    with pytest.raises(EdgeInferError, match="HTTP proxy did not start .*60s.*less loaded"):
+        app.start(None, app.ScaleOptions(), "127.0.0.1", 8000)  # type: ignore[arg-type]  # not reached
