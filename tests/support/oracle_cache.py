@@ -5,8 +5,9 @@ for the real models took ~5 minutes of every CI run (the 1.5B's float64 forward 
 A result lives in <edge-infer cache>/oracle/<kind>/<key>.npz, the key a sha256 of every input
 the caller names plus numpy's and Python's versions; callers name the model by its content
 (file_digest), the oracle by its sources (source_digest) and llama.cpp by its build
-(llama_cpp_build). Files under CACHED_FROM bytes are not kept, and a result unread for
-UNUSED_DAYS is deleted. Only our side is computed every run, so a cached oracle still checks it.
+(llama_cpp_build). Files under CACHED_FROM bytes and results computed in under KEEP_FROM_S
+are not kept; a result unread for UNUSED_DAYS, or the least recently read past CAP_BYTES of
+its kind, is deleted. Only our side is computed every run, so a cached oracle still checks it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import platform
 import sys
 import time
 import warnings
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,9 @@ from edge_infer.formats.atomic import commit, temp_beside
 from edge_infer.hub import cache_dir
 
 CACHED_FROM = 32 << 20  # bytes: smaller (tiny test) files compute in moments and change with their writers
+KEEP_FROM_S = 1.5  # a result computed faster is not kept: reading it back saves little for its disk
 UNUSED_DAYS = 30  # a result not read for this long is deleted (its inputs have changed)
+CAP_BYTES = 6 << 30  # per kind: past this, the least recently read results are deleted
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
@@ -76,9 +80,12 @@ def cached_arrays(
                 got = {k: z[k] for k in z.files}
             os.utime(path)  # in use: kept by _prune
             return got
-        except (OSError, ValueError):  # damaged: computed again and replaced
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # damaged: computed again and replaced
             pass
+    start = time.perf_counter()
     arrays = compute()
+    if time.perf_counter() - start < KEEP_FROM_S:
+        return arrays
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,15 +101,23 @@ def cached_arrays(
     return arrays
 
 
-def _prune(folder: Path) -> None:
-    """Delete the results in folder not read or written for UNUSED_DAYS."""
-    cutoff = time.time() - UNUSED_DAYS * 86400
-    for old in folder.glob("*.npz"):
+def _prune(folder: Path, cap: int = CAP_BYTES) -> None:
+    """Delete the results in folder not read or written for UNUSED_DAYS, then the least
+    recently read ones while the rest exceed `cap` bytes (room for the one being written)."""
+    entries = []
+    for f in folder.glob("*.npz"):
         try:
-            if old.stat().st_mtime < cutoff:
-                old.unlink()
+            st = f.stat()
         except FileNotFoundError:  # another worker's prune
-            pass
+            continue
+        entries.append((st.st_mtime, st.st_size, f))
+    entries.sort()  # oldest first
+    cutoff, total = time.time() - UNUSED_DAYS * 86400, sum(size for _, size, _ in entries)
+    for mtime, size, f in entries:
+        if mtime >= cutoff and total <= cap:
+            break
+        f.unlink(missing_ok=True)
+        total -= size
 
 
 def reference_logits(path: str | Path, ids: list[int]) -> np.ndarray:
