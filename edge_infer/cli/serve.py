@@ -84,8 +84,8 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     ray.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)")
     ray.add_argument("--min-replicas", metavar="A", help="autoscale on ongoing requests per replica, from A ...")
     ray.add_argument("--max-replicas", metavar="B", help="... to B replicas")
-    for flag, metavar, default, what in AUTOSCALE_FLAGS:
-        ray.add_argument(flag, metavar=metavar, help=f"{what} (default {default:g})")
+    for flag, field, metavar, default, what in AUTOSCALE_FLAGS:
+        ray.add_argument(flag, dest=field, metavar=metavar, help=f"{what} (default {default:g})")
     limits = p.add_argument_group("request limits (over one: a 400 naming it; the body: 413)")
     for name, default, what in LIMIT_FLAGS:
         limits.add_argument(f"--{name.replace('_', '-')}", metavar="N", help=f"{what} (default {default})")
@@ -93,12 +93,13 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 # (RequestLimits field, default, help): `edge-infer serve --help` lists them with their defaults
-# the autoscaling flags (only with --min-replicas and --max-replicas): flag, metavar, default, help
+# the autoscaling flags (only with --min-replicas and --max-replicas): flag, ScaleOptions field,
+# metavar, default (ScaleOptions's: a test keeps them equal), help
 AUTOSCALE_FLAGS = (
-    ("--target-ongoing", "R", 4.0, "autoscaling target: ongoing requests per replica"),
-    ("--upscale-delay", "S", 10.0, "seconds of load before a replica is added"),
-    ("--downscale-delay", "S", 60.0, "seconds of low load before one is removed"),
-    ("--load-window", "S", 30.0, "seconds over which the autoscaler averages the load"),
+    ("--target-ongoing", "target_ongoing", "R", 4.0, "autoscaling target: ongoing requests per replica"),
+    ("--upscale-delay", "upscale_delay_s", "S", 10.0, "seconds of load before a replica is added"),
+    ("--downscale-delay", "downscale_delay_s", "S", 60.0, "seconds of low load before one is removed"),
+    ("--load-window", "load_window_s", "S", 30.0, "seconds over which the autoscaler averages the load"),
 )
 LIMIT_FLAGS = (("max_body", 32 * 2**20, "bytes of a request body"), ("max_n", 16, "completions per request (n)"),
                ("max_stop", 16, "stop strings per request"), ("max_stop_chars", 512, "characters of a stop string"),
@@ -273,7 +274,7 @@ def _keep_alive(value: str | None, several: bool) -> float | None:
 def scale_options(args: argparse.Namespace) -> Any:
     """ScaleOptions from the Ray flags, or None when none is given (the plain server)."""
     given = [args.replicas, args.ray_address, args.min_replicas, args.max_replicas]
-    tuning = [flag for flag, *_ in AUTOSCALE_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None]
+    tuning = {flag: (field, getattr(args, field)) for flag, field, *_ in AUTOSCALE_FLAGS if getattr(args, field) is not None}
     if tuning and (args.min_replicas is None or args.max_replicas is None):
         raise InvalidRequest(f"{', '.join(tuning)} tune autoscaling: give --min-replicas and --max-replicas too")
     if all(v is None for v in given):
@@ -287,9 +288,7 @@ def scale_options(args: argparse.Namespace) -> Any:
         raise InvalidRequest("--replicas and the other Ray flags need the [cluster] extra: "
                              "pip install 'edge-infer[cluster]'") from None
 
-    def seconds(v: str | None, flag: str) -> float:
-        if v is None:
-            return next(default for f, _, default, _ in AUTOSCALE_FLAGS if f == flag)
+    def seconds(v: str, flag: str) -> float:
         try:
             return float(v)
         except ValueError:
@@ -298,10 +297,7 @@ def scale_options(args: argparse.Namespace) -> Any:
     lo, hi = int_option(args.min_replicas, "--min-replicas", 1), int_option(args.max_replicas, "--max-replicas", 1)
     n = int_option(args.replicas, "--replicas", 1) or lo or 1
     return ScaleOptions(replicas=n, min_replicas=lo, max_replicas=hi,
-                        target_ongoing=seconds(args.target_ongoing, "--target-ongoing"),
-                        upscale_delay_s=seconds(args.upscale_delay, "--upscale-delay"),
-                        downscale_delay_s=seconds(args.downscale_delay, "--downscale-delay"),
-                        load_window_s=seconds(args.load_window, "--load-window"),
+                        **{field: seconds(v, flag) for flag, (field, v) in tuning.items()},
                         threads=int_option(args.threads, "-t/--threads", 1) or 1, ray_address=args.ray_address)
 
 

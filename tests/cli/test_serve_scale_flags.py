@@ -38,3 +38,14 @@ def test_autoscaling_flags_reach_the_options(monkeypatch: pytest.MonkeyPatch) ->
     for bad, said in (("0", "--load-window must be positive"), ("soon", "--load-window must be a number")):
         with pytest.raises(InvalidRequest, match=said):
             scale_options(_args("--min-replicas", "1", "--max-replicas", "2", "--load-window", bad))
+
+
+def test_the_defaults_in_help_are_scale_options_own() -> None:
+    import dataclasses
+
+    from edge_infer.cli.serve import AUTOSCALE_FLAGS
+    from edge_infer.cluster.app import ScaleOptions
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ScaleOptions)}
+    assert {field: default for _, field, _, default, _ in AUTOSCALE_FLAGS} == {
+        field: defaults[field] for _, field, *_ in AUTOSCALE_FLAGS}

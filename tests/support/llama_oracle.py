@@ -126,7 +126,7 @@ class LlamaCpp:
         """float32 [len(ids), vocab]: one sequence from position 0, in one batch (or in batches
         of `batch` tokens: other matrix kernels, so other activation roundings)."""
         oc = oracle_cache
-        if not oc.active() or self.path.stat().st_size < oc.CACHED_FROM:
+        if not oc.keeps(self.path):
             return self._logits(ids, batch)
         parts = ("logits", oc.file_digest(self.path), ids, batch, self.n_ctx, self.pooling, self.type_k,
                  self.type_v, [(oc.file_digest(a), s) for a, s in self.adapters], oc.llama_cpp_build(self.lc),

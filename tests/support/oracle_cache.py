@@ -12,6 +12,7 @@ its kind, is deleted. Only our side is computed every run, so a cached oracle st
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -35,9 +36,10 @@ CAP_BYTES = 6 << 30  # per kind: past this, the least recently read results are 
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
-def active() -> bool:
-    """Whether results are kept: inside a pytest test (benchmarks using the oracles compute)."""
-    return "PYTEST_CURRENT_TEST" in os.environ
+def keeps(path: str | Path) -> bool:
+    """Whether results on this model file are kept: inside a pytest test (benchmarks using the
+    oracles compute) and for a file of CACHED_FROM bytes or more."""
+    return "PYTEST_CURRENT_TEST" in os.environ and Path(path).stat().st_size >= CACHED_FROM
 
 
 def file_digest(path: str | Path) -> str:
@@ -58,6 +60,7 @@ def source_digest(*files: str | Path) -> str:
     return h.hexdigest()
 
 
+@functools.cache
 def llama_cpp_build(lc: Any) -> str:
     """llama-cpp-python's version, system info and the bytes of its shared libraries."""
     h = hashlib.sha256(lc.__version__.encode() + b"\0" + lc.llama_print_system_info() + b"\0")
@@ -128,7 +131,7 @@ def reference_logits(path: str | Path, ids: list[int]) -> np.ndarray:
 
     from edge_infer.kernels_cpu.jit_cache import source_stamp
 
-    if not active() or Path(path).stat().st_size < CACHED_FROM:
+    if not keeps(path):
         return reference_forward.reference_logits(path, ids)
     parts = ("reference_logits", file_digest(path), ids, source_digest(reference_forward.__file__),
              source_stamp("edge_infer.formats.quants"))
