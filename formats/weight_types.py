@@ -204,14 +204,14 @@ TYPES: tuple[WeightType, ...] = (
     # | qs: 128 x u8 (element 64p + l = lo of qs[32p + l], 64p + 32 + l = hi); x = (d*sc)*q - dmin*m
     WeightType(Q4_K, "Q4_K", QK_K, 144,
                _blk(("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)), "k",
-               k=KForm(2304, bits=4, header_bytes=256, has_min=True),
+               k=KForm(2368, bits=4, header_bytes=320, has_min=True),
                cuda=CudaForm("nibbles", 0), fallback=Q5_0, weighted=True),
     # d: f16 | dmin: f16 | scales: 12 x u8 (as Q4_K) | qh: 32 x u8 (element 32s + l: bit s of
     # qh[l]) | qs: 128 x u8 (4 low bits, as Q4_K); x = (d*sc)*q - dmin*m
     WeightType(Q5_K, "Q5_K", QK_K, 176,
                _blk(("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32), ("qs", "u1", 128)),
                "k",
-               k=KForm(2816, bits=5, header_bytes=256, has_min=True),
+               k=KForm(2880, bits=5, header_bytes=320, has_min=True),
                cuda=_CODES, fallback=Q5_1, weighted=True),
     # ql: 128 x u8 (element 128h + 32k + l: lo (k<2) or hi (k>=2) of ql[64h + 32(k%2) + l]) |
     # qh: 64 x u8 (bits 2k..2k+1 of qh[32h + l]) | scales: 16 x i8 (one per 16 elements) | d: f16

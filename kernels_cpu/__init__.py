@@ -37,10 +37,10 @@ form (the 4-, 5- and 8-bit legacy types) repacked once at load into a 16-row-int
       bit-exact with formats.quants.dequantize; an unknown qtype raises ValueError.
 
 K-quant path (matmul_k, its vector intrinsics in simd_k and simd_i8, repack_k), for the types
-with a K-quant form (Q4_K, Q5_K, Q6_K) with 256-wide rows, repacked at the file's size into one
+with a K-quant form (Q4_K, Q5_K, Q6_K) with 256-wide rows, repacked at about the file's size into one
 record per (16-row group, 256-column super-block) (G groups, S = K / 256; see repack_k); bits
 and head are the form's code bits and header bytes (KWeights.args gives (wk, qtype, bits, head)):
-  matmul_k_kernel(xq4, xd, xs16, wk u8 [G, S, B = 16 x type_size], qtype, bits, head, out f32 [T, R],
+  matmul_k_kernel(xq4, xd, xs16, wk u8 [G, S, B ~ 16 x type_size], qtype, bits, head, out f32 [T, R],
                   n_threads)
       per 32-column block: exact integer dot products, then float(isum) * ((d * sc) * d_x)
       [- (dmin * m) * (d_x * xsum)] (Q6_K: its two 16-column halves combined with their scales

@@ -29,8 +29,10 @@ unpacks a row group's scales once per token chunk (every super-block into a slot
 thread's scratch), then runs each tile over the group's whole rows in one call, two groups
 per four-token tile where the thread has two (simd_tile.k_pair_tile: each broadcast
 activation quad feeds both; the grids stay one group at a time); a few tokens
-(a GEMV) unpack a super-block's scales just before the tile reads its codes (the codes' prefetch
-has brought its header in), one call per super-block. The loop nest is compiled without numba's
+(a GEMV) of Q4_K, Q5_K or Q6_K run one tile call over the group's whole rows, which makes each
+block's float scales from the record's header in its loop (simd_tile's MODE_*_INLINE: unpacking
+into scratch and reading back had taken ~25% of a Q4_K GEMV); the other types' GEMVs unpack a
+super-block's scales just before the tile reads its codes, one call per super-block. The loop nest is compiled without numba's
 reference counting: around each call in a branch it cost ~100 ns, 3x a GEMV's arithmetic.
 """
 
@@ -51,8 +53,17 @@ from .simd_i8 import (
     grid_stage,
     store_tile,
 )
-from .simd_k import scale_rows, unpack_scales_q4k, widen_odd_nibbles, widen_scales
-from .simd_tile import MODE_MIN, MODE_SCALE, MODE_SPLIT, MODE_TQ, k_pair_tile, k_super_tile
+from .simd_k import scale_rows, widen_odd_nibbles, widen_scales
+from .simd_tile import (
+    MODE_MIN,
+    MODE_MIN_INLINE,
+    MODE_SCALE,
+    MODE_SPLIT,
+    MODE_SPLIT_INLINE,
+    MODE_TQ,
+    k_pair_tile,
+    k_super_tile,
+)
 
 # per format code: the grid formats' factor of d (weight_types.GridCodes.d_factor), and whether
 # their scales are per 16 columns
@@ -88,6 +99,33 @@ def _super_tile(n, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, t, k4,
         _tile_fmt(2, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tb, tb, k4, nxd, nxs, s0, ns, j0)
     else:
         _tile_fmt(4, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0)
+
+
+@kernel(inline=True)
+def _inline_fmt(ntok, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0):
+    """Q4_K / Q5_K (bits 4, 5) and Q6_K (6) with their scales made in the tile from the records
+    (MODE_MIN_INLINE, MODE_SPLIT_INLINE): no scratch slots."""
+    if bits == 4:
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0,
+                     MODE_MIN_INLINE, 4, ntok)
+    elif bits == 5:
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0,
+                     MODE_MIN_INLINE, 5, ntok)
+    else:
+        k_super_tile(facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0,
+                     MODE_SPLIT_INLINE, 6, ntok)
+
+
+@kernel(inline=True)
+def _inline_tile(n, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, t, k4, nxd, nxs, s0, ns, j0):
+    """_super_tile's tokens for _inline_fmt."""
+    ta, tb, tc, td = t, t + min(1, n - 1), t + min(2, n - 1), t + min(3, n - 1)
+    if n == 1:
+        _inline_fmt(1, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, ta, ta, ta, k4, nxd, nxs, s0, ns, j0)
+    elif n == 2:
+        _inline_fmt(2, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tb, tb, k4, nxd, nxs, s0, ns, j0)
+    else:
+        _inline_fmt(4, bits, facc, w, wo, rec, x4, xd, xs, ds, ms, dtmp, isc, ta, tb, tc, td, k4, nxd, nxs, s0, ns, j0)
 
 
 @kernel(inline=True)
@@ -165,7 +203,8 @@ def _scales_of(kind, w16, wflat, base0, rec, n, j0, dfac, dtmp, mtmp, isc, imn, 
             scale_rows(ds, isc, f0, 8, dtmp, d0, False)
         elif kind == _MINS:
             block_scales(w16, base // 2 + GROUP, mtmp, 0)
-            unpack_scales_q4k(isc, imn, f0, wflat, base + 64)
+            widen_scales(isc, f0, wflat, base + 64, 8)  # sc and m below 64: sign-extending keeps them
+            widen_scales(imn, f0, wflat, base + 192, 8)
             scale_rows(ds, isc, f0, 8, dtmp, d0, False)
             scale_rows(ms, imn, f0, 8, mtmp, 0, True)
 
@@ -235,7 +274,7 @@ def _k_groups(xflat, xdf, xsf, k4, nxd, nxs, wflat, w16, S, B, qtype, bits, head
         kind = _IQ4
     elif qtype == TQ1_0 or qtype == TQ2_0:  # one scale d per row, codes t of d * (t - 1)
         kind = _TQ
-    else:  # Q4_K / Q5_K: packed scales and mins
+    else:  # Q4_K / Q5_K: scales and mins (bytes)
         kind = _MINS
     dfac = np.float32(_D_FACTOR[bits])
     blk = block_bytes(bits)  # one 32-column block of 16 rows in the format
@@ -277,6 +316,9 @@ def _k_groups(xflat, xdf, xsf, k4, nxd, nxs, wflat, w16, S, B, qtype, bits, head
                         _super_tile(n, bits, facc2, wflat, wb + head, B, xflat, xdf, xsf, ds, ms, dtmp, isc, t, k4, nxd,
                                     nxs, 0, S, S)
                     store_tile(out, facc2, t, n, g + 1)
+                elif (kind == _MINS or kind == _Q6) and not gemm:  # scales made in the tile: one call
+                    _inline_tile(n, bits, facc, wflat, wa + head, B, xflat, xdf, xsf, ds, ms, dtmp, isc, t, k4, nxd,
+                                 nxs, 0, S, 0)
                 else:
                     for i in range(steps + 1):  # prepare step i, compute step i - 1
                         if i < steps and (t == c0 or not gemm):

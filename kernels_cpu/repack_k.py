@@ -1,10 +1,13 @@
 """One-time repacking of K-quant rows (Q4_K, Q5_K, Q6_K, IQ4_XS: 256-column super-blocks) into
-the K-quant int8 kernel's layout (kernels_cpu.matmul_k), exactly the file's size (IQ4_XS: +1.5%).
+the K-quant int8 kernel's layout (kernels_cpu.matmul_k), the file's size (Q4_K +2.8%, Q5_K +2.3%,
+IQ4_XS +1.5%: their scales as bytes).
 
 Per group of 16 rows and super-block, one contiguous record of B bytes (one stream to read):
-- Q4_K, B = 2304 = 16 x 144: d f16 [16] | dmin f16 [16] | the 12 packed 6-bit scale/min bytes,
-  byte-major [12][16] | 8 sub-blocks of 32 columns in matmul_i8's 4-bit format (256 bytes each);
-- Q5_K, B = 2816 = 16 x 176: the same header, sub-blocks in the 5-bit format (320 bytes);
+- Q4_K, B = 2368 = 16 x 148: d f16 [16] | dmin f16 [16] | the sub-block scales sc uint8 [8][16] |
+  the mins m uint8 [8][16] (the file's 12 packed bytes of 6-bit values unpacked, so a GEMV makes
+  each block's float scales in its loop from one byte load: simd_tile.MODE_MIN_INLINE) | 8
+  sub-blocks of 32 columns in matmul_i8's 4-bit format (256 bytes each);
+- Q5_K, B = 2880 = 16 x 180: the same header, sub-blocks in the 5-bit format (320 bytes);
 - Q6_K, B = 3360 = 16 x 210: d f16 [16] | int8 scales per 16 columns, byte-major [16][16] | 8
   blocks of 32 columns in the 6-bit format (384 bytes: the 4-bit nibbles, then a 64-bit mask
   per quad of the fifth bits and one of the sixth, or without mask registers the two high
@@ -17,7 +20,7 @@ Per group of 16 rows and super-block, one contiguous record of B bytes (one stre
   of 2-bit codes (128 bytes: quad q in bits 2(q % 4).. of the 64 bytes at 64 (q // 4)), the
   ternary digit t of weight d * (t - 1) (TQ1_0's base-3 digits unpacked).
 Codes are the file's unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, whose weight is
-d * sc * (code - 32)); scales and mins stay packed (unpacked per super-block by the kernel).
+d * sc * (code - 32)); d and dmin stay f16.
 """
 
 from __future__ import annotations
@@ -176,11 +179,17 @@ def repack_k_kernel(w, qtype, fb, bits, head, wk):
                     dst[2 * ln], dst[2 * ln + 1] = w[r, o + 208], w[r, o + 209]
                     for j in range(16):
                         dst[32 + 16 * j + ln] = w[r, o + 192 + j]
-                else:
+                else:  # Q4_K, Q5_K: d, dmin, then ggml's get_scale_min_k4 of the 12 packed bytes
                     dst[2 * ln], dst[2 * ln + 1] = w[r, o], w[r, o + 1]
                     dst[32 + 2 * ln], dst[33 + 2 * ln] = w[r, o + 2], w[r, o + 3]
-                    for i in range(12):
-                        dst[64 + 16 * i + ln] = w[r, o + 4 + i]
+                    for j in range(8):
+                        if j < 4:
+                            sc, mn = w[r, o + 4 + j] & 63, w[r, o + 8 + j] & 63
+                        else:
+                            sc = (w[r, o + 8 + j] & 15) | ((w[r, o + j] >> 6) << 4)
+                            mn = (w[r, o + 8 + j] >> 4) | ((w[r, o + 4 + j] >> 6) << 4)
+                        dst[64 + 16 * j + ln] = sc
+                        dst[192 + 16 * j + ln] = mn
                 _row_codes(w, r, o, qtype, codes)
                 for b in range(8):
                     _pack_block(codes, 32 * b, ln, bits, dst, head + b * blk)

@@ -225,7 +225,8 @@ def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=F
     meets every group's weight quad, so two groups halve the broadcasts per dot product (the
     GEMM tile's load ports were its bound). With several groups the 4-bit formats take quad q
     and q + 4 from one load together (their high nibbles are not held across the block).
-    prefetch: how many bytes ahead of each block its cache lines are prefetched."""
+    prefetch: how many bytes ahead of each block its cache lines are prefetched (None: not
+    prefetched)."""
     nibbles = bits not in (8, 2)
     table = TABLES.get(bits)
     eight = bits == 8 or table is not None  # 8-bit bytes at the dot product
@@ -235,7 +236,7 @@ def dot_blocks_ir(builder, wbases, xbase, xoffs, vnni, bits, split=False, sdot=F
     chains = 2 if len(xoffs) == 1 or split else 1
     accs = [[[zero] * chains for _ in xoffs] for _ in wbases]
     pf = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]))
-    for wbase in wbases:
+    for wbase in wbases if prefetch is not None else ():
         for line in range(BLOCK_BYTES[bits] // 64):  # the block's cache lines, `prefetch` ahead (read, keep, data)
             ahead = builder.gep(wbase, [ir.Constant(i64, prefetch + 64 * line)])
             builder.call(pf, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])

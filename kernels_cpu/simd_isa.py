@@ -16,11 +16,18 @@ from ._jit import target_has
 # Software prefetch distance (measured on the 2-core AVX-512 VM: a streamed GEMV ran at 9 of
 # the core's 14 GB/s with the hardware prefetcher alone, 12-13 with these).
 PREFETCH_BYTES = 2048  # ahead of the quad being read, in the interleaved weights
+HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
 # The K-quant tile's: its super-blocks' headers and the scale unpacking between them leave gaps
 # in the stream, which a longer lead covers (2-core AVX2 Zen 3, one thread, Q4_K GEMV from
 # memory: 12.5 -> 14.9 GB/s, five runs each; the int8 kernel's types gained nothing from it).
 PREFETCH_K_BYTES = 4096
-HAS_VNNI = target_has("+avx512vnni") and target_has("+avx512bw")
+# A GEMV's (the tile's inline-scale modes; None: no software prefetch). On the 2-core AVX-512
+# Zen 4 VM, once a GEMV made its scales in its loop (simd_tile.MODE_MIN_INLINE), these
+# prefetches held it back (2 threads, 400 MB of 8,960 x 1,536 matrices cycled, the int8
+# kernel's Q4_0, which keeps its own, beside it as the control; two runs each): Q4_K 0.71-0.77x
+# Q4_0's GB/s with them, 1.04-1.09x without; Q5_K 0.94-0.97x -> 1.06-1.13x. The GEMM keeps
+# PREFETCH_K_BYTES: only its first tile per row group reads from memory.
+PREFETCH_K_GEMV_BYTES: int | None = None if HAS_VNNI else PREFETCH_K_BYTES
 # AVX2 without VNNI: vpmaddubsw (u8 x s8 pairs to saturating i16) then vpmaddwd by ones (i16
 # pairs to i32), llama.cpp's idiom; LLVM lowers the plain-IR form to widening multiplies and
 # lane shuffles, ~8x slower on a 2-core AVX2 VM.

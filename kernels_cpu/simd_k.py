@@ -37,34 +37,6 @@ def _const(v: int) -> ir.Constant:
 
 
 @intrinsic
-def unpack_scales_q4k(typingctx, sc, mn, to, src, off):
-    """Q4_K / Q5_K: the 12 packed scale bytes of 16 rows, stored byte-major (byte i of row lane
-    l at src[off + 16 i + l], uint8) -> sc[to + 16 j + l], mn[to + 16 j + l] (int32) for sub-blocks j =
-    0..7, as ggml's get_scale_min_k4: j < 4: sc = b[j] & 63, m = b[j + 4] & 63; j >= 4:
-    sc = (b[j + 4] & 15) | (b[j - 4] >> 6) << 4, m = (b[j + 4] >> 4) | (b[j] >> 6) << 4."""
-    if not _arrays(sc, mn, src):
-        return None
-
-    def codegen(context, builder, signature, args):
-        base = _ptr(context, builder, signature, args, 3, 4, ir.IntType(8))
-        b = [builder.zext(builder.load(builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 16 * i)]),
-                                                       _V16I8.as_pointer()), align=1), _V16I32) for i in range(12)]
-        sp, mp = (_ptr(context, builder, signature, args, k, 2, _V16I32) for k in (0, 1))
-        for j in range(8):
-            if j < 4:
-                s = builder.and_(b[j], _const(63))
-                m = builder.and_(b[j + 4], _const(63))
-            else:
-                s = builder.or_(builder.and_(b[j + 4], _const(15)), builder.shl(builder.lshr(b[j - 4], _const(6)), _const(4)))
-                m = builder.or_(builder.lshr(b[j + 4], _const(4)), builder.shl(builder.lshr(b[j], _const(6)), _const(4)))
-            builder.store(s, _at(builder, sp, j), align=4)
-            builder.store(m, _at(builder, mp, j), align=4)
-        return context.get_dummy_value()
-
-    return types.void(sc, mn, to, src, off), codegen
-
-
-@intrinsic
 def widen_scales(typingctx, sc, to, src, off, n):
     """Q6_K, IQ4_XS: the n (a literal int: 16, 8) int8 sub-block scales of 16 rows, byte-major
     (scale j of lane l at src[off + 16 j + l], uint8 holding the int8 bits) -> sc[to + 16 j + l]

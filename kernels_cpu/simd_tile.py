@@ -15,6 +15,12 @@ whether this tile or the per-block path computed it, nor on the batch.
 
 Modes (the epilogue of each block b, for token u with scale dx, sums per 16 lo, hi):
     MODE_MIN   (Q4_K, Q5_K): acc += float(dot) * (ds_b * dx) + ms_b * (dx * float(lo + hi))
+    MODE_MIN_INLINE (Q4_K, Q5_K, a few tokens): MODE_MIN with ds_b = float(sc_b) * d and ms_b =
+               float(m_b) * -dmin (scale_rows' operations: the same bits) made in the loop from
+               the record's header (MIN_HEADER), not read from a scratch slot: a GEMV spent ~25%
+               of its time unpacking each super-block's scales into scratch and reading them back
+    MODE_SPLIT_INLINE (Q6_K, a few tokens): MODE_SPLIT with d and the scales per 16 read in the
+               loop from the record's header (Q6_HEADER), as the scratch slots would hold them
     MODE_SPLIT (Q6_K; the grids with scales per 16 on their staged 8-bit codes, TABLE_OFFSET
                for 32): isum = isc_2b * (dot_lo - 32 lo) + isc_2b+1 * (dot_hi - 32 hi) (exact:
                in float, every value an integer below 2^24); acc += float(isum) * (d * dx)
@@ -29,13 +35,21 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from ._jit import HAS_F16C
 from .simd_dot import BLOCK_BYTES, TABLE_OFFSET, dot_blocks_ir
-from .simd_isa import HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI, PREFETCH_K_BYTES
+from .simd_isa import HAS_AVX2_DOT, HAS_SDOT, HAS_VNNI, PREFETCH_K_BYTES, PREFETCH_K_GEMV_BYTES
 
-MODE_MIN, MODE_SPLIT, MODE_SCALE, MODE_TQ = 0, 1, 2, 3
+MODE_MIN, MODE_SPLIT, MODE_SCALE, MODE_TQ, MODE_MIN_INLINE, MODE_SPLIT_INLINE = 0, 1, 2, 3, 4, 5
+# The record headers (kernels_cpu.repack_k), in bytes before the codes: Q4_K's and Q5_K's d f16
+# [16], dmin f16 [16], the sub-block scales sc uint8 [8][16], the mins m uint8 [8][16]; Q6_K's d
+# f16 [16], its scales per 16 columns int8 [16][16]
+MIN_HEADER, Q6_HEADER = 320, 288
+_D_AT, _DMIN_AT, _SC_AT, _M_AT = -320, -288, -256, -128
+_Q6_D_AT, _Q6_SC_AT = -288, -256
 PREFETCH_SCALES = 128  # the int8 kernel's block scales, this many elements (8 blocks) ahead
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VI, _VF = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+_VH, _V16I8 = ir.VectorType(ir.HalfType(), 16), ir.VectorType(ir.IntType(8), 16)
 
 
 def _splat(builder, v, vt):
@@ -126,7 +140,7 @@ def _tile_codegen(at, md, fmt, n):
 
         wp, xp, xdp, xsp, dsp, msp, dtp, iscp = (data(at[k]) for k in ("w", "x4", "xd", "xs", "ds", "ms", "dtmp", "isc"))
         groups = []  # per row group: its accumulators' pointer, weight offset and scale pointers
-        for fk, wk, jk in zip(at["facc"], at["wo"], at["j0"]):
+        for fk, wk, jk in zip(at["facc"], at["wo"], at["j0"]):  # (wo: the codes of super-block s0)
             slot = i64(jk)  # the scratch slot of super-block s0
             groups.append(dict(
                 fp=data(fk), wo=i64(wk), ds=builder.gep(dsp, [builder.mul(slot, _c64(128))]),
@@ -139,7 +153,8 @@ def _tile_codegen(at, md, fmt, n):
             g["slots"] = [cgutils.alloca_once(builder, _VF) for _ in range(n)]
             for u in range(n):
                 builder.store(_vec_at(builder, g["fp"], _c64(16 * u), _VF), g["slots"][u])
-        split = md == MODE_SPLIT
+        split = md in (MODE_SPLIT, MODE_SPLIT_INLINE)
+        inline = md in (MODE_MIN_INLINE, MODE_SPLIT_INLINE)  # a GEMV's tile
         fma = builder.module.declare_intrinsic("llvm.fmuladd.v16f32", fnty=ir.FunctionType(_VF, [_VF, _VF, _VF]))
         # one block per iteration (8 per super-block): a loop body LLVM schedules without spills,
         # where 8 blocks unrolled spilled ~36 vectors a super-block (IQ4_XS ran 19% slower)
@@ -149,9 +164,11 @@ def _tile_codegen(at, md, fmt, n):
             gb = builder.add(builder.mul(s0v, _c64(8)), jb)  # the block's index in the activations
             inner = builder.add(builder.mul(j, rec64), builder.mul(builder.and_(jb, _c64(7)), _c64(BLOCK_BYTES[fmt])))
             wbs = [builder.gep(wp, [builder.add(g["wo"], inner)]) for g in groups]
+            for g in groups:  # the codes of the block's super-block (its header is before them)
+                g["codes"] = builder.gep(wp, [builder.add(g["wo"], builder.mul(j, rec64))])
             xoffs = [builder.add(builder.mul(t, k4v), builder.mul(gb, _c64(8))) for t in toks]
             all_sums = dot_blocks_ir(builder, wbs, xp, xoffs, HAS_VNNI, fmt, split, HAS_SDOT, HAS_AVX2_DOT,
-                                     PREFETCH_K_BYTES)
+                                     PREFETCH_K_GEMV_BYTES if inline else PREFETCH_K_BYTES)
             xterms = []  # per token: its block scale and sums per 16 (shared by the groups)
             for u in range(n):
                 dx = builder.load(builder.gep(xdp, [builder.add(builder.mul(toks[u], nxd), gb)]))
@@ -173,9 +190,16 @@ def _tile_codegen(at, md, fmt, n):
 def _block_terms(builder, g, sums, xterms, jb, j, md, fmt, fma):
     """Block jb's epilogue for one row group g (its scales and accumulator slots) and every
     token (xterms: dx, lo, hi), by mode (the module docstring)."""
-    split = md == MODE_SPLIT
+    split = md in (MODE_SPLIT, MODE_SPLIT_INLINE)
     dvec = _vec_at(builder, g["dt"], builder.mul(j, _c64(16)), _VF) if md in (MODE_SPLIT, MODE_TQ) else None
-    if split:  # Q6_K's scales per 16 as floats, once for the tile's tokens
+    if md == MODE_MIN_INLINE:
+        dsb, msb = _inline_min_scales(builder, g["codes"], builder.and_(jb, _c64(7)))
+    if md == MODE_SPLIT_INLINE:  # Q6_K's d and scales per 16 from the header, as floats
+        b32 = builder.mul(builder.and_(jb, _c64(7)), _c64(32))
+        dvec = _halves_to_float(builder, g["codes"], _c64(_Q6_D_AT))
+        s_lo, s_hi = (builder.sitofp(builder.sext(_header_vec(builder, g["codes"], builder.add(b32, _c64(o)), _V16I8), _VI),
+                                     _VF) for o in (_Q6_SC_AT, _Q6_SC_AT + 16))
+    elif split:  # Q6_K's scales per 16 as floats, once for the tile's tokens
         s_lo = builder.sitofp(_vec_at(builder, g["isc"], builder.mul(jb, _c64(32)), _VI), _VF)
         s_hi = builder.sitofp(_vec_at(builder, g["isc"], builder.add(builder.mul(jb, _c64(32)), _c64(16)), _VI), _VF)
     for u, (dx, lo, hi) in enumerate(xterms):
@@ -194,11 +218,42 @@ def _block_terms(builder, g, sums, xterms, jb, j, md, fmt, fma):
             if md == MODE_SCALE:
                 corr = builder.mul(ir.Constant(_I32, TABLE_OFFSET), builder.add(lo, hi))
                 isum = builder.sub(isum, _splat(builder, corr, _VI))
-            dsb = _vec_at(builder, g["ds"], builder.mul(jb, _c64(16)), _VF)
-            msb = _vec_at(builder, g["ms"], builder.mul(jb, _c64(16)), _VF) if md == MODE_MIN else None
+            if md != MODE_MIN_INLINE:
+                dsb = _vec_at(builder, g["ds"], builder.mul(jb, _c64(16)), _VF)
+                msb = _vec_at(builder, g["ms"], builder.mul(jb, _c64(16)), _VF) if md == MODE_MIN else None
             term = _block_term(builder, isum, dsb, dx, msb, builder.add(lo, hi))
         slot = g["slots"][u]
         builder.store(builder.fadd(builder.load(slot), term), slot)
+
+
+def _halves_to_float(builder, codes, off):
+    """16 f16 values at byte off from the codes' i8 pointer as <16 x float>, exactly: fpext
+    (vcvtph2ps) with F16C; elsewhere (LLVM would call __extendhfsf2, which numba's JIT cannot
+    link) the magnitude's bits shifted into a float's and scaled by 2^112, subnormals included,
+    the sign put back (a scale is never inf or nan)."""
+    if HAS_F16C:
+        return builder.fpext(_header_vec(builder, codes, off, _VH), _VF)
+    h = builder.zext(_header_vec(builder, codes, off, ir.VectorType(ir.IntType(16), 16)), _VI)
+    mag = builder.bitcast(builder.shl(builder.and_(h, ir.Constant(_VI, [0x7FFF] * 16)), ir.Constant(_VI, [13] * 16)), _VF)
+    mag = builder.bitcast(builder.fmul(mag, ir.Constant(_VF, [2.0**112] * 16)), _VI)
+    sign = builder.shl(builder.and_(h, ir.Constant(_VI, [0x8000] * 16)), ir.Constant(_VI, [16] * 16))
+    return builder.bitcast(builder.or_(mag, sign), _VF)
+
+
+def _header_vec(builder, codes, off, vt):
+    """The vector vt at byte off (an i64 value, negative: the header) from the codes' i8 pointer."""
+    return builder.load(builder.bitcast(builder.gep(codes, [off]), vt.as_pointer()), align=1)
+
+
+def _inline_min_scales(builder, codes, b):
+    """Block b's row scales (d * sc_b, -dmin * m_b) <16 x float> from the header before the
+    super-block's codes (an i8 pointer): scale_rows' operations (sitofp, fmul by d or by -dmin)."""
+    d = _halves_to_float(builder, codes, _c64(_D_AT))
+    dmin = builder.fneg(_halves_to_float(builder, codes, _c64(_DMIN_AT)))
+    row = builder.mul(b, _c64(16))
+    sc, m = (builder.sitofp(builder.zext(_header_vec(builder, codes, builder.add(row, _c64(o)), _V16I8), _VI), _VF)
+             for o in (_SC_AT, _M_AT))
+    return builder.fmul(sc, d), builder.fmul(m, dmin)
 
 
 # the argument positions of i8_blocks_tile (one row group) and i8_pair_tile (two)

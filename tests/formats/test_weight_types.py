@@ -70,9 +70,10 @@ def test_records_are_consistent() -> None:
         if t.k is not None:  # the file's bytes of 16 rows, as header + 8 blocks (IQ4_XS: + its 8-bit scales,
             # 8 per row for 6 packed bytes; TQ1_0: its base-3 digits as 2 bits; the grid types with 7
             # stored sign bits per 8 columns: the eighth; IQ1_S: a delta sign per 8 columns, not 32,
-            # and 4-bit scales; IQ1_M: 4-bit scales)
+            # and 4-bit scales; IQ1_M: 4-bit scales; Q4_K, Q5_K: their 6-bit scales and mins as bytes)
             seventh = 16 * 256 // 8 // 8  # bytes of 16 rows' eighth sign bits
             extra = {weight_types.IQ4_XS: 16 * 8 - 16 * 6, weight_types.TQ1_0: 16 * 64 - 16 * 52,
+                     weight_types.Q4_K: 16 * 16 - 16 * 12, weight_types.Q5_K: 16 * 16 - 16 * 12,
                      weight_types.IQ2_XXS: seventh, weight_types.IQ2_XS: seventh,
                      weight_types.IQ3_XXS: seventh, weight_types.IQ1_S: 16 * 8 * (3 + 1) // 8,
                      weight_types.IQ1_M: 16 * 16 // 8}.get(t.id, 0)
@@ -273,9 +274,9 @@ def test_k_form_round_trips(t: WeightType) -> None:
     elif t.k.table is not None:  # IQ4_XS: d [16] f16, then the 8 scales - 32 as int8 [8][16]
         assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), blk[:, :, 0:2])
         assert np.array_equal(hdr[:, :, 2:].view(np.int8).astype(np.int64), sc)
-    elif t.k.has_min:  # d, dmin as [16] f16 each (two bytes per lane), then the 12 packed bytes [12][16]
+    elif t.k.has_min:  # d, dmin as [16] f16 each (two bytes per lane), then sc [8][16] and m [8][16] as bytes
         assert np.array_equal(rows(kw.wk[:, :, :64].reshape(g, s, 2, 16, 2), 3), blk[:, :, :4])
-        assert np.array_equal(hdr[:, :, 4:], blk[:, :, sc_at : sc_at + 12])
+        assert mn is not None and np.array_equal(hdr[:, :, 4:12], sc) and np.array_equal(hdr[:, :, 12:20], mn)
     else:  # d [16] f16, then the 16 int8 scales [16][16]
         d_at = t.offset("d")
         assert np.array_equal(rows(kw.wk[:, :, :32].reshape(g, s, 16, 2), 2), blk[:, :, d_at : d_at + 2])
